@@ -1,0 +1,57 @@
+package v1
+
+// Labels every notebook pod carries. Values are slugs (see spawner.Slug).
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedByValue = "gpubroker"
+	LabelUser      = "gpubroker.io/user"
+	LabelServer    = "gpubroker.io/server"
+	LabelSpawnID   = "gpubroker.io/spawn-id"
+)
+
+// Annotations every notebook pod carries: the durable record of its slice
+// (DESIGN.md invariant 2). Numbers are base-10 integers.
+const (
+	AnnotationUser                = "gpubroker.io/user"   // raw user name
+	AnnotationServer              = "gpubroker.io/server" // raw server name
+	AnnotationProfile             = "gpubroker.io/profile"
+	AnnotationSpawnID             = "gpubroker.io/spawn-id"
+	AnnotationGPUUUID             = "gpubroker.io/gpu-uuid"
+	AnnotationNode                = "gpubroker.io/node"
+	AnnotationMemoryMiB           = "gpubroker.io/memory-mib"
+	AnnotationComputePercent      = "gpubroker.io/compute-percent"
+	AnnotationComputeLimitPercent = "gpubroker.io/compute-limit-percent"
+	AnnotationGroups              = "gpubroker.io/quota-groups" // comma-separated raw group names charged
+)
+
+// Environment the pod gives the limiter hook. The hook uses these initial
+// values until the agent writes the quota region; a higher generation there wins.
+const (
+	EnvSliceID             = "GPUBROKER_SLICE_ID"
+	EnvGPUUUID             = "GPUBROKER_GPU_UUID"
+	EnvMemoryLimitMiB      = "GPUBROKER_MEMORY_LIMIT_MIB"
+	EnvComputePercent      = "GPUBROKER_COMPUTE_PERCENT"
+	EnvComputeLimitPercent = "GPUBROKER_COMPUTE_LIMIT_PERCENT"
+	EnvQuotaFile           = "GPUBROKER_QUOTA_FILE"
+	EnvUsageFile           = "GPUBROKER_USAGE_FILE"
+	EnvLogLevel            = "GPUBROKER_LIMITER_LOG" // error|warn|info|debug; default warn
+)
+
+// Paths inside the notebook pod.
+const (
+	PodHookDir   = "/usr/local/lib/gpubroker" // read-only, holds libgpulimit.so
+	PodHookLib   = "/usr/local/lib/gpubroker/libgpulimit.so"
+	PodPreload   = "/etc/ld.so.preload"       // read-only, names PodHookLib
+	PodQuotaDir  = "/var/run/gpubroker/quota" // read-only
+	PodQuotaFile = "/var/run/gpubroker/quota/quota.bin"
+	PodUsageDir  = "/var/run/gpubroker/usage" // read-write
+	PodUsageFile = "/var/run/gpubroker/usage/usage.bin"
+)
+
+// Paths on the node under the configurable host root (default /var/lib/gpubroker).
+const (
+	HostHookSubdir   = "hook"   // <root>/hook/libgpulimit.so and <root>/hook/ld.so.preload
+	HostSlicesSubdir = "slices" // <root>/slices/<sliceID>/quota and .../usage
+	QuotaFileName    = "quota.bin"
+	UsageFileName    = "usage.bin"
+)

@@ -1,0 +1,137 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+)
+
+// GPU is one physical device registered for placement.
+type GPU struct {
+	UUID      string // NVML UUID, "GPU-…"
+	Node      string // Kubernetes node name
+	Model     string // NVML product name, e.g. "NVIDIA H200"
+	MemoryMiB int64  // allocatable device memory, MiB
+	SMCount   int    // streaming multiprocessors
+	Healthy   bool   // false: never placed on
+}
+
+// Validate reports every problem with g at once.
+func (g GPU) Validate() error {
+	var errs []error
+	if strings.TrimSpace(g.UUID) == "" {
+		errs = append(errs, errors.New("gpu uuid is empty"))
+	}
+	if strings.TrimSpace(g.Node) == "" {
+		errs = append(errs, errors.New("gpu node is empty"))
+	}
+	if g.MemoryMiB <= 0 {
+		errs = append(errs, fmt.Errorf("gpu memoryMiB must be > 0, got %d", g.MemoryMiB))
+	}
+	if g.SMCount <= 0 {
+		errs = append(errs, fmt.Errorf("gpu smCount must be > 0, got %d", g.SMCount))
+	}
+	return errors.Join(errs...)
+}
+
+// Slice is a share of one GPU: a memory cap in MiB and compute percents.
+// It is the wire type; see v1.Slice for field ranges.
+type Slice = v1.Slice
+
+// ValidateSlice reports every problem with s at once.
+func ValidateSlice(s Slice) error {
+	var errs []error
+	if s.MemoryMiB <= 0 {
+		errs = append(errs, fmt.Errorf("slice memoryMiB must be > 0, got %d", s.MemoryMiB))
+	}
+	if s.ComputePercent < 1 || s.ComputePercent > 100 {
+		errs = append(errs, fmt.Errorf("slice computePercent must be 1..100, got %d", s.ComputePercent))
+	}
+	if s.ComputeLimitPercent < s.ComputePercent || s.ComputeLimitPercent > 100 {
+		errs = append(errs, fmt.Errorf("slice computeLimitPercent must be computePercent..100 (%d..100), got %d", s.ComputePercent, s.ComputeLimitPercent))
+	}
+	return errors.Join(errs...)
+}
+
+// Policy chooses among the GPUs that fit a slice.
+type Policy string
+
+const (
+	// PolicyBinpack puts a slice on the fitting GPU with the least free
+	// memory, keeping whole GPUs free for large slices. The default.
+	PolicyBinpack Policy = "binpack"
+	// PolicySpread puts a slice on the fitting GPU with the most free memory.
+	PolicySpread Policy = "spread"
+)
+
+// Valid reports whether p is a known policy.
+func (p Policy) Valid() bool { return p == PolicyBinpack || p == PolicySpread }
+
+// Quota caps what a user or a group may hold at once. A zero field means
+// unlimited.
+type Quota struct {
+	Servers        int   // running or starting servers
+	MemoryMiB      int64 // total slice memory, MiB
+	ComputePercent int   // total guaranteed compute, percent of one GPU
+}
+
+// Quotas are the configured caps. A user's own entry replaces DefaultUser;
+// group caps are shared by all members of the group.
+type Quotas struct {
+	DefaultUser Quota
+	Users       map[string]Quota
+	Groups      map[string]Quota
+}
+
+// ForUser returns the caps that apply to a user in the given groups: the
+// user's cap and the caps of those groups that have one, sorted by group name.
+func (q Quotas) ForUser(user string, groups []string) (Quota, map[string]Quota) {
+	uq, ok := q.Users[user]
+	if !ok {
+		uq = q.DefaultUser
+	}
+	gq := map[string]Quota{}
+	for _, g := range groups {
+		if c, ok := q.Groups[g]; ok {
+			gq[g] = c
+		}
+	}
+	return uq, gq
+}
+
+// PlaceRequest asks for a slice on one GPU.
+type PlaceRequest struct {
+	SliceID string // the server's spawn id; unique
+	User    string
+	Slice   Slice
+	// Model, when set, restricts placement to GPUs of exactly this model.
+	Model  string
+	Policy Policy // "" means PolicyBinpack
+	// UserQuota and GroupQuotas are checked and charged in the same atomic
+	// step as placement.
+	UserQuota   Quota
+	GroupQuotas map[string]Quota
+}
+
+// Allocation is a placed slice.
+type Allocation struct {
+	SliceID string
+	User    string
+	Groups  []string // groups charged, sorted
+	Slice   Slice
+	GPUUUID string
+	Node    string
+}
+
+// SortedGroups returns the names of m sorted, for deterministic charging.
+func SortedGroups(m map[string]Quota) []string {
+	out := make([]string, 0, len(m))
+	for g := range m {
+		out = append(out, g)
+	}
+	slices.Sort(out)
+	return out
+}

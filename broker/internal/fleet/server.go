@@ -1,0 +1,70 @@
+package fleet
+
+import (
+	"time"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+)
+
+// State is a server lifecycle state; see v1.ServerState.
+type State = v1.ServerState
+
+// Terminal reports whether s ends a spawn (stopped or failed): a new start is
+// allowed from it.
+func Terminal(s State) bool { return s == v1.StateStopped || s == v1.StateFailed }
+
+// ServerKey identifies a server: one user's named notebook. Name "" is the
+// user's default server.
+type ServerKey struct {
+	User string
+	Name string
+}
+
+// Server is the stored record of one server and its current spawn.
+type Server struct {
+	ServerKey
+	Profile        string
+	SpawnID        string // new on every start; the slice id
+	IdempotencyKey string // of the create that started this spawn
+	State          State
+	Message        string
+	Slice          Slice
+	Allocation     *Allocation // nil until placed
+	Pod            string
+	URL            string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
+// Event is one transition of a server, appended to its event stream.
+type Event = v1.Event
+
+// Profile is an admin-defined offer.
+type Profile struct {
+	Name        string
+	DisplayName string
+	Description string
+	Image       string
+	CPU         string // Kubernetes quantity, e.g. "2"
+	Memory      string // Kubernetes quantity, e.g. "8Gi"
+	Slice       Slice
+	// Model restricts placement to one GPU model; "" means any.
+	Model string
+	// Groups that may use the profile; empty means everyone.
+	Groups []string
+}
+
+// Allows reports whether a member of groups may use p.
+func (p Profile) Allows(groups []string) bool {
+	if len(p.Groups) == 0 {
+		return true
+	}
+	for _, g := range groups {
+		for _, a := range p.Groups {
+			if g == a {
+				return true
+			}
+		}
+	}
+	return false
+}
