@@ -13,6 +13,9 @@ var (
 	ErrNoCapacity    = errors.New("fleet: no capacity")
 	ErrQuotaExceeded = errors.New("fleet: quota exceeded")
 	ErrInvalid       = errors.New("fleet: invalid")
+	// ErrNotReady means allocations are being rebuilt (for example after
+	// Redis lost its data) and placement must wait for the reconciler.
+	ErrNotReady = errors.New("fleet: allocations are being rebuilt")
 )
 
 // CapacityError says why no GPU could take a slice. It matches ErrNoCapacity.
