@@ -13,6 +13,7 @@ var (
 	ErrNoCapacity    = errors.New("fleet: no capacity")
 	ErrQuotaExceeded = errors.New("fleet: quota exceeded")
 	ErrInvalid       = errors.New("fleet: invalid")
+	ErrForbidden     = errors.New("fleet: forbidden")
 	// ErrNotReady means allocations are being rebuilt (for example after
 	// Redis lost its data) and placement must wait for the reconciler.
 	ErrNotReady = errors.New("fleet: allocations are being rebuilt")
