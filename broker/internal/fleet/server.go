@@ -68,3 +68,11 @@ func (p Profile) Allows(groups []string) bool {
 	}
 	return false
 }
+
+// ServerPatch lists the fields a transition may set besides state and
+// message; nil fields are left as they are.
+type ServerPatch struct {
+	Allocation *Allocation
+	Pod        *string
+	URL        *string
+}
