@@ -3,6 +3,7 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors. Callers test with errors.Is; the HTTP layer maps them to
@@ -69,3 +70,25 @@ func (e *QuotaError) Error() string {
 
 // Is makes errors.Is(err, ErrQuotaExceeded) true.
 func (e *QuotaError) Is(target error) bool { return target == ErrQuotaExceeded }
+
+// Message returns the sentence a person should read for err: the text of a
+// typed error (*CapacityError, *QuotaError) when there is one, otherwise
+// err's text with the sentinels' "fleet: …: " prefixes removed.
+func Message(err error) string {
+	if err == nil {
+		return ""
+	}
+	var ce *CapacityError
+	if errors.As(err, &ce) {
+		return ce.Error()
+	}
+	var qe *QuotaError
+	if errors.As(err, &qe) {
+		return qe.Error()
+	}
+	msg := err.Error()
+	for _, s := range []error{ErrNotFound, ErrConflict, ErrNoCapacity, ErrQuotaExceeded, ErrInvalid, ErrForbidden, ErrNotReady} {
+		msg = strings.ReplaceAll(msg, s.Error()+": ", "")
+	}
+	return msg
+}
