@@ -1,0 +1,357 @@
+package harness
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	nodev1 "k8s.io/api/node/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// RuntimeClassName is the RuntimeClass the cluster offers for GPU pods; the
+// RuntimeClass admission plugin refuses pods naming one that does not exist.
+const RuntimeClassName = "nvidia"
+
+// BrokerUser is the Kubernetes user the broker's kubeconfig authenticates as.
+// Its rights come from the ClusterRole BrokerClusterRole.
+const BrokerUser = "gpubroker"
+
+// BrokerClusterRole is the ClusterRole bound to BrokerUser: pods, secrets,
+// events, configmaps and leases read-write; nodes and namespaces read-only.
+const BrokerClusterRole = "gpubroker-e2e"
+
+// Cluster is a running etcd + kube-apiserver + kwok with admin and broker
+// credentials. Its fields are read-only after StartCluster; its methods are
+// safe for concurrent use.
+type Cluster struct {
+	// URL is the API server's base URL, https://127.0.0.1:<port>.
+	URL string
+	// CAFile is the PEM bundle that verifies the API server's serving cert.
+	CAFile string
+	// AdminKubeconfig and BrokerKubeconfig are kubeconfig files with token
+	// auth: the first as a system:masters member, the second as BrokerUser.
+	AdminKubeconfig  string
+	BrokerKubeconfig string
+	// Client is an admin clientset.
+	Client kubernetes.Interface
+	// RESTConfig is the admin REST config behind Client.
+	RESTConfig *rest.Config
+	// Dir holds data dirs, keys, kubeconfigs and the process logs.
+	Dir string
+
+	procs []*Process // in start order
+}
+
+// StartCluster starts etcd, kube-apiserver and kwok under dir (which must
+// exist and be private to this cluster), waits until the API server is ready
+// and RBAC and the RuntimeClass are in place, and returns the cluster. On
+// error everything started is stopped again and the error carries the log
+// tails. The caller must call Stop.
+func StartCluster(ctx context.Context, tools Tools, dir string) (_ *Cluster, err error) {
+	c := &Cluster{Dir: dir}
+	defer func() {
+		if err != nil {
+			logs := c.LogTails(40)
+			_ = c.Stop()
+			err = fmt.Errorf("%w\n%s", err, logs)
+		}
+	}()
+
+	etcdURL, err := c.startEtcd(ctx, tools)
+	if err != nil {
+		return nil, err
+	}
+	adminToken, brokerToken := randomToken(), randomToken()
+	if err := c.startAPIServer(ctx, tools, etcdURL, adminToken, brokerToken); err != nil {
+		return nil, err
+	}
+	c.AdminKubeconfig = filepath.Join(dir, "admin.kubeconfig")
+	c.BrokerKubeconfig = filepath.Join(dir, "gpubroker.kubeconfig")
+	if err := writeKubeconfig(c.AdminKubeconfig, c.URL, c.CAFile, "admin", adminToken); err != nil {
+		return nil, err
+	}
+	if err := writeKubeconfig(c.BrokerKubeconfig, c.URL, c.CAFile, BrokerUser, brokerToken); err != nil {
+		return nil, err
+	}
+	c.RESTConfig = &rest.Config{
+		Host:            c.URL,
+		BearerToken:     adminToken,
+		TLSClientConfig: rest.TLSClientConfig{CAFile: c.CAFile},
+		QPS:             200,
+		Burst:           400,
+	}
+	if c.Client, err = kubernetes.NewForConfig(c.RESTConfig); err != nil {
+		return nil, fmt.Errorf("admin clientset: %w", err)
+	}
+	if err := c.bootstrap(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.startKwok(tools); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) startEtcd(ctx context.Context, tools Tools) (string, error) {
+	clientPort, err := FreePort()
+	if err != nil {
+		return "", err
+	}
+	peerPort, err := FreePort()
+	if err != nil {
+		return "", err
+	}
+	clientURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
+	p, err := StartProcess("etcd", filepath.Join(c.Dir, "etcd.log"), os.Environ(), tools.Etcd,
+		"--name=e2e",
+		"--data-dir="+filepath.Join(c.Dir, "etcd-data"),
+		"--listen-client-urls="+clientURL,
+		"--advertise-client-urls="+clientURL,
+		"--listen-peer-urls="+peerURL,
+		"--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=e2e="+peerURL,
+		"--log-level=warn",
+		"--unsafe-no-fsync", // test data; fsync only slows the shared disk
+	)
+	if err != nil {
+		return "", err
+	}
+	c.procs = append(c.procs, p)
+	hc := &http.Client{Timeout: 2 * time.Second}
+	err = Poll(ctx, 100*time.Millisecond, 30*time.Second, func(ctx context.Context) (bool, string, error) {
+		select {
+		case <-p.Exited():
+			return false, "", fmt.Errorf("etcd exited: %w", p.ExitErr())
+		default:
+		}
+		body, status, err := get(ctx, hc, clientURL+"/health", "")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return status == http.StatusOK && strings.Contains(body, `"health":"true"`), body, nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("etcd not healthy: %w", err)
+	}
+	return clientURL, nil
+}
+
+func (c *Cluster) startAPIServer(ctx context.Context, tools Tools, etcdURL, adminToken, brokerToken string) error {
+	port, err := FreePort()
+	if err != nil {
+		return err
+	}
+	keyFile := filepath.Join(c.Dir, "sa.key")
+	if err := writeRSAKey(keyFile); err != nil {
+		return err
+	}
+	tokenFile := filepath.Join(c.Dir, "tokens.csv")
+	tokens := fmt.Sprintf("%s,admin,admin-uid,\"system:masters\"\n%s,%s,%s-uid\n", adminToken, brokerToken, BrokerUser, BrokerUser)
+	if err := os.WriteFile(tokenFile, []byte(tokens), 0o600); err != nil {
+		return fmt.Errorf("write token file: %w", err)
+	}
+	certDir := filepath.Join(c.Dir, "apiserver-certs")
+	p, err := StartProcess("kube-apiserver", filepath.Join(c.Dir, "kube-apiserver.log"), os.Environ(), tools.KubeAPIServer,
+		"--etcd-servers="+etcdURL,
+		fmt.Sprintf("--secure-port=%d", port),
+		"--bind-address=127.0.0.1",
+		"--advertise-address=127.0.0.1",
+		"--cert-dir="+certDir,
+		"--token-auth-file="+tokenFile,
+		"--authorization-mode=RBAC",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file="+keyFile,
+		"--service-account-signing-key-file="+keyFile,
+		"--service-cluster-ip-range=10.96.0.0/16",
+		"--enable-priority-and-fairness=false",
+		"--profiling=false",
+		"--v=1",
+	)
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	c.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
+	// The serving cert is self-signed at start; apiserver.crt holds the cert
+	// and the CA that signed it. Until it exists, probe without verification.
+	c.CAFile = filepath.Join(certDir, "apiserver.crt")
+	insecure := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // probe only, until the cert exists
+	}}
+	err = Poll(ctx, 200*time.Millisecond, 90*time.Second, func(ctx context.Context) (bool, string, error) {
+		select {
+		case <-p.Exited():
+			return false, "", fmt.Errorf("kube-apiserver exited: %w", p.ExitErr())
+		default:
+		}
+		body, status, err := get(ctx, insecure, c.URL+"/readyz", adminToken)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return status == http.StatusOK, fmt.Sprintf("%d %s", status, lastLines(body, 5)), nil
+	})
+	if err != nil {
+		return fmt.Errorf("kube-apiserver not ready: %w", err)
+	}
+	if _, err := os.Stat(c.CAFile); err != nil {
+		return fmt.Errorf("kube-apiserver serving cert: %w", err)
+	}
+	return nil
+}
+
+// bootstrap creates what a real cluster's controllers or installers would:
+// the broker's RBAC and the RuntimeClass.
+func (c *Cluster) bootstrap(ctx context.Context) error {
+	rw := []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+	ro := []string{"get", "list", "watch"}
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: BrokerClusterRole},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"pods", "secrets", "configmaps", "events"}, Verbs: rw},
+			{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: ro},
+			{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: rw},
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: rw},
+			{APIGroups: []string{""}, Resources: []string{"nodes", "namespaces"}, Verbs: ro},
+		},
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: BrokerClusterRole},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: BrokerClusterRole},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: BrokerUser}},
+	}
+	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: RuntimeClassName}, Handler: RuntimeClassName}
+	if _, err := c.Client.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create cluster role: %w", err)
+	}
+	if _, err := c.Client.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create cluster role binding: %w", err)
+	}
+	if _, err := c.Client.NodeV1().RuntimeClasses().Create(ctx, rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create runtime class: %w", err)
+	}
+	return nil
+}
+
+func (c *Cluster) startKwok(tools Tools) error {
+	p, err := StartProcess("kwok", filepath.Join(c.Dir, "kwok.log"), os.Environ(), tools.Kwok,
+		"--kubeconfig="+c.AdminKubeconfig,
+		"--config="+tools.KwokStages,
+		"--manage-all-nodes=false",
+		"--manage-nodes-with-annotation-selector="+KwokNodeAnnotation+"=fake",
+		"--cidr=10.244.0.0/16",
+		"--node-ip=10.1.0.1",
+	)
+	if err != nil {
+		return err
+	}
+	c.procs = append(c.procs, p)
+	return nil // readiness shows in NewNodes, which waits for Ready nodes
+}
+
+// Stop stops kwok, kube-apiserver and etcd, in that order (each SIGTERM, 10 s
+// grace, SIGKILL). It returns every failure joined.
+func (c *Cluster) Stop() error {
+	var errs []error
+	for i := len(c.procs) - 1; i >= 0; i-- {
+		if err := c.procs[i].Stop(10 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.procs = nil
+	return errors.Join(errs...)
+}
+
+// LogTails returns the last n lines of each process's log, labelled.
+func (c *Cluster) LogTails(n int) string {
+	var b strings.Builder
+	for _, p := range c.procs {
+		fmt.Fprintf(&b, "--- %s (%s), last %d lines:\n%s\n", p.Name, p.LogPath, n, p.LogTail(n))
+	}
+	return b.String()
+}
+
+func writeRSAKey(path string) error {
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return fmt.Errorf("service account key: %w", err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return fmt.Errorf("service account key: %w", err)
+	}
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return fmt.Errorf("service account key: %w", err)
+	}
+	return nil
+}
+
+func writeKubeconfig(path, server, caFile, user, token string) error {
+	// JSON is valid YAML; the kubeconfig loader reads both.
+	cfg := fmt.Sprintf(`{
+  "apiVersion": "v1",
+  "kind": "Config",
+  "clusters": [{"name": "e2e", "cluster": {"server": %q, "certificate-authority": %q}}],
+  "users": [{"name": %q, "user": {"token": %q}}],
+  "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": %q}}],
+  "current-context": "e2e"
+}
+`, server, caFile, user, token, user)
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		return fmt.Errorf("write kubeconfig: %w", err)
+	}
+	return nil
+}
+
+func randomToken() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b)
+}
+
+// get performs a GET with an optional bearer token and returns the body (at
+// most 64 KiB) and status.
+func get(ctx context.Context, hc *http.Client, url, token string) (string, int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", 0, fmt.Errorf("get %s: %w", url, err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", 0, fmt.Errorf("get %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return "", resp.StatusCode, fmt.Errorf("get %s: read body: %w", url, err)
+	}
+	return string(b), resp.StatusCode, nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, " | ")
+}
