@@ -1,0 +1,100 @@
+package spawner
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+)
+
+// ManagedPod is what the spawner reads back from a notebook pod: the durable
+// record of a server's spawn and slice (DESIGN.md invariant 2) plus its state.
+type ManagedPod struct {
+	// Name is the pod name.
+	Name string
+	// User, Server, Profile are the raw names from the annotations.
+	User, Server, Profile string
+	// SpawnID is the spawn (and slice) id.
+	SpawnID string
+	// Node and GPUUUID locate the slice's GPU.
+	Node, GPUUUID string
+	// Slice is the share of the GPU the pod holds.
+	Slice v1.Slice
+	// QuotaGroups are the raw groups charged; nil when none.
+	QuotaGroups []string
+	// Phase and Message are Classify's reading; ParsePod leaves them empty,
+	// Client.Pods fills them.
+	Phase   Phase
+	Message string
+	// URL is http://<podIP>:<port> once the pod has an IP, else "".
+	URL string
+	// CreatedAt is the pod's creation time.
+	CreatedAt time.Time
+	// Deleting is true once the pod's deletion has been requested.
+	Deleting bool
+}
+
+// ParsePod reads a notebook pod's annotations back into a ManagedPod. It is
+// the inverse of Pod for the identity and slice fields. The error names every
+// missing or unreadable annotation; a pod not labelled managed-by=gpubroker
+// is an error wrapping ErrNotOwned. Phase and Message are left empty.
+func ParsePod(pod *corev1.Pod) (ManagedPod, error) {
+	if pod == nil {
+		return ManagedPod{}, errors.New("parse pod: nil pod")
+	}
+	if pod.Labels[v1.LabelManagedBy] != v1.ManagedByValue {
+		return ManagedPod{Name: pod.Name}, fmt.Errorf("parse pod %s: %w", pod.Name, ErrNotOwned)
+	}
+	a := pod.Annotations
+	var errs []error
+	get := func(key string, required bool) string {
+		v, ok := a[key]
+		if !ok || required && v == "" {
+			errs = append(errs, fmt.Errorf("annotation %s is missing", key))
+		}
+		return v
+	}
+	number := func(key string) int64 {
+		s := get(key, true)
+		if s == "" {
+			return 0
+		}
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("annotation %s=%q is not an integer", key, s))
+		}
+		return n
+	}
+	m := ManagedPod{
+		Name:      pod.Name,
+		User:      get(v1.AnnotationUser, true),
+		Server:    get(v1.AnnotationServer, false),
+		Profile:   get(v1.AnnotationProfile, false),
+		SpawnID:   get(v1.AnnotationSpawnID, true),
+		Node:      get(v1.AnnotationNode, true),
+		GPUUUID:   get(v1.AnnotationGPUUUID, true),
+		URL:       URL(pod),
+		CreatedAt: pod.CreationTimestamp.Time,
+		Deleting:  pod.DeletionTimestamp != nil,
+		Slice: v1.Slice{
+			MemoryMiB:           number(v1.AnnotationMemoryMiB),
+			ComputePercent:      int(number(v1.AnnotationComputePercent)),
+			ComputeLimitPercent: int(number(v1.AnnotationComputeLimitPercent)),
+		},
+	}
+	if g := a[v1.AnnotationGroups]; g != "" {
+		m.QuotaGroups = strings.Split(g, ",")
+	}
+	if l := pod.Labels[v1.LabelSpawnID]; m.SpawnID != "" && l != m.SpawnID {
+		errs = append(errs, fmt.Errorf("label %s=%q disagrees with annotation %s=%q", v1.LabelSpawnID, l, v1.AnnotationSpawnID, m.SpawnID))
+	}
+	if len(errs) > 0 {
+		return m, fmt.Errorf("parse pod %s: %w", pod.Name, errors.Join(errs...))
+	}
+	return m, nil
+}
