@@ -1,0 +1,42 @@
+package auth
+
+import (
+	"context"
+	"log/slog"
+)
+
+// Principal is an authenticated caller.
+type Principal struct {
+	// Subject is the token's "sub" claim; "" for the hub token.
+	Subject string
+	// User is the user name from the configured username claim, or
+	// HubUser for the hub token. Never empty in an authenticated Principal.
+	User string
+	// Groups are the caller's groups from the configured groups claim,
+	// sorted and without duplicates; nil when the token carries none.
+	Groups []string
+	// Admin is true for members of the configured admin group.
+	Admin bool
+	// Hub is true for JupyterHub's service token, which may act for a
+	// named user.
+	Hub bool
+}
+
+// LogValue prints only the user name, so that logging a Principal never
+// leaks subjects or group memberships.
+func (p Principal) LogValue() slog.Value { return slog.StringValue(p.User) }
+
+// principalKey is the context key for a Principal.
+type principalKey struct{}
+
+// WithPrincipal returns a copy of ctx that carries p.
+func WithPrincipal(ctx context.Context, p Principal) context.Context {
+	return context.WithValue(ctx, principalKey{}, p)
+}
+
+// FromContext returns the Principal that ctx carries, and whether it
+// carries one.
+func FromContext(ctx context.Context) (Principal, bool) {
+	p, ok := ctx.Value(principalKey{}).(Principal)
+	return p, ok
+}
