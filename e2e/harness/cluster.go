@@ -173,7 +173,7 @@ func (c *Cluster) startAPIServer(ctx context.Context, tools Tools, etcdURL, admi
 		"--etcd-servers="+etcdURL,
 		fmt.Sprintf("--secure-port=%d", port),
 		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--endpoint-reconciler-type=none", // no kubernetes Service endpoints on loopback
 		"--cert-dir="+certDir,
 		"--token-auth-file="+tokenFile,
 		"--authorization-mode=RBAC",
