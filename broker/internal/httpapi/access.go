@@ -1,0 +1,89 @@
+package httpapi
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/gpubroker/gpubroker/broker/internal/auth"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+)
+
+// HeaderGroups carries, on calls that act for another user (the JupyterHub
+// service token, or an admin), that user's groups as a comma-separated list.
+const HeaderGroups = "X-Gpubroker-Groups"
+
+// maxGroups bounds the groups accepted from HeaderGroups.
+const maxGroups = 256
+
+// principal returns the authenticated caller. A route that calls it without
+// the authenticate middleware is a programming error, answered with 500.
+func principal(c echo.Context) (auth.Principal, error) {
+	p, ok := auth.FromContext(c.Request().Context())
+	if !ok {
+		return auth.Principal{}, errors.New("httpapi: no principal in a route that needs one")
+	}
+	return p, nil
+}
+
+// actor is the user a request acts for and the groups that apply.
+type actor struct {
+	User   string
+	Groups []string
+}
+
+// actFor decides whether the caller may act for user, and with which
+// groups:
+//   - a user acting for themself uses the groups of their token;
+//   - the hub service token acts for any user, with the groups from
+//     HeaderGroups only (the hub's own token has none that matter);
+//   - an admin acts for any user; acting for another user, the groups come
+//     from HeaderGroups only;
+//   - anyone else may not: ok is false, and the caller answers 404 exactly
+//     as if the resource did not exist, so existence does not leak.
+func actFor(c echo.Context, user string) (a actor, ok bool, err error) {
+	p, err := principal(c)
+	if err != nil {
+		return actor{}, false, err
+	}
+	switch {
+	case p.Hub || (p.Admin && p.User != user):
+		groups, err := headerGroups(c)
+		if err != nil {
+			return actor{}, false, err
+		}
+		return actor{User: user, Groups: groups}, true, nil
+	case p.User == user:
+		return actor{User: user, Groups: p.Groups}, true, nil
+	default:
+		return actor{}, false, nil
+	}
+}
+
+// headerGroups parses HeaderGroups: comma-separated, trimmed, empty entries
+// dropped, duplicates removed, sorted.
+func headerGroups(c echo.Context) ([]string, error) {
+	raw := c.Request().Header.Values(HeaderGroups)
+	var out []string
+	for _, v := range raw {
+		for _, g := range strings.Split(v, ",") {
+			g = strings.TrimSpace(g)
+			if g == "" {
+				continue
+			}
+			if err := validName("group", g); err != nil {
+				return nil, fmt.Errorf("header %s: %w", HeaderGroups, err)
+			}
+			out = append(out, g)
+		}
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) > maxGroups {
+		return nil, fmt.Errorf("header %s has %d groups, at most %d are allowed: %w", HeaderGroups, len(out), maxGroups, fleet.ErrInvalid)
+	}
+	return out, nil
+}

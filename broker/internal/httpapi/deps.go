@@ -1,0 +1,102 @@
+package httpapi
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"time"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/auth"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+)
+
+// Servers is the server lifecycle service (implemented by broker/internal/servers).
+// Implementations must be safe for concurrent use. Errors are translated to
+// HTTP answers by the error table in errors.go, so they should wrap the fleet
+// sentinels (or be *fleet.CapacityError / *fleet.QuotaError) where a person
+// can act on them.
+type Servers interface {
+	// Create starts server name of user with the profile in req, checking
+	// quotas for user and groups. It returns the server and whether this call
+	// created the spawn (false: an existing spawn with the same
+	// idempotencyKey). idempotencyKey is "" when the caller sent none.
+	Create(ctx context.Context, user string, groups []string, name string, req v1.CreateServerRequest, idempotencyKey string) (fleet.Server, bool, error)
+	// Get returns the server; fleet.ErrNotFound if there is no record.
+	Get(ctx context.Context, key fleet.ServerKey) (fleet.Server, error)
+	// List returns the servers of user, or of every user when user is "".
+	List(ctx context.Context, user string) ([]fleet.Server, error)
+	// Delete stops the server. It is idempotent and returns the server as it
+	// is after the call (stopping or stopped); fleet.ErrNotFound if the
+	// server never existed.
+	Delete(ctx context.Context, key fleet.ServerKey) (fleet.Server, error)
+	// Events returns the server's events strictly after afterID ("" = from
+	// the start of the retained stream), in order. When there are none and
+	// block > 0 it waits up to block for new ones and may return none.
+	// A malformed afterID is an error wrapping fleet.ErrInvalid.
+	Events(ctx context.Context, key fleet.ServerKey, afterID string, block time.Duration) ([]fleet.Event, error)
+}
+
+// Profiles lists the configured profiles.
+type Profiles interface {
+	// For returns the profiles a member of groups may use, in display order.
+	For(groups []string) []fleet.Profile
+}
+
+// Fleet is the GPU inventory (implemented by *redisstore.Store).
+type Fleet interface {
+	// GPUs returns every registered GPU.
+	GPUs(ctx context.Context) ([]fleet.GPU, error)
+	// Allocations returns every placed slice.
+	Allocations(ctx context.Context) ([]fleet.Allocation, error)
+	// RegisterGPU adds or updates a GPU without touching its allocations.
+	RegisterGPU(ctx context.Context, g fleet.GPU) error
+}
+
+// Authenticator turns a request's credentials into a principal. It returns
+// an error matching auth.ErrNoCredentials when the request carries none and
+// one matching auth.ErrUnauthenticated (an *auth.Error with a readable
+// Reason) when they are not valid.
+type Authenticator interface {
+	Authenticate(ctx context.Context, r *http.Request) (auth.Principal, error)
+}
+
+// Checker is one readiness check (Redis reachable, Kubernetes reachable, ...).
+type Checker interface {
+	// Name is a short stable word shown in /readyz, e.g. "redis".
+	Name() string
+	// Check returns nil when the dependency is usable. It must return soon
+	// after ctx is done: /readyz waits for every check.
+	Check(ctx context.Context) error
+}
+
+// Mode says whether the broker runs against a simulated cluster and GPUs.
+type Mode struct {
+	// Simulated marks dev mode: every answer carries the header
+	// X-Gpubroker-Mode: dev-simulated, and GET /api/v1/ and /api/v1/me carry
+	// Notice (default DefaultSimulatedNotice).
+	Simulated bool
+	Notice    string
+}
+
+// Deps are what the API needs. Servers, Profiles, Fleet, Auth and Log are
+// required; the rest have defaults.
+type Deps struct {
+	Servers  Servers
+	Profiles Profiles
+	Fleet    Fleet
+	Auth     Authenticator
+	// Checkers run concurrently on GET /readyz; none means always ready.
+	Checkers []Checker
+	// Log receives one line per request, including every internal error.
+	Log *slog.Logger
+	// Version is the broker's version as shown by GET /api/v1/; default "dev".
+	Version string
+	// Mode is production (the zero value) or simulated.
+	Mode Mode
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// DefaultSimulatedNotice is the notice shown in dev mode when Deps.Notice is "".
+const DefaultSimulatedNotice = "dev mode: the Kubernetes cluster and the GPUs are simulated; no real notebook runs"

@@ -1,0 +1,256 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/auth"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+)
+
+// answer is what the error table decides for one error.
+type answer struct {
+	status  int
+	body    v1.Error
+	headers map[string]string
+}
+
+// errorRule is one row of the error table: the first row whose match is
+// true decides the answer.
+type errorRule struct {
+	match  func(err error) bool
+	status int
+	code   string
+	// message builds the text a person reads. It may only use text written
+	// for people: typed errors' Error(), *auth.Error's Reason, or the wrap
+	// text around a fleet sentinel (see sentinelMessage).
+	message func(err error) string
+	headers map[string]string
+}
+
+// is returns a matcher for errors.Is(err, target).
+func is(target error) func(error) bool {
+	return func(err error) bool { return errors.Is(err, target) }
+}
+
+// errorTable maps errors to answers; the order matters (typed errors come
+// before the sentinels they also match). Anything that matches no row is an
+// internal failure: 500 with a generic message, logged by the request logger.
+var errorTable = []errorRule{
+	{
+		match:  func(err error) bool { var e *http.MaxBytesError; return errors.As(err, &e) },
+		status: http.StatusRequestEntityTooLarge, code: v1.CodeBadRequest,
+		message: func(err error) string {
+			var e *http.MaxBytesError
+			errors.As(err, &e)
+			return fmt.Sprintf("the request body is larger than %d bytes", e.Limit)
+		},
+	},
+	{
+		// Before ErrUnauthenticated, which it also matches: no error code in
+		// WWW-Authenticate when no credentials were sent (RFC 6750 §3.1).
+		match:   is(auth.ErrNoCredentials),
+		status:  http.StatusUnauthorized, code: v1.CodeUnauthorized,
+		message: authReason,
+		headers: map[string]string{echo.HeaderWWWAuthenticate: `Bearer realm="gpubroker"`},
+	},
+	{
+		match:   is(auth.ErrUnauthenticated),
+		status:  http.StatusUnauthorized, code: v1.CodeUnauthorized,
+		message: authReason,
+		headers: map[string]string{echo.HeaderWWWAuthenticate: `Bearer realm="gpubroker", error="invalid_token"`},
+	},
+	{
+		match:   is(auth.ErrUnavailable),
+		status:  http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		message: func(error) string { return "the identity provider cannot be reached; try again shortly" },
+		headers: map[string]string{echo.HeaderRetryAfter: "5"},
+	},
+	{
+		match:   is(fleet.ErrInvalid),
+		status:  http.StatusBadRequest, code: v1.CodeBadRequest,
+		message: sentinelMessage(fleet.ErrInvalid, "the request is not valid"),
+	},
+	{
+		match:  is(fleet.ErrQuotaExceeded),
+		status: http.StatusForbidden, code: v1.CodeQuotaExceeded,
+		message: func(err error) string {
+			var e *fleet.QuotaError
+			if errors.As(err, &e) {
+				return e.Error()
+			}
+			return sentinelMessage(fleet.ErrQuotaExceeded, "a quota would be exceeded")(err)
+		},
+	},
+	{
+		match:   is(fleet.ErrForbidden),
+		status:  http.StatusForbidden, code: v1.CodeForbidden,
+		message: sentinelMessage(fleet.ErrForbidden, "you may not do this"),
+	},
+	{
+		match:   is(fleet.ErrNotFound),
+		status:  http.StatusNotFound, code: v1.CodeNotFound,
+		message: sentinelMessage(fleet.ErrNotFound, "not found"),
+	},
+	{
+		match:  is(fleet.ErrNoCapacity),
+		status: http.StatusConflict, code: v1.CodeNoCapacity,
+		message: func(err error) string {
+			var e *fleet.CapacityError
+			if errors.As(err, &e) {
+				return e.Error()
+			}
+			return sentinelMessage(fleet.ErrNoCapacity, "no GPU has room for this slice")(err)
+		},
+	},
+	{
+		match:   is(fleet.ErrConflict),
+		status:  http.StatusConflict, code: v1.CodeConflict,
+		message: sentinelMessage(fleet.ErrConflict, "the request conflicts with the current state"),
+	},
+	{
+		match:   is(fleet.ErrNotReady),
+		status:  http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		message: sentinelMessage(fleet.ErrNotReady, "the broker is not ready yet"),
+		headers: map[string]string{echo.HeaderRetryAfter: "5"},
+	},
+	{
+		match:   is(context.DeadlineExceeded),
+		status:  http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		message: func(error) string { return "the broker timed out; try again" },
+		headers: map[string]string{echo.HeaderRetryAfter: "5"},
+	},
+}
+
+// decide maps err to its answer using errorTable, then echo's own errors
+// (unknown route, wrong method), then the internal-error fallback.
+func decide(err error, requestID string) answer {
+	for _, r := range errorTable {
+		if r.match(err) {
+			return answer{status: r.status, body: v1.Error{Code: r.code, Message: r.message(err)}, headers: r.headers}
+		}
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		return answer{status: he.Code, body: v1.Error{Code: codeForStatus(he.Code), Message: httpErrorMessage(he)}}
+	}
+	msg := "internal error"
+	if requestID != "" {
+		msg = fmt.Sprintf("internal error; quote request id %s when you report it", requestID)
+	}
+	return answer{status: http.StatusInternalServerError, body: v1.Error{Code: v1.CodeInternal, Message: msg}}
+}
+
+// handleError is the echo HTTPErrorHandler: it writes the answer that
+// decide chooses as JSON. It logs nothing: the request logger writes one
+// line per request that includes the error.
+func (a *api) handleError(err error, c echo.Context) {
+	if c.Response().Committed {
+		return // a stream already started; the request logger records err
+	}
+	ans := decide(err, c.Response().Header().Get(echo.HeaderXRequestID))
+	if ans.status == http.StatusMethodNotAllowed {
+		ans.body.Message = fmt.Sprintf("method %s is not allowed on %s", c.Request().Method, c.Request().URL.Path)
+	}
+	if ans.status == http.StatusNotFound && errors.Is(err, echo.ErrNotFound) {
+		ans.body.Message = fmt.Sprintf("no route for %s %s", c.Request().Method, c.Request().URL.Path)
+	}
+	for k, v := range ans.headers {
+		c.Response().Header().Set(k, v)
+	}
+	var werr error
+	if c.Request().Method == http.MethodHead {
+		werr = c.NoContent(ans.status)
+	} else {
+		werr = c.JSON(ans.status, ans.body)
+	}
+	if werr != nil {
+		loggerFrom(c, a.deps.Log).Debug("write error answer", "err", werr)
+	}
+}
+
+// fleetSentinels are the sentinels whose text sentinelMessage removes.
+var fleetSentinels = []error{
+	fleet.ErrNotFound, fleet.ErrConflict, fleet.ErrNoCapacity, fleet.ErrQuotaExceeded,
+	fleet.ErrInvalid, fleet.ErrForbidden, fleet.ErrNotReady,
+}
+
+// sentinelMessage returns a message builder for errors that wrap a fleet
+// sentinel: the error's text without the sentinels' own text, wherever the
+// wrap put it (`fleet: invalid: profile is required` and
+// `profile is required: fleet: invalid` both become `profile is required`).
+// Joined errors (one per line) are joined with "; ". An error that is only
+// a sentinel gives fallback.
+//
+// This is the contract for the rest of the broker: an error that wraps a
+// fleet sentinel carries text written for people around it, and internal
+// details go into errors that wrap no sentinel (those become a generic 500).
+// Handlers therefore return service errors without adding their own
+// context: the request log line already names the route.
+func sentinelMessage(_ error, fallback string) func(error) string {
+	return func(err error) string {
+		msg := err.Error()
+		for _, st := range fleetSentinels {
+			t := st.Error()
+			msg = strings.ReplaceAll(msg, ": "+t+": ", ": ")
+			msg = strings.TrimPrefix(msg, t+": ")
+			msg = strings.TrimSuffix(msg, ": "+t)
+			if msg == t {
+				msg = ""
+			}
+		}
+		lines := strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' })
+		for i := range lines {
+			lines[i] = strings.TrimSpace(lines[i])
+		}
+		msg = strings.Join(slices.DeleteFunc(lines, func(l string) bool { return l == "" }), "; ")
+		if msg == "" {
+			return fallback
+		}
+		return msg
+	}
+}
+
+// authReason is the readable reason of an *auth.Error.
+func authReason(err error) string {
+	var e *auth.Error
+	if errors.As(err, &e) && e.Reason != "" {
+		return e.Reason
+	}
+	return "the credentials are not valid"
+}
+
+// codeForStatus names echo's own HTTP errors with the v1 error codes.
+func codeForStatus(status int) string {
+	switch {
+	case status == http.StatusUnauthorized:
+		return v1.CodeUnauthorized
+	case status == http.StatusForbidden:
+		return v1.CodeForbidden
+	case status == http.StatusNotFound:
+		return v1.CodeNotFound
+	case status == http.StatusConflict:
+		return v1.CodeConflict
+	case status == http.StatusServiceUnavailable:
+		return v1.CodeUnavailable
+	case status >= 500:
+		return v1.CodeInternal
+	default:
+		return v1.CodeBadRequest
+	}
+}
+
+// httpErrorMessage is the text of an echo.HTTPError, or the status text.
+func httpErrorMessage(he *echo.HTTPError) string {
+	if m, ok := he.Message.(string); ok && m != "" && he.Code < 500 {
+		return strings.ToLower(m[:1]) + m[1:]
+	}
+	return strings.ToLower(http.StatusText(he.Code))
+}

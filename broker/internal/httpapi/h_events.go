@@ -1,0 +1,172 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+)
+
+// HeaderLastEventID is the SSE reconnection header.
+const HeaderLastEventID = "Last-Event-ID"
+
+// writeMargin is how long one write to an event stream may take. Each write
+// sets its own deadline (real time: deadlines are compared with the
+// socket's clock), so the server's WriteTimeout does not cut the stream.
+const writeMargin = 10 * time.Second
+
+// serverEvents streams the server's lifecycle events as server-sent events.
+// It replays the events after Last-Event-ID (header, or ?lastEventId=),
+// then follows new ones, writing a keepalive comment whenever the events
+// block passes without one. It ends when the server's latest event is
+// terminal (stopped or failed) and nothing follows it, or when the client
+// goes away. Errors before the first byte are JSON answers; errors later
+// end the stream with an `event: error` carrying a v1.Error.
+func (a *api) serverEvents(c echo.Context) error {
+	k, err := a.visibleKey(c)
+	if err != nil {
+		return err
+	}
+	after := c.Request().Header.Get(HeaderLastEventID)
+	if after == "" {
+		after = c.QueryParam("lastEventId")
+	}
+	if err := validEventID(after); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	s, err := a.deps.Servers.Get(ctx, k)
+	if errors.Is(err, fleet.ErrNotFound) {
+		return serverNotFound(k)
+	}
+	if err != nil {
+		return err
+	}
+	evs, err := a.deps.Servers.Events(ctx, k, after, 0)
+	if err != nil {
+		return err
+	}
+
+	w := c.Response()
+	w.Header().Set(echo.HeaderContentType, "text/event-stream")
+	w.Header().Set(echo.HeaderCacheControl, "no-cache")
+	w.Header().Set("X-Accel-Buffering", "no") // no proxy buffering
+	w.WriteHeader(http.StatusOK)
+	out := &sse{w: w, rc: http.NewResponseController(w.Writer)}
+	if err := out.flush(); err != nil {
+		return err
+	}
+
+	terminal := fleet.Terminal(s.State)
+	for {
+		if len(evs) > 0 {
+			for _, ev := range evs {
+				if err := out.event(ev); err != nil {
+					return clientGone(ctx, err)
+				}
+			}
+			last := evs[len(evs)-1]
+			after, terminal = last.ID, fleet.Terminal(last.State)
+			// Read on without waiting: more may be retained (a new spawn).
+			if evs, err = a.deps.Servers.Events(ctx, k, after, 0); err != nil {
+				return a.streamFailed(c, out, err)
+			}
+			continue
+		}
+		if terminal {
+			return nil
+		}
+		evs, err = a.deps.Servers.Events(ctx, k, after, a.opts.eventsBlock)
+		if ctx.Err() != nil {
+			return nil // the client went away
+		}
+		if err != nil {
+			return a.streamFailed(c, out, err)
+		}
+		if len(evs) == 0 {
+			if err := out.comment("keepalive"); err != nil {
+				return clientGone(ctx, err)
+			}
+		}
+	}
+}
+
+// streamFailed ends a started stream with an error event chosen by the
+// error table, and returns err for the request log.
+func (a *api) streamFailed(c echo.Context, out *sse, err error) error {
+	if c.Request().Context().Err() != nil {
+		return nil
+	}
+	ans := decide(err, c.Response().Header().Get(echo.HeaderXRequestID))
+	if data, merr := json.Marshal(ans.body); merr == nil {
+		_ = out.raw("event: error\ndata: " + string(data) + "\n\n") // best effort; err is what matters
+	}
+	return err
+}
+
+// clientGone hides write errors caused by the client leaving.
+func clientGone(ctx interface{ Err() error }, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// sse writes server-sent events, one flushed write per event.
+type sse struct {
+	w  *echo.Response
+	rc *http.ResponseController
+}
+
+// event writes ev as `id`, `event: state` and its v1.Event JSON as data.
+func (s *sse) event(ev fleet.Event) error {
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("encode event: %w", err)
+	}
+	return s.raw("id: " + oneLine(ev.ID) + "\nevent: state\ndata: " + string(data) + "\n\n")
+}
+
+// comment writes an SSE comment line, which clients ignore.
+func (s *sse) comment(text string) error { return s.raw(": " + oneLine(text) + "\n\n") }
+
+func (s *sse) raw(text string) error {
+	if err := s.rc.SetWriteDeadline(time.Now().Add(writeMargin)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return fmt.Errorf("set write deadline: %w", err)
+	}
+	if _, err := s.w.Write([]byte(text)); err != nil {
+		return fmt.Errorf("write event stream: %w", err)
+	}
+	return s.flush()
+}
+
+func (s *sse) flush() error {
+	if err := s.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return fmt.Errorf("flush event stream: %w", err)
+	}
+	return nil
+}
+
+// oneLine removes line breaks, which would end an SSE field early.
+func oneLine(s string) string {
+	return strings.NewReplacer("\r", "", "\n", "").Replace(s)
+}
+
+// validEventID checks a Last-Event-ID: at most 255 bytes of printable ASCII.
+func validEventID(id string) error {
+	if len(id) > 255 {
+		return fmt.Errorf("last event id is %d bytes long, at most 255 are allowed: %w", len(id), fleet.ErrInvalid)
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return fmt.Errorf("last event id must be printable ASCII: %w", fleet.ErrInvalid)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,119 @@
+package httpapi
+
+import (
+	"fmt"
+	"maps"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+)
+
+// Limits of what the edge accepts.
+const (
+	// MaxEnv bounds the entries of env plus secretEnv.
+	MaxEnv = 256
+	// MaxIdempotencyKeyBytes bounds the Idempotency-Key header.
+	MaxIdempotencyKeyBytes = 255
+)
+
+// HeaderIdempotencyKey names the create request's idempotency key.
+const HeaderIdempotencyKey = "Idempotency-Key"
+
+// envNameRE is a POSIX environment variable name.
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// validName checks a user, server, group or GPU name with
+// fleet.ValidateName (any script, 1..255 bytes, no "/", control characters
+// or surrounding spaces) and, since such a name travels in URL paths, also
+// refuses "." and "..". Errors wrap fleet.ErrInvalid and say what is wrong.
+func validName(what, s string) error {
+	if err := fleet.ValidateName(what, s); err != nil {
+		return fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
+	}
+	if s == "." || s == ".." {
+		return fmt.Errorf("%w: %s name %q is not allowed", fleet.ErrInvalid, what, s)
+	}
+	return nil
+}
+
+// pathName reads path parameter param as a what name, unescaping it when
+// the router matched the escaped path (echo uses URL.RawPath when it is
+// set, and then leaves parameters escaped).
+func pathName(c echo.Context, param, what string) (string, error) {
+	v := c.Param(param)
+	if c.Request().URL.RawPath != "" {
+		u, err := url.PathUnescape(v)
+		if err != nil {
+			return "", fmt.Errorf("%s name in the path is not properly escaped: %w", what, fleet.ErrInvalid)
+		}
+		v = u
+	}
+	if err := validName(what, v); err != nil {
+		return "", err
+	}
+	return v, nil
+}
+
+// validCreate checks a create request's shape at the edge: a profile is
+// named, and every env and secretEnv name is a valid environment name that
+// appears only once across both maps. All problems are reported at once.
+func validCreate(req v1.CreateServerRequest) error {
+	var problems []string
+	if strings.TrimSpace(req.Profile) == "" {
+		problems = append(problems, "profile is required")
+	}
+	if n := len(req.Env) + len(req.SecretEnv); n > MaxEnv {
+		problems = append(problems, fmt.Sprintf("%d environment variables given, at most %d are allowed", n, MaxEnv))
+	}
+	for _, name := range sortedKeys(req.Env) {
+		if p := envNameProblem("env", name); p != "" {
+			problems = append(problems, p)
+		}
+	}
+	for _, name := range sortedKeys(req.SecretEnv) {
+		if p := envNameProblem("secretEnv", name); p != "" {
+			problems = append(problems, p)
+		}
+		if _, dup := req.Env[name]; dup {
+			problems = append(problems, fmt.Sprintf("%s is in both env and secretEnv", name))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%s: %w", strings.Join(problems, "; "), fleet.ErrInvalid)
+	}
+	return nil
+}
+
+// envNameProblem says what is wrong with an environment name, or "".
+// Which names are reserved for gpubroker (GPUBROKER_*, NVIDIA_*, ...) is the
+// servers service's rule; it refuses them with fleet.ErrInvalid.
+func envNameProblem(field, name string) string {
+	if !envNameRE.MatchString(name) {
+		return fmt.Sprintf("%s name %q is not a valid environment variable name (letters, digits and _, not starting with a digit)", field, name)
+	}
+	return ""
+}
+
+// idempotencyKey reads the optional Idempotency-Key header: printable
+// ASCII, at most MaxIdempotencyKeyBytes; "" when absent.
+func idempotencyKey(c echo.Context) (string, error) {
+	k := c.Request().Header.Get(HeaderIdempotencyKey)
+	if len(k) > MaxIdempotencyKeyBytes {
+		return "", fmt.Errorf("header %s is %d bytes long, at most %d are allowed: %w", HeaderIdempotencyKey, len(k), MaxIdempotencyKeyBytes, fleet.ErrInvalid)
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x21 || k[i] > 0x7e {
+			return "", fmt.Errorf("header %s must be printable ASCII without spaces: %w", HeaderIdempotencyKey, fleet.ErrInvalid)
+		}
+	}
+	return k, nil
+}
+
+// sortedKeys returns m's keys in order, so problems are listed stably.
+func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }

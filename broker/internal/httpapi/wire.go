@@ -1,0 +1,58 @@
+package httpapi
+
+import v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+
+// The answers below have no v1 type yet. They belong in broker/api/v1 once
+// another part (frontend, e2e) reads them; openapi.yaml describes them.
+
+// Info is the body of GET /api/v1/.
+type Info struct {
+	Service    string `json:"service"`    // always "gpubroker"
+	Version    string `json:"version"`    // the broker's build version
+	APIVersion string `json:"apiVersion"` // always "v1"
+	// Mode is "production" or "dev-simulated".
+	Mode string `json:"mode"`
+	// Notice says in words that the cluster and GPUs are simulated; dev mode only.
+	Notice  string `json:"notice,omitempty"`
+	OpenAPI string `json:"openapi"` // path of the OpenAPI document
+}
+
+// Me is the body of GET /api/v1/me.
+type Me struct {
+	User   string   `json:"user"`
+	Groups []string `json:"groups"`
+	Admin  bool     `json:"admin"`
+	Hub    bool     `json:"hub"` // the JupyterHub service token
+	Notice string   `json:"notice,omitempty"`
+}
+
+// GPUStatus is one GPU in GET /api/v1/admin/gpus: the registered device
+// and what is allocated on it.
+type GPUStatus struct {
+	v1.GPU
+	// AllocatedMemoryMiB is Σ slice memory placed on the GPU, MiB.
+	AllocatedMemoryMiB int64 `json:"allocatedMemoryMiB"`
+	// AllocatedComputePercent is Σ guaranteed compute placed on the GPU, 0..100.
+	AllocatedComputePercent int `json:"allocatedComputePercent"`
+	// Slices is the number of slices placed on the GPU.
+	Slices int `json:"slices"`
+}
+
+// Health is the body of GET /healthz.
+type Health struct {
+	Status string `json:"status"` // always "ok"
+}
+
+// Readiness is the body of GET /readyz.
+type Readiness struct {
+	Status string  `json:"status"` // "ready" or "not ready"
+	Checks []Check `json:"checks"`
+}
+
+// Check is the result of one readiness check.
+type Check struct {
+	Name       string `json:"name"`
+	OK         bool   `json:"ok"`
+	Error      string `json:"error,omitempty"`
+	DurationMS int64  `json:"durationMs"`
+}
