@@ -56,26 +56,26 @@ var errorTable = []errorRule{
 	{
 		// Before ErrUnauthenticated, which it also matches: no error code in
 		// WWW-Authenticate when no credentials were sent (RFC 6750 §3.1).
-		match:   is(auth.ErrNoCredentials),
-		status:  http.StatusUnauthorized, code: v1.CodeUnauthorized,
+		match:  is(auth.ErrNoCredentials),
+		status: http.StatusUnauthorized, code: v1.CodeUnauthorized,
 		message: authReason,
 		headers: map[string]string{echo.HeaderWWWAuthenticate: `Bearer realm="gpubroker"`},
 	},
 	{
-		match:   is(auth.ErrUnauthenticated),
-		status:  http.StatusUnauthorized, code: v1.CodeUnauthorized,
+		match:  is(auth.ErrUnauthenticated),
+		status: http.StatusUnauthorized, code: v1.CodeUnauthorized,
 		message: authReason,
 		headers: map[string]string{echo.HeaderWWWAuthenticate: `Bearer realm="gpubroker", error="invalid_token"`},
 	},
 	{
-		match:   is(auth.ErrUnavailable),
-		status:  http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		match:  is(auth.ErrUnavailable),
+		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
 		message: func(error) string { return "the identity provider cannot be reached; try again shortly" },
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
 	{
-		match:   is(fleet.ErrInvalid),
-		status:  http.StatusBadRequest, code: v1.CodeBadRequest,
+		match:  is(fleet.ErrInvalid),
+		status: http.StatusBadRequest, code: v1.CodeBadRequest,
 		message: sentinelMessage(fleet.ErrInvalid, "the request is not valid"),
 	},
 	{
@@ -90,13 +90,13 @@ var errorTable = []errorRule{
 		},
 	},
 	{
-		match:   is(fleet.ErrForbidden),
-		status:  http.StatusForbidden, code: v1.CodeForbidden,
+		match:  is(fleet.ErrForbidden),
+		status: http.StatusForbidden, code: v1.CodeForbidden,
 		message: sentinelMessage(fleet.ErrForbidden, "you may not do this"),
 	},
 	{
-		match:   is(fleet.ErrNotFound),
-		status:  http.StatusNotFound, code: v1.CodeNotFound,
+		match:  is(fleet.ErrNotFound),
+		status: http.StatusNotFound, code: v1.CodeNotFound,
 		message: sentinelMessage(fleet.ErrNotFound, "not found"),
 	},
 	{
@@ -111,19 +111,19 @@ var errorTable = []errorRule{
 		},
 	},
 	{
-		match:   is(fleet.ErrConflict),
-		status:  http.StatusConflict, code: v1.CodeConflict,
+		match:  is(fleet.ErrConflict),
+		status: http.StatusConflict, code: v1.CodeConflict,
 		message: sentinelMessage(fleet.ErrConflict, "the request conflicts with the current state"),
 	},
 	{
-		match:   is(fleet.ErrNotReady),
-		status:  http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		match:  is(fleet.ErrNotReady),
+		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
 		message: sentinelMessage(fleet.ErrNotReady, "the broker is not ready yet"),
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
 	{
-		match:   is(context.DeadlineExceeded),
-		status:  http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		match:  is(context.DeadlineExceeded),
+		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
 		message: func(error) string { return "the broker timed out; try again" },
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
