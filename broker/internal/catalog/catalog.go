@@ -1,0 +1,369 @@
+package catalog
+
+import (
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+)
+
+//go:embed default.yaml
+var defaultYAML []byte
+
+// Catalog is a parsed profiles-and-quotas file. It is immutable and safe for
+// concurrent use; accessors return copies.
+type Catalog struct {
+	profiles []fleet.Profile
+	quotas   fleet.Quotas
+}
+
+// fileDoc and the types below mirror the file format; see the package doc.
+type fileDoc struct {
+	Profiles []profileDoc `json:"profiles"`
+	Quotas   quotasDoc    `json:"quotas"`
+}
+
+type profileDoc struct {
+	Name        string   `json:"name"`
+	DisplayName string   `json:"displayName"`
+	Description string   `json:"description"`
+	Image       string   `json:"image"`
+	CPU         string   `json:"cpu"`
+	Memory      string   `json:"memory"`
+	Slice       sliceDoc `json:"slice"`
+	Model       string   `json:"model"`
+	Groups      []string `json:"groups"`
+}
+
+type sliceDoc struct {
+	MemoryMiB           int64 `json:"memoryMiB"`
+	ComputePercent      int   `json:"computePercent"`
+	ComputeLimitPercent *int  `json:"computeLimitPercent"` // nil: = computePercent
+}
+
+type quotasDoc struct {
+	DefaultUser quotaDoc            `json:"defaultUser"`
+	Users       map[string]quotaDoc `json:"users"`
+	Groups      map[string]quotaDoc `json:"groups"`
+}
+
+type quotaDoc struct {
+	Servers        int   `json:"servers"`
+	MemoryMiB      int64 `json:"memoryMiB"`
+	ComputePercent int   `json:"computePercent"`
+}
+
+// Load reads and parses the file at path. Errors name the path and, for an
+// invalid file, list every problem (see Parse).
+func Load(path string) (*Catalog, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("profiles file: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("profiles file %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Default returns the embedded dev-mode catalog (default.yaml). The file is
+// part of the binary and tested, so Default panics only if it was broken at
+// build time.
+func Default() *Catalog {
+	c, err := Parse(defaultYAML)
+	if err != nil {
+		panic(fmt.Sprintf("catalog: embedded default.yaml is invalid: %v", err))
+	}
+	return c
+}
+
+// Parse parses a profiles-and-quotas file. It returns every problem at once,
+// joined with errors.Join, each naming its place in the file.
+func Parse(data []byte) (*Catalog, error) {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return nil, fmt.Errorf("not valid YAML: %w", err)
+	}
+	var generic any
+	if err := json.Unmarshal(js, &generic); err != nil {
+		return nil, fmt.Errorf("not valid YAML: %w", err)
+	}
+	if generic == nil {
+		return nil, errors.New("the file is empty")
+	}
+	errs := unknownFields(generic, reflect.TypeFor[fileDoc](), "")
+	var doc fileDoc
+	if err := json.Unmarshal(js, &doc); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			errs = append(errs, fmt.Errorf("%s: must be %s, got %s", te.Field, typeName(te.Type), te.Value))
+		} else {
+			errs = append(errs, fmt.Errorf("cannot decode: %w", err))
+		}
+		// Validating half-decoded values would add misleading errors.
+		return nil, errors.Join(errs...)
+	}
+	c, verrs := build(doc)
+	errs = append(errs, verrs...)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return c, nil
+}
+
+func typeName(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Int, reflect.Int64:
+		return "a whole number"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice:
+		return "a list"
+	case reflect.Map, reflect.Struct:
+		return "a mapping"
+	default:
+		return t.String()
+	}
+}
+
+// dns1123Label is a Kubernetes DNS-1123 label: what a profile name may be.
+var dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// build validates doc and converts it. It returns every problem.
+func build(doc fileDoc) (*Catalog, []error) {
+	var errs []error
+	if len(doc.Profiles) == 0 {
+		errs = append(errs, errors.New("profiles: at least one profile is required"))
+	}
+	c := &Catalog{}
+	seen := map[string]int{}
+	for i, pd := range doc.Profiles {
+		place := fmt.Sprintf("profiles[%d]", i)
+		if pd.Name != "" {
+			place += " (" + pd.Name + ")"
+		}
+		add := func(err error) { errs = append(errs, fmt.Errorf("%s: %w", place, err)) }
+		switch {
+		case pd.Name == "":
+			add(errors.New("name is empty"))
+		case len(pd.Name) > 63 || !dns1123Label.MatchString(pd.Name):
+			add(fmt.Errorf("name %q must be a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit", pd.Name))
+		}
+		if j, dup := seen[pd.Name]; dup && pd.Name != "" {
+			add(fmt.Errorf("name %q is already used by profiles[%d]", pd.Name, j))
+		} else {
+			seen[pd.Name] = i
+		}
+		if strings.TrimSpace(pd.DisplayName) == "" {
+			add(errors.New("displayName is empty"))
+		}
+		switch {
+		case strings.TrimSpace(pd.Image) == "":
+			add(errors.New("image is empty"))
+		case strings.ContainsAny(pd.Image, " \t\n"):
+			add(fmt.Errorf("image %q contains whitespace", pd.Image))
+		}
+		if err := checkQuantity("cpu", pd.CPU, `"2", "500m"`); err != nil {
+			add(err)
+		}
+		if err := checkQuantity("memory", pd.Memory, `"8Gi", "512Mi"`); err != nil {
+			add(err)
+		}
+		s := fleet.Slice{MemoryMiB: pd.Slice.MemoryMiB, ComputePercent: pd.Slice.ComputePercent, ComputeLimitPercent: pd.Slice.ComputePercent}
+		if pd.Slice.ComputeLimitPercent != nil {
+			s.ComputeLimitPercent = *pd.Slice.ComputeLimitPercent
+		}
+		for _, err := range unjoin(fleet.ValidateSlice(s)) {
+			add(err)
+		}
+		for j, g := range pd.Groups {
+			if strings.TrimSpace(g) == "" {
+				add(fmt.Errorf("groups[%d] is empty", j))
+			}
+		}
+		c.profiles = append(c.profiles, fleet.Profile{
+			Name:        pd.Name,
+			DisplayName: pd.DisplayName,
+			Description: pd.Description,
+			Image:       pd.Image,
+			CPU:         pd.CPU,
+			Memory:      pd.Memory,
+			Slice:       s,
+			Model:       pd.Model,
+			Groups:      slices.Clone(pd.Groups),
+		})
+	}
+	c.quotas.DefaultUser, errs = quota("quotas.defaultUser", doc.Quotas.DefaultUser, errs)
+	c.quotas.Users, errs = quotaMap("quotas.users", "user", doc.Quotas.Users, errs)
+	c.quotas.Groups, errs = quotaMap("quotas.groups", "group", doc.Quotas.Groups, errs)
+	return c, errs
+}
+
+func checkQuantity(field, v, examples string) error {
+	if strings.TrimSpace(v) == "" {
+		return fmt.Errorf("%s is empty", field)
+	}
+	q, err := resource.ParseQuantity(v)
+	if err != nil {
+		return fmt.Errorf("%s %q is not a Kubernetes quantity (for example %s)", field, v, examples)
+	}
+	if q.Sign() <= 0 {
+		return fmt.Errorf("%s must be > 0, got %q", field, v)
+	}
+	return nil
+}
+
+func quota(place string, d quotaDoc, errs []error) (fleet.Quota, []error) {
+	if d.Servers < 0 {
+		errs = append(errs, fmt.Errorf("%s: servers must be >= 0 (0 = unlimited), got %d", place, d.Servers))
+	}
+	if d.MemoryMiB < 0 {
+		errs = append(errs, fmt.Errorf("%s: memoryMiB must be >= 0 (0 = unlimited), got %d", place, d.MemoryMiB))
+	}
+	if d.ComputePercent < 0 {
+		errs = append(errs, fmt.Errorf("%s: computePercent must be >= 0 (0 = unlimited), got %d", place, d.ComputePercent))
+	}
+	return fleet.Quota{Servers: d.Servers, MemoryMiB: d.MemoryMiB, ComputePercent: d.ComputePercent}, errs
+}
+
+func quotaMap(place, what string, m map[string]quotaDoc, errs []error) (map[string]fleet.Quota, []error) {
+	if len(m) == 0 {
+		return nil, errs
+	}
+	out := make(map[string]fleet.Quota, len(m))
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		if strings.TrimSpace(name) == "" {
+			errs = append(errs, fmt.Errorf("%s: a %s name is empty", place, what))
+			continue
+		}
+		out[name], errs = quota(place+"."+name, m[name], errs)
+	}
+	return out, errs
+}
+
+// unjoin returns the errors joined in err (one level), or err itself.
+func unjoin(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+// unknownFields walks the decoded JSON v against the document type t and
+// reports every object key that t has no field for. Type mismatches are left
+// to the typed decoder.
+func unknownFields(v any, t reflect.Type, path string) []error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var errs []error
+	switch t.Kind() {
+	case reflect.Struct:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		fields := map[string]reflect.Type{}
+		for f := range t.Fields() {
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			fields[name] = f.Type
+		}
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			ft, ok := fields[k]
+			if !ok {
+				where := path
+				if where == "" {
+					where = "top level"
+				}
+				errs = append(errs, fmt.Errorf("%s: unknown field %q (known: %s)", where, k, strings.Join(slices.Sorted(maps.Keys(fields)), ", ")))
+				continue
+			}
+			errs = append(errs, unknownFields(m[k], ft, joinPath(path, k))...)
+		}
+	case reflect.Slice:
+		l, ok := v.([]any)
+		if !ok {
+			return nil
+		}
+		for i, e := range l {
+			errs = append(errs, unknownFields(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i))...)
+		}
+	case reflect.Map:
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			errs = append(errs, unknownFields(m[k], t.Elem(), joinPath(path, k))...)
+		}
+	}
+	return errs
+}
+
+func joinPath(path, k string) string {
+	if path == "" {
+		return k
+	}
+	return path + "." + k
+}
+
+// Profiles returns every profile in file order.
+func (c *Catalog) Profiles() []fleet.Profile {
+	out := make([]fleet.Profile, len(c.profiles))
+	for i, p := range c.profiles {
+		out[i] = clone(p)
+	}
+	return out
+}
+
+// Profile returns the profile called name, and whether there is one.
+func (c *Catalog) Profile(name string) (fleet.Profile, bool) {
+	for _, p := range c.profiles {
+		if p.Name == name {
+			return clone(p), true
+		}
+	}
+	return fleet.Profile{}, false
+}
+
+// For returns the profiles that a member of groups may use (see
+// fleet.Profile.Allows), in file order; never nil.
+func (c *Catalog) For(groups []string) []fleet.Profile {
+	out := []fleet.Profile{}
+	for _, p := range c.profiles {
+		if p.Allows(groups) {
+			out = append(out, clone(p))
+		}
+	}
+	return out
+}
+
+// Quotas returns the configured caps. Users and Groups are nil when the file
+// has none.
+func (c *Catalog) Quotas() fleet.Quotas {
+	return fleet.Quotas{
+		DefaultUser: c.quotas.DefaultUser,
+		Users:       maps.Clone(c.quotas.Users),
+		Groups:      maps.Clone(c.quotas.Groups),
+	}
+}
+
+func clone(p fleet.Profile) fleet.Profile {
+	p.Groups = slices.Clone(p.Groups)
+	return p
+}

@@ -1,0 +1,36 @@
+// Package catalog loads the profiles-and-quotas file: the offers users pick
+// from (fleet.Profile) and the caps on what they may hold (fleet.Quotas).
+//
+// The file is YAML (decoded through sigs.k8s.io/yaml, so the field names are
+// the JSON tags below):
+//
+//	profiles:
+//	  - name: small            # DNS-1123 label, unique
+//	    displayName: Small     # required
+//	    description: ...       # optional
+//	    image: quay.io/jupyter/minimal-notebook:latest   # required
+//	    cpu: "1"               # Kubernetes quantity, > 0, required
+//	    memory: 4Gi            # Kubernetes quantity, > 0, required
+//	    slice: {memoryMiB: 8192, computePercent: 20, computeLimitPercent: 50}
+//	    model: ""              # optional GPU model constraint, e.g. "NVIDIA H200"
+//	    groups: []             # empty: everyone
+//	quotas:
+//	  defaultUser: {servers: 2, memoryMiB: 32768, computePercent: 100}
+//	  users: {alice: {servers: 4}}
+//	  groups: {ml-team: {servers: 20, memoryMiB: 400000, computePercent: 400}}
+//
+// Rules:
+//   - Parsing is strict: unknown fields, duplicate keys and wrong types are
+//     errors. Every problem in the file is reported at once (errors.Join),
+//     each naming its place, for example
+//     "profiles[2] (gpu-large): slice computeLimitPercent must be computePercent..100 (30..100), got 20".
+//   - computeLimitPercent may be omitted; it then equals computePercent (no
+//     burst).
+//   - In quotas a zero or missing field means unlimited; negative values are
+//     errors. A user's own entry replaces defaultUser (see fleet.Quotas).
+//   - Profiles keep the file's order.
+//
+// A *Catalog is immutable after Parse and safe for concurrent use; its
+// accessors return copies. Default returns the embedded default.yaml that dev
+// mode uses: three profiles sized for one NVIDIA H200 (143771 MiB, 132 SMs).
+package catalog
