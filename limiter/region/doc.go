@@ -1,0 +1,23 @@
+// Package region reads and writes the two per-slice files that the in-pod
+// limiter hook (libgpulimit.so) and the node agent share: the quota region,
+// written only by the agent, and the usage region, written by the hooks.
+//
+// The C header limiter/hook/include/gpulimit_region.h is the single source of
+// truth for both layouts. This package mirrors it in quotaRaw, usageHeaderRaw,
+// usageSlotRaw and usageDeviceRaw; layout_test.go compiles a C program against
+// the header and compares every field's offset and size, so the two cannot
+// drift.
+//
+// Invariants:
+//   - A quota file is replaced only by rename(2) of a complete temporary file
+//     in the same directory, with a generation higher than the file it
+//     replaces; readers never see a torn file.
+//   - Decoders never panic: any byte slice yields a value or an error wrapping
+//     ErrCorrupt.
+//   - The usage region is advisory (DESIGN.md invariant 3). ReadUsage reports
+//     slots as written; deciding whether a pid is alive is the caller's job,
+//     because pids there are in the pod's pid namespace.
+//
+// Both files are little-endian; the package supports little-endian hosts only
+// (amd64, arm64), like the hook.
+package region

@@ -1,0 +1,245 @@
+package region
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"time"
+)
+
+// usageHeaderRaw mirrors the first 256 bytes of struct gpulimit_usage.
+type usageHeaderRaw struct {
+	Magic                  uint32   `c:"magic"`
+	LayoutVersion          uint32   `c:"layout_version"`
+	SlotCount              uint32   `c:"slot_count"`
+	DeviceCount            uint32   `c:"device_count"`
+	Reserved0              [48]byte `c:"reserved0"`
+	PaceTokensQ10          int64    `c:"pace_tokens_q10"`
+	PaceRefillNs           uint64   `c:"pace_refill_ns"`
+	PaceRateQ10PerMs       uint64   `c:"pace_rate_q10_per_ms"`
+	PaceBlocksTotal        uint64   `c:"pace_blocks_total"`
+	PaceWaitNsTotal        uint64   `c:"pace_wait_ns_total"`
+	PaceNextControlNs      uint64   `c:"pace_next_control_ns"`
+	PaceTargetPermille     uint32   `c:"pace_target_permille"`
+	PaceUtilPermille       uint32   `c:"pace_util_permille"`
+	PaceDeviceUtilPermille uint32   `c:"pace_device_util_permille"`
+	PaceSMCount            uint32   `c:"pace_sm_count"`
+	CtlBlocksPrev          uint64   `c:"ctl_blocks_prev"`
+	CtlWaitNsPrev          uint64   `c:"ctl_wait_ns_prev"`
+	CtlRunNsPrev           uint64   `c:"ctl_run_ns_prev"`
+	CtlNvmlSeenUs          uint64   `c:"ctl_nvml_seen_us"`
+	Reserved1              [96]byte `c:"reserved1"`
+}
+
+// usageDeviceRaw mirrors struct gpulimit_usage_device.
+type usageDeviceRaw struct {
+	UUID       [UUIDBytes]byte `c:"uuid"`
+	BytesInUse uint64          `c:"bytes_in_use"`
+}
+
+// usageSlotRaw mirrors struct gpulimit_usage_slot.
+type usageSlotRaw struct {
+	PID          uint32                       `c:"pid"`
+	Reserved0    uint32                       `c:"reserved0"`
+	StartTime    uint64                       `c:"start_time"`
+	LastLaunchNs uint64                       `c:"last_launch_ns"`
+	LaunchCount  uint64                       `c:"launch_count"`
+	Devices      [UsageDevices]usageDeviceRaw `c:"devices"`
+}
+
+// usageRaw mirrors struct gpulimit_usage.
+type usageRaw struct {
+	Header usageHeaderRaw
+	Slots  [UsageSlots]usageSlotRaw `c:"slots"`
+}
+
+// Usage is a snapshot of a slice's usage region.
+type Usage struct {
+	// Processes holds the claimed slots (pid != 0) in slot order. Some may
+	// belong to processes that have exited; see package doc.
+	Processes []ProcessUsage
+	// Pace is the slice-wide compute pacing state.
+	Pace Pace
+}
+
+// ProcessUsage is one claimed slot of the usage region.
+type ProcessUsage struct {
+	Slot int    // index in the region, 0..UsageSlots-1
+	PID  uint32 // in the pod's pid namespace
+	// StartTimeTicks is the process start time in clock ticks after boot
+	// (proc(5) stat field 22), used to tell a reused pid from the owner.
+	StartTimeTicks uint64
+	// LastLaunch is the time of the last kernel launch; zero if none.
+	LastLaunch  time.Time
+	LaunchCount uint64
+	// Devices lists the devices with an entry, in slot order.
+	Devices []DeviceUsage
+}
+
+// DeviceUsage is one process's use of one device.
+type DeviceUsage struct {
+	UUID       string // NVML form, "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+	BytesInUse uint64 // bytes charged by the hook
+}
+
+// Pace is the slice-wide compute pacing state written by the hooks.
+type Pace struct {
+	TargetPermille     uint32 // effective SM share target, per mille of the device
+	UtilPermille       uint32 // last measured SM share of the slice, per mille
+	DeviceUtilPermille uint32 // last measured SM use of the device, per mille
+	SMCount            uint32 // SMs of the device; 0 = not measured yet
+	BlocksTotal        uint64 // thread blocks launched by the slice
+	Wait               time.Duration
+}
+
+// BytesInUse sums the bytes charged on the device with the given NVML UUID
+// over every process in u, dead or alive.
+func (u Usage) BytesInUse(uuid string) uint64 {
+	var sum uint64
+	for _, p := range u.Processes {
+		for _, d := range p.Devices {
+			if d.UUID == uuid {
+				sum += d.BytesInUse
+			}
+		}
+	}
+	return sum
+}
+
+// DecodeUsage parses a usage region. An all-zero region (created but not yet
+// initialized by a hook) yields an empty Usage. Any problem yields an error
+// wrapping ErrCorrupt; it never panics.
+func DecodeUsage(b []byte) (Usage, error) {
+	if len(b) != UsageSize {
+		return Usage{}, fmt.Errorf("%w: usage is %d bytes, want %d", ErrCorrupt, len(b), UsageSize)
+	}
+	var raw usageRaw
+	if err := binary.Read(bytes.NewReader(b), binary.LittleEndian, &raw); err != nil {
+		return Usage{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	h := raw.Header
+	if h.Magic == 0 {
+		return Usage{}, nil
+	}
+	switch {
+	case h.Magic != UsageMagic:
+		return Usage{}, fmt.Errorf("%w: usage magic %#x, want %#x", ErrCorrupt, h.Magic, UsageMagic)
+	case h.LayoutVersion != LayoutVersion:
+		return Usage{}, fmt.Errorf("%w: usage layout version %d, want %d", ErrCorrupt, h.LayoutVersion, LayoutVersion)
+	case h.SlotCount != UsageSlots || h.DeviceCount != UsageDevices:
+		return Usage{}, fmt.Errorf("%w: usage has %d slots of %d devices, want %d of %d", ErrCorrupt, h.SlotCount, h.DeviceCount, UsageSlots, UsageDevices)
+	}
+	u := Usage{Pace: Pace{
+		TargetPermille:     h.PaceTargetPermille,
+		UtilPermille:       h.PaceUtilPermille,
+		DeviceUtilPermille: h.PaceDeviceUtilPermille,
+		SMCount:            h.PaceSMCount,
+		BlocksTotal:        h.PaceBlocksTotal,
+		Wait:               time.Duration(min(h.PaceWaitNsTotal, uint64(1<<63-1))),
+	}}
+	for i, s := range raw.Slots {
+		if s.PID == 0 {
+			continue
+		}
+		p := ProcessUsage{Slot: i, PID: s.PID, StartTimeTicks: s.StartTime, LaunchCount: s.LaunchCount}
+		if s.LastLaunchNs != 0 && s.LastLaunchNs <= 1<<63-1 {
+			p.LastLaunch = time.Unix(0, int64(s.LastLaunchNs)).UTC()
+		}
+		for _, d := range s.Devices {
+			if d.UUID == ([UUIDBytes]byte{}) {
+				continue
+			}
+			p.Devices = append(p.Devices, DeviceUsage{UUID: FormatUUID(d.UUID), BytesInUse: d.BytesInUse})
+		}
+		u.Processes = append(u.Processes, p)
+	}
+	return u, nil
+}
+
+// ReadUsage reads and decodes the usage file at path. The file is read with
+// plain reads while hooks may be writing it; every field is read once, so a
+// snapshot can mix old and new values of different slots but never a torn
+// 8-byte field (aligned 8-byte stores are atomic on supported hosts).
+func ReadUsage(path string) (Usage, error) {
+	b, err := readLimited(path, UsageSize+1)
+	if err != nil {
+		return Usage{}, fmt.Errorf("read usage: %w", err)
+	}
+	u, err := DecodeUsage(b)
+	if err != nil {
+		return Usage{}, fmt.Errorf("read usage %s: %w", path, err)
+	}
+	return u, nil
+}
+
+// CreateUsage creates an empty (all-zero) usage file at path with mode perm
+// if none exists; the first hook initializes it. An existing file is left
+// as it is, because hooks may have it mapped: replacing it would split the
+// slice's accounting between two files.
+func CreateUsage(path string, perm os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create usage: %w", err)
+	}
+	if err := f.Truncate(UsageSize); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("create usage %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("create usage %s: %w", path, err)
+	}
+	return nil
+}
+
+// FormatUUID formats a binary device UUID the way NVML prints it:
+// "GPU-" followed by 8-4-4-4-12 lowercase hex digits.
+func FormatUUID(b [UUIDBytes]byte) string {
+	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// ParseUUID parses NVML's "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" form.
+func ParseUUID(s string) ([UUIDBytes]byte, error) {
+	var out [UUIDBytes]byte
+	const want = "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+	if len(s) != len(want) || s[:4] != "GPU-" {
+		return out, fmt.Errorf("parse uuid %q: want form %s", s, want)
+	}
+	n := 0
+	for i := 4; i < len(s); i++ {
+		if want[i] == '-' {
+			if s[i] != '-' {
+				return out, fmt.Errorf("parse uuid %q: want '-' at %d", s, i)
+			}
+			continue
+		}
+		v, ok := hexVal(s[i])
+		if !ok {
+			return out, fmt.Errorf("parse uuid %q: bad hex digit at %d", s, i)
+		}
+		if n%2 == 0 {
+			out[n/2] = v << 4
+		} else {
+			out[n/2] |= v
+		}
+		n++
+	}
+	return out, nil
+}
+
+func hexVal(c byte) (byte, bool) {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0', true
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10, true
+	case c >= 'A' && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
+}
