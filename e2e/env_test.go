@@ -3,11 +3,199 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/devissuer"
+	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/e2e/harness"
 )
+
+const (
+	// audience is the OIDC audience the brokers under test accept.
+	audience = "gpubroker"
+	// adminGroup is the group claim value that makes a caller an admin.
+	adminGroup = "gpubroker-admins"
+	// gpuMemoryMiB and gpuSMs describe every simulated GPU: an H100 80GB.
+	gpuMemoryMiB = 81559
+	gpuSMs       = 132
+	gpuModel     = "NVIDIA H100 80GB HBM3"
+	// notebookPort is the port the broker puts into a running server's URL.
+	notebookPort = 8888
+)
+
+// testProfiles is the catalog of every test broker. small: 10 per GPU by
+// compute; medium: 3 per GPU by memory (3 × 24576 = 73728 ≤ 81559 < 4 ×
+// 24576); each user may hold 2 servers.
+const testProfiles = `
+profiles:
+  - name: small
+    displayName: Small
+    image: example.invalid/notebook:1
+    cpu: "1"
+    memory: 1Gi
+    slice: {memoryMiB: 8192, computePercent: 10, computeLimitPercent: 50}
+  - name: medium
+    displayName: Medium
+    image: example.invalid/notebook:1
+    cpu: "2"
+    memory: 2Gi
+    slice: {memoryMiB: 24576, computePercent: 25, computeLimitPercent: 75}
+quotas:
+  defaultUser: {servers: 2}
+`
+
+// env is one test's world: a namespace with kwok nodes in the shared cluster,
+// its own redis-server, OIDC issuer and gpubroker process, and the GPUs it
+// registered.
+type env struct {
+	t       *testing.T
+	cluster *harness.Cluster
+	ns      string
+	nodes   []string
+	gpus    []v1.GPU
+	redis   *redistest.Server
+	issuer  *devissuer.Issuer
+	broker  *harness.Broker
+	// admin calls the API as a member of adminGroup.
+	admin *harness.Client
+}
+
+// envOptions size an env. Zero values take the defaults.
+type envOptions struct {
+	nodes       int // default 1
+	gpusPerNode int // default 1
+}
+
+// newEnv builds an env for t: namespace, nodes, redis-server, issuer, a
+// running broker (stopped when t ends; its log is printed if t failed) and
+// the GPUs registered through the admin API.
+func newEnv(t *testing.T, o envOptions) *env {
+	t.Helper()
+	c := needCluster(t)
+	if o.nodes == 0 {
+		o.nodes = 1
+	}
+	if o.gpusPerNode == 0 {
+		o.gpusPerNode = 1
+	}
+	bin := brokerBinary(t)
+	e := &env{t: t, cluster: c}
+	e.ns = newNamespace(t, c)
+	e.nodes = newNodes(t, c, o.nodes)
+	for ni, node := range e.nodes {
+		for gi := range o.gpusPerNode {
+			e.gpus = append(e.gpus, v1.GPU{
+				UUID:      fmt.Sprintf("GPU-%s-%d-%d", e.ns, ni, gi),
+				Node:      node,
+				Model:     gpuModel,
+				MemoryMiB: gpuMemoryMiB,
+				SMCount:   gpuSMs,
+				Healthy:   true,
+			})
+		}
+	}
+	e.redis = redistest.Start(t)
+	e.issuer = devissuer.StartTest(t)
+
+	dir := t.TempDir()
+	start := time.Now()
+	b, err := harness.StartBroker(t.Context(), harness.BrokerOptions{
+		Binary:            bin,
+		Dir:               dir,
+		RedisURL:          e.redis.URL(),
+		Kubeconfig:        c.BrokerKubeconfig,
+		Namespace:         e.ns,
+		IssuerURL:         e.issuer.URL(),
+		Audience:          audience,
+		ProfilesYAML:      testProfiles,
+		HubToken:          "hub-" + harness.UniqueName("token"),
+		ReconcileInterval: time.Second,
+		OrphanGrace:       2 * time.Second,
+	})
+	if err != nil {
+		t.Fatalf("start broker: %v", err)
+	}
+	t.Logf("broker ready in %s at %s (namespace %s)", time.Since(start).Round(time.Millisecond), b.URL, e.ns)
+	e.broker = b
+	t.Cleanup(func() {
+		if err := b.Stop(); err != nil {
+			t.Errorf("stop broker: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("--- %s, last 80 lines:\n%s", b.LogPath, b.LogTail(80))
+			keepLog(t, b.LogPath)
+		}
+	})
+	e.admin = e.client("admin", adminGroup)
+	e.registerGPUs()
+	return e
+}
+
+// keepLog copies a log file of a failed test next to the test binary's
+// artifacts dir ($E2E_ARTIFACTS, if set), because t.TempDir is removed.
+func keepLog(t *testing.T, path string) {
+	dir := os.Getenv("E2E_ARTIFACTS")
+	if dir == "" {
+		return
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Logf("keep log: %v", err)
+		return
+	}
+	dst := filepath.Join(dir, harness.UniqueName(t.Name())+"-"+filepath.Base(path))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("keep log: %v", err)
+		return
+	}
+	if err := os.WriteFile(dst, b, 0o644); err != nil {
+		t.Logf("keep log: %v", err)
+	}
+}
+
+// token mints a valid token for user in groups.
+func (e *env) token(user string, groups ...string) string {
+	e.t.Helper()
+	tok, err := e.issuer.Mint(devissuer.Claims{Subject: "sub-" + user, Username: user, Groups: groups, Audience: audience})
+	if err != nil {
+		e.t.Fatalf("mint token for %s: %v", user, err)
+	}
+	return tok
+}
+
+// client returns an API client acting as user in groups.
+func (e *env) client(user string, groups ...string) *harness.Client {
+	e.t.Helper()
+	return &harness.Client{BaseURL: e.broker.URL, Token: e.token(user, groups...)}
+}
+
+// registerGPUs (re-)registers every GPU of the env, as the node agents do.
+func (e *env) registerGPUs() {
+	e.t.Helper()
+	for _, g := range e.gpus {
+		if err := e.admin.PutGPU(e.t.Context(), g); err != nil {
+			e.t.Fatalf("register GPU %s: %v", g.UUID, err)
+		}
+	}
+}
+
+// pods lists the broker's pods in the env's namespace.
+func (e *env) pods(ctx context.Context) ([]corev1.Pod, error) {
+	l, err := e.cluster.Client.CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{
+		LabelSelector: v1.LabelManagedBy + "=" + v1.ManagedByValue,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list pods in %s: %w", e.ns, err)
+	}
+	return l.Items, nil
+}
 
 // newNamespace creates a namespace for t (with its default ServiceAccount)
 // and deletes its pods, secrets and itself when t ends.
