@@ -1,0 +1,49 @@
+// Package redisstore keeps the broker's shared state in Redis: GPU
+// inventory, slice placement, quota usage, server records and server event
+// streams. Store implements the store contracts that the servers service
+// and the reconciler use; it is safe for concurrent use by many goroutines
+// and many broker replicas sharing one Redis (single node or Sentinel).
+//
+// # Invariants
+//
+//   - No GPU is overcommitted: for each GPU, Σ slice memory ≤ its memory
+//     and Σ guaranteed compute ≤ 100. Place checks and charges in one Lua
+//     script (scripts/place.lua); Release un-charges in one. Only Restore,
+//     which records what pods prove exists, may exceed a GPU, and it says so
+//     with an error wrapping fleet.ErrConflict.
+//   - GPU, user and group counters always equal the sums over the stored
+//     allocations; counters are deleted when they reach zero. Store.Verify
+//     checks this and the invariant above on an atomic snapshot.
+//   - The free-memory indexes (sorted sets, score = free MiB) hold exactly
+//     the healthy GPUs (and, for the "available" ones, those with compute
+//     left); every script that changes a GPU reindexes it in the same step,
+//     so placement walks O(log N + skipped) entries instead of all GPUs.
+//   - Placement is refused with fleet.ErrNotReady while the reconcile marker
+//     is missing: a flushed or restarted Redis has lost allocations that
+//     pods still hold, and no slice may be placed before the reconciler has
+//     restored them and called MarkReconciled.
+//   - A server record changes only through scripts that compare its spawn
+//     id: a late event of an old spawn never changes the current one. State
+//     changes follow fleet.TransitionSources, and every change appends an
+//     event to the server's stream in the same step.
+//   - All keys are built in keys.go under one prefix and the hash tag
+//     {gpubroker}, so every multi-key script runs on one Cluster slot.
+//
+// # Time
+//
+// Record times (CreatedAt, UpdatedAt), event times and the reconcile
+// marker's value come from the injected clock (WithClock, default
+// time.Now), passed to scripts through ARGV; scripts never read Redis's
+// TIME. Redis TTLs (WithRetention, default 7 days, for terminal server
+// records and idle event streams) only collect garbage; no decision depends
+// on them. Per-operation deadlines (WithOpTimeout, default 2 s) are
+// context timeouts, which reach the socket only if the client was built
+// with ContextTimeoutEnabled.
+//
+// # Errors
+//
+// redis.Nil becomes fleet.ErrNotFound here; placement refusals are
+// *fleet.QuotaError and *fleet.CapacityError; stale spawns and forbidden
+// transitions wrap fleet.ErrConflict; bad input wraps fleet.ErrInvalid.
+// Other errors are Redis or network failures, wrapped with the operation.
+package redisstore

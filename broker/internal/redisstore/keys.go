@@ -1,0 +1,104 @@
+package redisstore
+
+import (
+	"net/url"
+	"strings"
+)
+
+// Keys. Every Redis key of the broker is built here, as
+// <prefix>{gpubroker}:<kind>:<id>, so that all keys of one Store share the
+// hash tag {gpubroker} and every multi-key script runs on one Cluster slot.
+// Scripts that reach keys they cannot list in KEYS up front (the GPU a walk
+// finds, the user of a released slice) build them from the prefixes below,
+// passed in ARGV; those keys are in the same slot too.
+//
+//	key                          type    TTL            owner / written by
+//	-------------------------    ------  -------------  --------------------------------------
+//	marker                       string  none           reconciler (MarkReconciled); its absence
+//	                                                    blocks placement (ErrNotReady)
+//	gpus                         set     none           RegisterGPU: every registered GPU uuid
+//	gpu:<uuid>                   hash    none           RegisterGPU/SetGPUHealth (inventory) and
+//	                                                    place/release/restore (usage counters)
+//	idx:h:all / idx:h:m:<model>  zset    none           healthy GPUs, score = free MiB (may be < 0)
+//	idx:a:all / idx:a:m:<model>  zset    none           healthy GPUs with free compute, score = free MiB
+//	allocs                       hash    none           place/restore/release: slice id → allocation JSON
+//	user:<user>                  hash    none; deleted  place/restore/release: servers, mem, cp in use;
+//	                                     at zero use    removed when the user holds nothing
+//	group:<group>                hash    as user:       as user:, per group charged
+//	srv:<user>:<name>            hash    7 d once       servers: the record of one server; no TTL
+//	                                     terminal       while its spawn is live
+//	ev:<user>:<name>             stream  7 d, renewed   servers: lifecycle events, MAXLEN ~ 256
+//	                                     on each write
+//	usrv:<user>                  set     none           servers: names of a user's servers; members
+//	                                                    whose record expired are removed by List
+//	srvs                         set     none           servers: all srv: keys, cleaned like usrv:
+//
+// GPU records have no TTL: they are inventory, refreshed by the agents, and a
+// GPU that leaves the fleet is expected to be marked unhealthy. The index,
+// allocation and counter keys are derived data: they are rebuilt from pods
+// by the reconciler after a flush and never orphaned (counters are deleted at
+// zero). User and server names are query-escaped where they are not the last
+// component of a key, so "a:b"/"c" and "a"/"b:c" never collide.
+type keys struct {
+	p string // the configured prefix followed by the hash tag
+}
+
+// hashTag is the one hash tag of every key.
+const hashTag = "{gpubroker}:"
+
+func newKeys(prefix string) keys { return keys{p: prefix + hashTag} }
+
+func (k keys) marker() string         { return k.p + "marker" }
+func (k keys) gpus() string           { return k.p + "gpus" }
+func (k keys) gpuPrefix() string      { return k.p + "gpu:" }
+func (k keys) gpu(uuid string) string { return k.gpuPrefix() + uuid }
+
+// healthyIndex and availIndex are the indexes of GPUs of one model; a GPU
+// with model "" has its own (empty-named) model index. allHealthy and
+// allAvail are the indexes of all GPUs.
+func (k keys) healthyIndex(model string) string { return k.p + "idx:h:m:" + model }
+func (k keys) availIndex(model string) string   { return k.p + "idx:a:m:" + model }
+func (k keys) allHealthy() string               { return k.p + "idx:h:all" }
+func (k keys) allAvail() string                 { return k.p + "idx:a:all" }
+
+// scopeIndexes returns the healthy and available indexes that a placement
+// constrained to model ("" = any) walks.
+func (k keys) scopeIndexes(model string) (healthy, avail string) {
+	if model == "" {
+		return k.allHealthy(), k.allAvail()
+	}
+	return k.healthyIndex(model), k.availIndex(model)
+}
+func (k keys) allocs() string                 { return k.p + "allocs" }
+func (k keys) userPrefix() string             { return k.p + "user:" }
+func (k keys) user(name string) string        { return k.userPrefix() + name }
+func (k keys) groupPrefix() string            { return k.p + "group:" }
+func (k keys) group(name string) string       { return k.groupPrefix() + name }
+func (k keys) serverPrefix() string           { return k.p + "srv:" }
+func (k keys) eventsPrefix() string           { return k.p + "ev:" }
+func (k keys) userServers(user string) string { return k.p + "usrv:" + user }
+func (k keys) allServers() string             { return k.p + "srvs" }
+
+// serverID is the escaped "<user>:<name>" suffix shared by a server's record
+// and event stream keys.
+func serverID(user, name string) string {
+	return url.QueryEscape(user) + ":" + url.QueryEscape(name)
+}
+
+func (k keys) server(user, name string) string { return k.serverPrefix() + serverID(user, name) }
+func (k keys) events(user, name string) string { return k.eventsPrefix() + serverID(user, name) }
+
+// scanPattern returns a SCAN MATCH pattern for every key that starts with
+// prefix, with glob metacharacters in prefix escaped.
+func scanPattern(prefix string) string {
+	var b strings.Builder
+	for _, r := range prefix {
+		switch r {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	b.WriteByte('*')
+	return b.String()
+}

@@ -1,0 +1,149 @@
+package redisstore
+
+import (
+	_ "embed"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The scripts. lib.lua and servers.lua hold helpers and are prepended to the
+// scripts that use them; each script file states its KEYS/ARGV/returns
+// contract. All keys a script touches share one hash tag (see keys.go).
+var (
+	//go:embed scripts/lib.lua
+	libLua string
+	//go:embed scripts/servers.lua
+	serversLua string
+	//go:embed scripts/place.lua
+	placeLua string
+	//go:embed scripts/release.lua
+	releaseLua string
+	//go:embed scripts/restore.lua
+	restoreLua string
+	//go:embed scripts/register.lua
+	registerLua string
+	//go:embed scripts/health.lua
+	healthLua string
+	//go:embed scripts/verify.lua
+	verifyLua string
+	//go:embed scripts/create_server.lua
+	createServerLua string
+	//go:embed scripts/restore_server.lua
+	restoreServerLua string
+	//go:embed scripts/transition.lua
+	transitionLua string
+	//go:embed scripts/delete_server.lua
+	deleteServerLua string
+)
+
+var (
+	placeScript         = redis.NewScript(libLua + placeLua)
+	releaseScript       = redis.NewScript(libLua + releaseLua)
+	restoreScript       = redis.NewScript(libLua + restoreLua)
+	registerScript      = redis.NewScript(libLua + registerLua)
+	healthScript        = redis.NewScript(libLua + healthLua)
+	verifyScript        = redis.NewScript(verifyLua)
+	createServerScript  = redis.NewScript(serversLua + createServerLua)
+	restoreServerScript = redis.NewScript(serversLua + restoreServerLua)
+	transitionScript    = redis.NewScript(serversLua + transitionLua)
+	deleteServerScript  = redis.NewScript(serversLua + deleteServerLua)
+)
+
+// The helpers below check the type of every part of a script's reply; a
+// reply of an unexpected shape is an error, never a panic.
+
+// asList returns v as a Lua table reply.
+func asList(v any) ([]any, error) {
+	l, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("script reply is %T, want an array", v)
+	}
+	return l, nil
+}
+
+// asString returns v as a bulk string reply.
+func asString(v any) (string, error) {
+	s, ok := v.(string)
+	if !ok {
+		return "", fmt.Errorf("script reply element is %T, want a string", v)
+	}
+	return s, nil
+}
+
+// asInt returns v as an integer reply.
+func asInt(v any) (int64, error) {
+	n, ok := v.(int64)
+	if !ok {
+		return 0, fmt.Errorf("script reply is %T, want an integer", v)
+	}
+	return n, nil
+}
+
+// tagged splits a {"tag", ...} reply and checks it has at least n elements
+// after the tag, all strings unless they are tables.
+func tagged(v any) (string, []any, error) {
+	l, err := asList(v)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(l) == 0 {
+		return "", nil, fmt.Errorf("script reply is an empty array")
+	}
+	tag, err := asString(l[0])
+	if err != nil {
+		return "", nil, err
+	}
+	return tag, l[1:], nil
+}
+
+// strings returns the first n elements of rest as strings.
+func stringsN(rest []any, n int) ([]string, error) {
+	if len(rest) < n {
+		return nil, fmt.Errorf("script reply has %d fields, want %d", len(rest), n)
+	}
+	out := make([]string, n)
+	for i := range n {
+		s, err := asString(rest[i])
+		if err != nil {
+			return nil, err
+		}
+		out[i] = s
+	}
+	return out, nil
+}
+
+// flatMap turns an HGETALL reply made inside a script (a flat array of
+// field, value) into a map.
+func flatMap(v any) (map[string]string, error) {
+	l, err := asList(v)
+	if err != nil {
+		return nil, err
+	}
+	if len(l)%2 != 0 {
+		return nil, fmt.Errorf("hash reply has an odd number (%d) of elements", len(l))
+	}
+	m := make(map[string]string, len(l)/2)
+	for i := 0; i < len(l); i += 2 {
+		k, err := asString(l[i])
+		if err != nil {
+			return nil, err
+		}
+		val, err := asString(l[i+1])
+		if err != nil {
+			return nil, err
+		}
+		m[k] = val
+	}
+	return m, nil
+}
+
+// atoi64 parses a decimal integer from a script reply or hash field.
+func atoi64(field, s string) (int64, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("field %s: %w", field, err)
+	}
+	return n, nil
+}

@@ -1,0 +1,12 @@
+-- health.lua sets a registered GPU's health and reindexes it.
+--
+-- KEYS[1] gpu key, KEYS[2] all healthy index, KEYS[3] all avail index
+-- ARGV[1] uuid, ARGV[2] healthy "1"/"0"
+-- Returns 1 when set, 0 when the GPU is not registered.
+
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'healthy', ARGV[2])
+reindex(KEYS[1], ARGV[1], KEYS[2], KEYS[3])
+return 1

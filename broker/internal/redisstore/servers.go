@@ -1,0 +1,468 @@
+package redisstore
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+)
+
+// Patch sets fields of a server record in the same step as a transition.
+// A nil field is left as it is.
+type Patch struct {
+	Allocation *fleet.Allocation
+	Pod        *string
+	URL        *string
+}
+
+// fields returns the record fields the patch sets, as field/value pairs.
+func (p Patch) fields() ([]any, error) {
+	var out []any
+	if p.Allocation != nil {
+		b, err := json.Marshal(p.Allocation)
+		if err != nil {
+			return nil, fmt.Errorf("encode allocation: %w", err)
+		}
+		out = append(out, "alloc", string(b))
+	}
+	if p.Pod != nil {
+		out = append(out, "pod", *p.Pod)
+	}
+	if p.URL != nil {
+		out = append(out, "url", *p.URL)
+	}
+	return out, nil
+}
+
+// serverFields returns the hash fields of s (see scripts/servers.lua).
+func serverFields(s fleet.Server) ([]any, error) {
+	slice, err := json.Marshal(s.Slice)
+	if err != nil {
+		return nil, fmt.Errorf("encode slice: %w", err)
+	}
+	alloc := ""
+	if s.Allocation != nil {
+		b, err := json.Marshal(s.Allocation)
+		if err != nil {
+			return nil, fmt.Errorf("encode allocation: %w", err)
+		}
+		alloc = string(b)
+	}
+	return []any{
+		"user", s.User, "name", s.Name, "profile", s.Profile,
+		"spawn", s.SpawnID, "idem", s.IdempotencyKey,
+		"state", string(s.State), "msg", s.Message,
+		"slice", string(slice), "alloc", alloc,
+		"pod", s.Pod, "url", s.URL,
+		"created", unixNano(s.CreatedAt), "updated", unixNano(s.UpdatedAt),
+	}, nil
+}
+
+func unixNano(t time.Time) string { return strconv.FormatInt(t.UnixNano(), 10) }
+
+func parseUnixNano(field, s string) (time.Time, error) {
+	n, err := atoi64(field, s)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return time.Unix(0, n).UTC(), nil
+}
+
+// decodeServer reads a server hash.
+func decodeServer(h map[string]string) (fleet.Server, error) {
+	s := fleet.Server{
+		ServerKey:      fleet.ServerKey{User: h["user"], Name: h["name"]},
+		Profile:        h["profile"],
+		SpawnID:        h["spawn"],
+		IdempotencyKey: h["idem"],
+		State:          fleet.State(h["state"]),
+		Message:        h["msg"],
+		Pod:            h["pod"],
+		URL:            h["url"],
+	}
+	var errs []error
+	if err := json.Unmarshal([]byte(h["slice"]), &s.Slice); err != nil {
+		errs = append(errs, fmt.Errorf("field slice: %w", err))
+	}
+	if raw := h["alloc"]; raw != "" {
+		var a fleet.Allocation
+		if err := json.Unmarshal([]byte(raw), &a); err != nil {
+			errs = append(errs, fmt.Errorf("field alloc: %w", err))
+		} else {
+			s.Allocation = &a
+		}
+	}
+	var err error
+	s.CreatedAt, err = parseUnixNano("created", h["created"])
+	errs = append(errs, err)
+	s.UpdatedAt, err = parseUnixNano("updated", h["updated"])
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return fleet.Server{}, fmt.Errorf("decode server %s/%s: %w", h["user"], h["name"], err)
+	}
+	return s, nil
+}
+
+// serverKeys returns KEYS[1..4] of the create, restore and delete scripts.
+func (s *Store) serverKeys(k fleet.ServerKey) []string {
+	return []string{s.k.server(k.User, k.Name), s.k.events(k.User, k.Name), s.k.userServers(k.User), s.k.allServers()}
+}
+
+// recordTTL is the record TTL argument for a server in state st: the
+// retention for terminal states, "0" (none) otherwise.
+func (s *Store) recordTTL(st fleet.State) int64 {
+	if fleet.Terminal(st) {
+		return s.retention.Milliseconds()
+	}
+	return 0
+}
+
+// CreateServer stores a new spawn of server s.ServerKey, whose State must be
+// pending, and appends its "pending" event; CreatedAt and UpdatedAt are set
+// from the store's clock. It returns (the stored record, true).
+//
+// If the record holds the same non-empty IdempotencyKey, it returns that
+// record and false (a retried create). If it holds a live spawn (not
+// stopped or failed) under another key, the error wraps fleet.ErrConflict
+// and names the current state. A bad s wraps fleet.ErrInvalid.
+func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Server, bool, error) {
+	var errs []error
+	if srv.User == "" {
+		errs = append(errs, errors.New("user is empty"))
+	}
+	if srv.SpawnID == "" {
+		errs = append(errs, errors.New("spawn id is empty"))
+	}
+	if srv.State != v1.StatePending {
+		errs = append(errs, fmt.Errorf("a new server must be pending, not %q", srv.State))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w: %w", srv.User, srv.Name, fleet.ErrInvalid, err)
+	}
+	now := s.now()
+	srv.CreatedAt, srv.UpdatedAt = now, now
+	fields, err := serverFields(srv)
+	if err != nil {
+		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)
+	}
+	args := append([]any{srv.IdempotencyKey, unixNano(now), eventMaxLen, s.retention.Milliseconds(),
+		srv.Name, srv.SpawnID, srv.Message}, fields...)
+
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	res, err := createServerScript.Run(ctx, s.rdb, s.serverKeys(srv.ServerKey), args...).Result()
+	if err != nil {
+		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)
+	}
+	tag, rest, err := tagged(res)
+	if err != nil {
+		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)
+	}
+	switch tag {
+	case "created", "exists":
+		if len(rest) < 1 {
+			return fleet.Server{}, false, fmt.Errorf("create server %s/%s: short script reply", srv.User, srv.Name)
+		}
+		h, err := flatMap(rest[0])
+		if err != nil {
+			return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)
+		}
+		out, err := decodeServer(h)
+		return out, tag == "created" && err == nil, err
+	case "conflict":
+		f, err := stringsN(rest, 2)
+		if err != nil {
+			return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)
+		}
+		return fleet.Server{}, false, fmt.Errorf("server %q of %s is already %s (spawn %s); stop it first: %w",
+			srv.Name, srv.User, f[0], f[1], fleet.ErrConflict)
+	default:
+		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: unexpected script reply %q", srv.User, srv.Name, tag)
+	}
+}
+
+// GetServer returns the record of k, or an error wrapping fleet.ErrNotFound.
+func (s *Store) GetServer(ctx context.Context, k fleet.ServerKey) (fleet.Server, error) {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	h, err := s.rdb.HGetAll(ctx, s.k.server(k.User, k.Name)).Result()
+	if err != nil {
+		return fleet.Server{}, fmt.Errorf("get server %s/%s: %w", k.User, k.Name, err)
+	}
+	if len(h) == 0 {
+		return fleet.Server{}, fmt.Errorf("server %q of %s: %w", k.Name, k.User, fleet.ErrNotFound)
+	}
+	return decodeServer(h)
+}
+
+// ListServers returns the servers of user, or of every user when user is
+// "", sorted by user then name. Set members whose record has expired are
+// dropped from the sets on the way.
+func (s *Store) ListServers(ctx context.Context, user string) ([]fleet.Server, error) {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	var setKey string
+	var members, recordKeys []string
+	var err error
+	if user == "" {
+		setKey = s.k.allServers()
+		members, err = s.rdb.SMembers(ctx, setKey).Result()
+		recordKeys = members
+	} else {
+		setKey = s.k.userServers(user)
+		members, err = s.rdb.SMembers(ctx, setKey).Result()
+		for _, name := range members {
+			recordKeys = append(recordKeys, s.k.server(user, name))
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list servers: %w", err)
+	}
+	cmds := make([]*redis.MapStringStringCmd, len(recordKeys))
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range recordKeys {
+			cmds[i] = p.HGetAll(ctx, k)
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("list servers: %w", err)
+	}
+	out := make([]fleet.Server, 0, len(cmds))
+	var gone []any
+	for i, c := range cmds {
+		h := c.Val()
+		if len(h) == 0 {
+			gone = append(gone, members[i])
+			continue
+		}
+		srv, err := decodeServer(h)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, srv)
+	}
+	if len(gone) > 0 {
+		// Garbage collection only; a failure leaves members for next time.
+		_ = s.rdb.SRem(ctx, setKey, gone...).Err()
+	}
+	slices.SortFunc(out, func(a, b fleet.Server) int {
+		return cmp.Or(cmp.Compare(a.User, b.User), cmp.Compare(a.Name, b.Name))
+	})
+	return out, nil
+}
+
+// Transition moves server k's spawn spawnID to state to with message,
+// applying patch, and appends the event, in one atomic step; UpdatedAt and
+// the event time come from the store's clock. It returns the new record.
+//
+// It refuses, with an error wrapping fleet.ErrConflict, when spawnID is not
+// the record's current spawn (a late event of an old spawn never changes
+// state) or when the current state is not one of fleet.TransitionSources(to).
+// A transition to the state the record is already in is a success without a
+// new event, unless the message differs (then the message is updated and an
+// event appended); the patch is applied either way. An unknown server wraps
+// fleet.ErrNotFound. Terminal states start the record's retention TTL.
+func (s *Store) Transition(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch Patch) (fleet.Server, error) {
+	sources := fleet.TransitionSources(to)
+	if len(sources) == 0 {
+		return fleet.Server{}, fmt.Errorf("transition server %s/%s to %q: no state leads there: %w", k.User, k.Name, to, fleet.ErrInvalid)
+	}
+	pf, err := patch.fields()
+	if err != nil {
+		return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+	}
+	args := []any{spawnID, string(to), message, unixNano(s.now()), eventMaxLen, s.retention.Milliseconds(),
+		s.recordTTL(to), len(pf) / 2}
+	args = append(args, pf...)
+	for _, st := range sources {
+		args = append(args, string(st))
+	}
+
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	res, err := transitionScript.Run(ctx, s.rdb, []string{s.k.server(k.User, k.Name), s.k.events(k.User, k.Name)}, args...).Result()
+	if err != nil {
+		return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+	}
+	tag, rest, err := tagged(res)
+	if err != nil {
+		return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+	}
+	switch tag {
+	case "moved", "updated":
+		if len(rest) < 1 {
+			return fleet.Server{}, fmt.Errorf("transition server %s/%s: short script reply", k.User, k.Name)
+		}
+		h, err := flatMap(rest[0])
+		if err != nil {
+			return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+		}
+		return decodeServer(h)
+	case "notfound":
+		return fleet.Server{}, fmt.Errorf("server %q of %s: %w", k.Name, k.User, fleet.ErrNotFound)
+	case "spawn":
+		f, err := stringsN(rest, 1)
+		if err != nil {
+			return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+		}
+		return fleet.Server{}, fmt.Errorf("server %q of %s: spawn %s is no longer current (current spawn %s): %w",
+			k.Name, k.User, spawnID, f[0], fleet.ErrConflict)
+	case "state":
+		f, err := stringsN(rest, 1)
+		if err != nil {
+			return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+		}
+		return fleet.Server{}, fmt.Errorf("server %q of %s cannot move from %s to %s: %w",
+			k.Name, k.User, f[0], to, fleet.ErrConflict)
+	default:
+		return fleet.Server{}, fmt.Errorf("transition server %s/%s: unexpected script reply %q", k.User, k.Name, tag)
+	}
+}
+
+// DeleteServer removes server k's record and events if the record's spawn
+// is spawnID and it is stopped or failed; a missing record is success.
+// Otherwise the error wraps fleet.ErrConflict. (Terminal records that are
+// not deleted expire after the retention period.)
+func (s *Store) DeleteServer(ctx context.Context, k fleet.ServerKey, spawnID string) error {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	res, err := deleteServerScript.Run(ctx, s.rdb, s.serverKeys(k), spawnID, k.Name).Result()
+	if err != nil {
+		return fmt.Errorf("delete server %s/%s: %w", k.User, k.Name, err)
+	}
+	tag, rest, err := tagged(res)
+	if err != nil {
+		return fmt.Errorf("delete server %s/%s: %w", k.User, k.Name, err)
+	}
+	switch tag {
+	case "deleted", "absent":
+		return nil
+	case "spawn", "live":
+		f, err := stringsN(rest, 1)
+		if err != nil {
+			return fmt.Errorf("delete server %s/%s: %w", k.User, k.Name, err)
+		}
+		if tag == "spawn" {
+			return fmt.Errorf("server %q of %s: spawn %s is not current (current spawn %s): %w", k.Name, k.User, spawnID, f[0], fleet.ErrConflict)
+		}
+		return fmt.Errorf("server %q of %s is %s; only a stopped or failed server can be deleted: %w", k.Name, k.User, f[0], fleet.ErrConflict)
+	default:
+		return fmt.Errorf("delete server %s/%s: unexpected script reply %q", k.User, k.Name, tag)
+	}
+}
+
+// RestoreMessage is the message of the event RestoreServer appends.
+const RestoreMessage = "restored from pod"
+
+// RestoreServer writes srv as it was rebuilt from its pod, only if no
+// record of srv.ServerKey exists, with an event carrying RestoreMessage. It
+// reports whether it wrote. Times are kept as given; zero times are set from
+// the store's clock. A bad srv wraps fleet.ErrInvalid.
+func (s *Store) RestoreServer(ctx context.Context, srv fleet.Server) (bool, error) {
+	if srv.User == "" || srv.SpawnID == "" || srv.State == "" {
+		return false, fmt.Errorf("restore server %s/%s: user, spawn id and state are required: %w", srv.User, srv.Name, fleet.ErrInvalid)
+	}
+	now := s.now()
+	if srv.CreatedAt.IsZero() {
+		srv.CreatedAt = now
+	}
+	if srv.UpdatedAt.IsZero() {
+		srv.UpdatedAt = now
+	}
+	fields, err := serverFields(srv)
+	if err != nil {
+		return false, fmt.Errorf("restore server %s/%s: %w", srv.User, srv.Name, err)
+	}
+	args := append([]any{unixNano(now), eventMaxLen, s.retention.Milliseconds(), srv.Name, srv.SpawnID,
+		string(srv.State), RestoreMessage, s.recordTTL(srv.State)}, fields...)
+
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	res, err := restoreServerScript.Run(ctx, s.rdb, s.serverKeys(srv.ServerKey), args...).Result()
+	if err != nil {
+		return false, fmt.Errorf("restore server %s/%s: %w", srv.User, srv.Name, err)
+	}
+	n, err := asInt(res)
+	if err != nil {
+		return false, fmt.Errorf("restore server %s/%s: %w", srv.User, srv.Name, err)
+	}
+	return n == 1, nil
+}
+
+// streamID matches a Redis stream entry id: "<ms>" or "<ms>-<seq>".
+var streamID = regexp.MustCompile(`^[0-9]{1,20}(-[0-9]{1,20})?$`)
+
+// Events returns server k's events with ids strictly after afterID ("" =
+// from the oldest retained event), oldest first. When there are none and
+// block > 0 it waits up to block for the next ones and returns them, or no
+// events (and no error) when block passes. A malformed afterID wraps
+// fleet.ErrInvalid. Event.ID is the stream id, usable as SSE Last-Event-ID.
+// A blocked call holds one pooled connection for its duration.
+func (s *Store) Events(ctx context.Context, k fleet.ServerKey, afterID string, block time.Duration) ([]fleet.Event, error) {
+	if afterID != "" && !streamID.MatchString(afterID) {
+		return nil, fmt.Errorf("event id %q: want <milliseconds>-<sequence>: %w", afterID, fleet.ErrInvalid)
+	}
+	key := s.k.events(k.User, k.Name)
+	var msgs []redis.XMessage
+	if block <= 0 {
+		ctx, cancel := s.op(ctx)
+		defer cancel()
+		start := "-"
+		if afterID != "" {
+			start = "(" + afterID
+		}
+		var err error
+		msgs, err = s.rdb.XRange(ctx, key, start, "+").Result()
+		if err != nil {
+			return nil, fmt.Errorf("read events of %s/%s: %w", k.User, k.Name, err)
+		}
+	} else {
+		ctx, cancel := context.WithTimeout(ctx, block+s.opTimeout)
+		defer cancel()
+		from := afterID
+		if from == "" {
+			from = "0-0"
+		}
+		streams, err := s.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{key, from}, Block: max(block, time.Millisecond)}).Result()
+		if errors.Is(err, redis.Nil) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("wait for events of %s/%s: %w", k.User, k.Name, err)
+		}
+		for _, st := range streams {
+			msgs = append(msgs, st.Messages...)
+		}
+	}
+	out := make([]fleet.Event, 0, len(msgs))
+	for _, m := range msgs {
+		e, err := decodeEvent(m)
+		if err != nil {
+			return nil, fmt.Errorf("events of %s/%s: %w", k.User, k.Name, err)
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+func decodeEvent(m redis.XMessage) (fleet.Event, error) {
+	str := func(f string) string {
+		v, _ := m.Values[f].(string) // a missing or non-string field reads as ""
+		return v
+	}
+	t, err := parseUnixNano("time", str("time"))
+	if err != nil {
+		return fleet.Event{}, fmt.Errorf("event %s: %w", m.ID, err)
+	}
+	return fleet.Event{ID: m.ID, SpawnID: str("spawn"), State: fleet.State(str("state")), Message: str("msg"), Time: t}, nil
+}

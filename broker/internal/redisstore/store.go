@@ -1,0 +1,131 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+)
+
+// Defaults of the Store options.
+const (
+	// DefaultOpTimeout bounds each store operation (one or a few round trips).
+	DefaultOpTimeout = 2 * time.Second
+	// DefaultRetention is how long a stopped or failed server record and an
+	// idle event stream are kept before Redis expires them.
+	DefaultRetention = 7 * 24 * time.Hour
+	// eventMaxLen is the approximate number of events kept per server.
+	eventMaxLen = 256
+)
+
+// Store keeps GPU inventory, placement, quota usage, server records and
+// server events in Redis. It is safe for concurrent use, also by several
+// processes sharing one Redis: every read-modify-write is one Lua script.
+//
+// The caller owns the client and closes it. Create the client with
+// ContextTimeoutEnabled: true so that the per-operation timeouts and the
+// caller's cancellation reach the socket; without it go-redis applies only
+// its own read and write timeouts.
+type Store struct {
+	rdb       redis.UniversalClient
+	k         keys
+	now       func() time.Time
+	opTimeout time.Duration
+	retention time.Duration
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithClock sets the time source for record and event times and for the
+// reconcile marker; default time.Now. Scripts never read Redis's clock.
+func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
+
+// WithOpTimeout bounds each operation; default DefaultOpTimeout. A blocking
+// Events call waits its block duration plus this timeout. d <= 0 keeps the
+// default.
+func WithOpTimeout(d time.Duration) Option {
+	return func(s *Store) {
+		if d > 0 {
+			s.opTimeout = d
+		}
+	}
+}
+
+// WithRetention sets how long terminal server records and idle event
+// streams are kept; default DefaultRetention. It is garbage collection only:
+// no decision depends on it. d <= 0 keeps the default.
+func WithRetention(d time.Duration) Option {
+	return func(s *Store) {
+		if d > 0 {
+			s.retention = d
+		}
+	}
+}
+
+// New returns a Store on client with every key under prefix (which may be
+// ""; it must be the same for every broker replica sharing the fleet).
+func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
+	s := &Store{
+		rdb:       client,
+		k:         newKeys(prefix),
+		now:       time.Now,
+		opTimeout: DefaultOpTimeout,
+		retention: DefaultRetention,
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// op returns ctx bounded by the per-operation timeout.
+func (s *Store) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.opTimeout)
+}
+
+// Ping checks that Redis answers, for readiness probes.
+func (s *Store) Ping(ctx context.Context) error {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	if err := s.rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis ping: %w", err)
+	}
+	return nil
+}
+
+// MarkReconciled records that allocations have been rebuilt from pods, so
+// placement may proceed. The marker has no TTL; it disappears only with the
+// data (a flush or a restart without persistence), which is the point.
+func (s *Store) MarkReconciled(ctx context.Context) error {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	at := s.now().UTC().Format(time.RFC3339Nano)
+	if err := s.rdb.Set(ctx, s.k.marker(), at, 0).Err(); err != nil {
+		return fmt.Errorf("mark reconciled: %w", err)
+	}
+	return nil
+}
+
+// Reconciled reports whether the reconcile marker exists.
+func (s *Store) Reconciled(ctx context.Context) (bool, error) {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	n, err := s.rdb.Exists(ctx, s.k.marker()).Result()
+	if err != nil {
+		return false, fmt.Errorf("read reconcile marker: %w", err)
+	}
+	return n == 1, nil
+}
+
+// notFound translates redis.Nil into fleet.ErrNotFound with context.
+func notFound(err error, what string) error {
+	if errors.Is(err, redis.Nil) {
+		return fmt.Errorf("%s: %w", what, fleet.ErrNotFound)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
