@@ -16,11 +16,12 @@ import (
 
 // APIError is a non-2xx answer of the broker. Body is the decoded v1.Error;
 // Raw is the body as received (at most 64 KiB), for answers that are not
-// JSON.
+// JSON; Header holds the answer's headers.
 type APIError struct {
 	Status int
 	Body   v1.Error
 	Raw    string
+	Header http.Header
 }
 
 func (e *APIError) Error() string {
@@ -103,7 +104,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body any, header h
 		return resp.StatusCode, fmt.Errorf("%s %s: read body: %w", method, path, err)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		ae := &APIError{Status: resp.StatusCode, Raw: string(raw)}
+		ae := &APIError{Status: resp.StatusCode, Raw: string(raw), Header: resp.Header}
 		_ = json.Unmarshal(raw, &ae.Body) // Raw keeps what did not decode
 		return resp.StatusCode, fmt.Errorf("%s %s: %w", method, path, ae)
 	}
