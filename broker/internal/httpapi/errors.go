@@ -76,7 +76,7 @@ var errorTable = []errorRule{
 	{
 		match:  is(fleet.ErrInvalid),
 		status: http.StatusBadRequest, code: v1.CodeBadRequest,
-		message: sentinelMessage(fleet.ErrInvalid, "the request is not valid"),
+		message: sentinelMessage("the request is not valid"),
 	},
 	{
 		match:  is(fleet.ErrQuotaExceeded),
@@ -86,18 +86,18 @@ var errorTable = []errorRule{
 			if errors.As(err, &e) {
 				return e.Error()
 			}
-			return sentinelMessage(fleet.ErrQuotaExceeded, "a quota would be exceeded")(err)
+			return sentinelMessage("a quota would be exceeded")(err)
 		},
 	},
 	{
 		match:  is(fleet.ErrForbidden),
 		status: http.StatusForbidden, code: v1.CodeForbidden,
-		message: sentinelMessage(fleet.ErrForbidden, "you may not do this"),
+		message: sentinelMessage("you may not do this"),
 	},
 	{
 		match:  is(fleet.ErrNotFound),
 		status: http.StatusNotFound, code: v1.CodeNotFound,
-		message: sentinelMessage(fleet.ErrNotFound, "not found"),
+		message: sentinelMessage("not found"),
 	},
 	{
 		match:  is(fleet.ErrNoCapacity),
@@ -107,18 +107,19 @@ var errorTable = []errorRule{
 			if errors.As(err, &e) {
 				return e.Error()
 			}
-			return sentinelMessage(fleet.ErrNoCapacity, "no GPU has room for this slice")(err)
+			return sentinelMessage("no GPU has room for this slice")(err)
 		},
 	},
 	{
 		match:  is(fleet.ErrConflict),
 		status: http.StatusConflict, code: v1.CodeConflict,
-		message: sentinelMessage(fleet.ErrConflict, "the request conflicts with the current state"),
+		message: sentinelMessage("the request conflicts with the current state"),
 	},
 	{
+		// One meaning, one sentence: the wrap text is an operation name here.
 		match:  is(fleet.ErrNotReady),
 		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
-		message: sentinelMessage(fleet.ErrNotReady, "the broker is not ready yet"),
+		message: func(error) string { return notReadyMessage },
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
 	{
@@ -128,6 +129,8 @@ var errorTable = []errorRule{
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
 }
+
+const notReadyMessage = "the broker is rebuilding its allocations; try again in a few seconds"
 
 // decide maps err to its answer using errorTable, then echo's own errors
 // (unknown route, wrong method), then the internal-error fallback.
@@ -194,7 +197,7 @@ var fleetSentinels = []error{
 // details go into errors that wrap no sentinel (those become a generic 500).
 // Handlers therefore return service errors without adding their own
 // context: the request log line already names the route.
-func sentinelMessage(_ error, fallback string) func(error) string {
+func sentinelMessage(fallback string) func(error) string {
 	return func(err error) string {
 		msg := err.Error()
 		for _, st := range fleetSentinels {

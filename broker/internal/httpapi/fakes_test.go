@@ -116,6 +116,9 @@ func (f *fakeServers) Get(_ context.Context, k fleet.ServerKey) (fleet.Server, e
 	if !ok {
 		return fleet.Server{}, fmt.Errorf("server %s/%s: %w", k.User, k.Name, fleet.ErrNotFound)
 	}
+	if k.Name == "panic" {
+		panic("fake: nil map write in the servers service")
+	}
 	return s, nil
 }
 

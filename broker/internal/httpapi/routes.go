@@ -4,7 +4,9 @@ import "github.com/labstack/echo/v4"
 
 // routes registers every route and middleware. Order of the common
 // middleware: request id → request logger → recover → dev-mode header →
-// body limit; authenticate (and adminOnly) apply per group.
+// body limit. authenticate (and adminOnly) are attached per route, not to
+// an echo.Group: a group with middleware registers catch-all routes, which
+// would turn 405 (wrong method) into 404.
 func (a *api) routes(e *echo.Echo) {
 	e.Use(requestID, requestLogger(a.deps.Log), recoverPanics)
 	if a.deps.Mode.Simulated {
@@ -14,22 +16,19 @@ func (a *api) routes(e *echo.Echo) {
 
 	e.GET("/healthz", a.healthz)
 	e.GET("/readyz", a.readyz)
+	e.GET("/api/v1/", a.info)
+	e.GET("/api/v1/openapi.yaml", a.openapi)
 
-	pub := e.Group("/api/v1")
-	pub.GET("/", a.info)
-	pub.GET("/openapi.yaml", a.openapi)
+	user := a.authenticate
+	e.GET("/api/v1/me", a.me, user)
+	e.GET("/api/v1/profiles", a.profiles, user)
+	e.GET("/api/v1/servers", a.listServers, user)
+	e.GET("/api/v1/users/:user/servers", a.listUserServers, user)
+	e.PUT("/api/v1/users/:user/servers/:name", a.createServer, user)
+	e.GET("/api/v1/users/:user/servers/:name", a.getServer, user)
+	e.DELETE("/api/v1/users/:user/servers/:name", a.deleteServer, user)
+	e.GET("/api/v1/users/:user/servers/:name/events", a.serverEvents, user)
 
-	api := e.Group("/api/v1", a.authenticate)
-	api.GET("/me", a.me)
-	api.GET("/profiles", a.profiles)
-	api.GET("/servers", a.listServers)
-	api.GET("/users/:user/servers", a.listUserServers)
-	api.PUT("/users/:user/servers/:name", a.createServer)
-	api.GET("/users/:user/servers/:name", a.getServer)
-	api.DELETE("/users/:user/servers/:name", a.deleteServer)
-	api.GET("/users/:user/servers/:name/events", a.serverEvents)
-
-	admin := api.Group("/admin", a.adminOnly)
-	admin.GET("/gpus", a.listGPUs)
-	admin.PUT("/gpus/:uuid", a.putGPU)
+	e.GET("/api/v1/admin/gpus", a.listGPUs, user, a.adminOnly)
+	e.PUT("/api/v1/admin/gpus/:uuid", a.putGPU, user, a.adminOnly)
 }
