@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -91,6 +92,10 @@ func TestServerLifecycle(t *testing.T) {
 		t.Errorf("server URL %q, want %q", running.URL, want)
 	}
 
+	// The event stream replays the spawn's transitions from the start.
+	runningEvent := checkEvents(t, alice, "alice", "nb", "", created.SpawnID,
+		[]v1.ServerState{v1.StatePending, v1.StatePlacing, v1.StateCreating, v1.StateStarting, v1.StateRunning})
+
 	// Another user neither sees nor deletes alice's server.
 	bob := e.client("bob", "ml")
 	_, err = bob.GetServer(ctx, "alice", "nb")
@@ -130,6 +135,9 @@ func TestServerLifecycle(t *testing.T) {
 	if err != nil {
 		t.Errorf("slice not freed: %v", err)
 	}
+	// Replay from the running event: only the stop follows, then the stream ends.
+	checkEvents(t, alice, "alice", "nb", runningEvent, created.SpawnID, []v1.ServerState{v1.StateStopping, v1.StateStopped})
+
 	// A second delete is accepted too (idempotent stop).
 	if status, err := alice.DeleteServer(ctx, "alice", "nb"); err != nil || status != http.StatusAccepted {
 		t.Errorf("second delete: status %d, %v; want 202", status, err)
@@ -308,4 +316,50 @@ func (e *env) allocated(t *testing.T) map[string]gpuUse {
 		}
 	}
 	return out
+}
+
+// checkEvents reads the server's event stream after lastEventID until it
+// has seen the last of want (and, when that state is terminal, until the
+// broker ends the stream), and checks the states, with repeats of one state
+// folded, equal want, all for spawnID. It returns the last event's id.
+func checkEvents(t *testing.T, cl *harness.Client, user, name, lastEventID, spawnID string, want []v1.ServerState) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	stream, err := cl.Events(ctx, user, name, lastEventID)
+	if err != nil {
+		t.Errorf("%v", err)
+		return ""
+	}
+	defer stream.Close()
+	var got []v1.ServerState
+	var lastID string
+	final := want[len(want)-1]
+	for {
+		ev, err := stream.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Errorf("events of %s/%s after %q: %v (states so far %v)", user, name, lastEventID, err, got)
+			return lastID
+		}
+		if ev.SpawnID != spawnID {
+			t.Errorf("event %s has spawn id %q, want %q", ev.ID, ev.SpawnID, spawnID)
+		}
+		if ev.ID == lastID || ev.ID == lastEventID {
+			t.Errorf("event id %q repeated", ev.ID)
+		}
+		lastID = ev.ID
+		if len(got) == 0 || got[len(got)-1] != ev.State {
+			got = append(got, ev.State)
+		}
+		if ev.State == final && final != v1.StateStopped && final != v1.StateFailed {
+			break // a live stream; stop reading here
+		}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("events of %s/%s after %q (-want +got):\n%s", user, name, lastEventID, diff)
+	}
+	return lastID
 }
