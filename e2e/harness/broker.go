@@ -71,7 +71,7 @@ func StartBroker(ctx context.Context, o BrokerOptions) (*Broker, error) {
 		URL:     fmt.Sprintf("http://127.0.0.1:%d", port),
 		LogPath: filepath.Join(o.Dir, "broker.log"),
 		bin:     o.Binary,
-		env:     brokerEnv(),
+		env:     Environ(),
 	}
 	b.args = []string{"serve",
 		fmt.Sprintf("--listen=127.0.0.1:%d", port),
@@ -102,9 +102,9 @@ func StartBroker(ctx context.Context, o BrokerOptions) (*Broker, error) {
 	return b, nil
 }
 
-// brokerEnv is the test process's environment without GPUBROKER_* variables,
-// so that only the flags configure the broker.
-func brokerEnv() []string {
+// Environ is the test process's environment without GPUBROKER_* variables,
+// so that only flags configure a gpubroker process started with it.
+func Environ() []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "GPUBROKER_") {

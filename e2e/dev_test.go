@@ -1,0 +1,127 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/e2e/harness"
+)
+
+// devReadyWithin is the issue's requirement for `gpubroker dev`.
+const devReadyWithin = 10 * time.Second
+
+var (
+	bearerRE     = regexp.MustCompile(`Bearer ([A-Za-z0-9._~+/=-]+)`)
+	serverPathRE = regexp.MustCompile(`/api/v1/users/([^/\s']+)/servers/([^/\s']+)$`)
+)
+
+// TestDevModeReadyAndPrintedCommandWorks starts `gpubroker dev` on a free
+// port, requires /readyz within 10 s, then runs the printed "create a server"
+// curl command through bash and waits for that server to reach running.
+// It needs only the gpubroker binary (and curl), not the cluster tools.
+func TestDevModeReadyAndPrintedCommandWorks(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("e2e tests do not run with -short")
+	}
+	if _, err := exec.LookPath("curl"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("curl: %v", err)
+		}
+		t.Skipf("curl not available: %v", err)
+	}
+	bin := brokerBinary(t)
+	ctx := t.Context()
+	port, err := harness.FreePort()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	logPath := filepath.Join(t.TempDir(), "dev.log")
+	start := time.Now()
+	p, err := harness.StartProcess("gpubroker dev", logPath, harness.Environ(), bin, "dev", fmt.Sprintf("--listen=127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(15 * time.Second); err != nil {
+			t.Errorf("stop dev: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("--- %s, last 60 lines:\n%s", logPath, harness.TailFile(logPath, 60))
+		}
+	})
+	if err := harness.WaitReady(ctx, base, p, devReadyWithin); err != nil {
+		t.Fatalf("gpubroker dev not ready within %s: %v", devReadyWithin, err)
+	}
+	t.Logf("gpubroker dev ready in %s", time.Since(start).Round(time.Millisecond))
+
+	var command string
+	err = harness.Poll(ctx, 50*time.Millisecond, 10*time.Second, func(context.Context) (bool, string, error) {
+		b, err := os.ReadFile(logPath)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		command = createCommand(string(b))
+		return command != "", "no curl line after \"Create a server\" yet", nil
+	})
+	if err != nil {
+		t.Fatalf("printed create command: %v", err)
+	}
+	fields := strings.Fields(command)
+	target, err := url.Parse(strings.Trim(fields[len(fields)-1], "'\""))
+	if err != nil {
+		t.Fatalf("command's URL: %v", err)
+	}
+	m := serverPathRE.FindStringSubmatch(target.Path)
+	tok := bearerRE.FindStringSubmatch(command)
+	if m == nil || tok == nil || target.Host != fmt.Sprintf("127.0.0.1:%d", port) {
+		t.Fatalf("printed command does not PUT a server on %s with a bearer token: %s", base, command)
+	}
+	user, name := m[1], m[2]
+
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, "bash", "-c", command).Output()
+	if err != nil {
+		t.Fatalf("bash -c <printed command>: %v\n%s", err, out)
+	}
+	var created v1.Server
+	if err := json.Unmarshal(out, &created); err != nil || created.SpawnID == "" {
+		t.Fatalf("printed command's answer is not a created server: %q (%v)", out, err)
+	}
+	cl := &harness.Client{BaseURL: base, Token: tok[1]}
+	s, err := cl.WaitServer(ctx, user, name, v1.StateRunning, 30*time.Second)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	if s.SpawnID != created.SpawnID || s.GPU == nil || s.URL == "" {
+		t.Errorf("running dev server %+v: want spawn %s, a GPU and a URL", s, created.SpawnID)
+	}
+}
+
+// createCommand returns the first line starting (after spaces) with "curl "
+// that follows a line containing "Create a server", trimmed; "" if none.
+func createCommand(out string) string {
+	seen := false
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "Create a server") {
+			seen = true
+			continue
+		}
+		if trimmed := strings.TrimLeft(line, " \t"); seen && strings.HasPrefix(trimmed, "curl ") {
+			return strings.TrimSpace(trimmed)
+		}
+	}
+	return ""
+}
