@@ -1,0 +1,177 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/redistest"
+)
+
+// TestConcurrentPlaceReleaseNeverOvercommits races many placers and
+// releasers, through two stores on separate clients (two broker replicas),
+// on 4 small GPUs, while a checker verifies every invariant and every quota
+// on atomic snapshots. It then releases everything and expects an empty,
+// consistent fleet.
+func TestConcurrentPlaceReleaseNeverOvercommits(t *testing.T) {
+	srv := redistest.Start(t)
+	prefix := srv.Prefix(t)
+	replicas := []*Store{New(srv.Client(t), prefix), New(srv.Client(t), prefix)}
+	s := replicas[0]
+	if err := s.MarkReconciled(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		register(t, s, fleet.GPU{UUID: fmt.Sprintf("GPU-%d", i), Node: fmt.Sprintf("n%d", i/2), Model: "L4",
+			MemoryMiB: 16384, SMCount: 58, Healthy: true})
+	}
+	userQuota := fleet.Quota{Servers: 3, MemoryMiB: 20000}
+	groupQuota := fleet.Quota{ComputePercent: 150}
+	const workers, rounds, users = 16, 60, 6
+
+	var placed, capacity, quota atomic.Int64
+	ctx, stop := context.WithCancel(t.Context())
+	checkerDone := make(chan error, 1)
+	var checks atomic.Int64
+	go func() {
+		checkerDone <- func() error {
+			for ctx.Err() == nil {
+				if err := s.Verify(ctx); err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return err
+				}
+				all, err := s.Allocations(ctx)
+				if err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return err
+				}
+				if err := checkQuotas(all, userQuota, groupQuota); err != nil {
+					return err
+				}
+				checks.Add(1)
+			}
+			return nil
+		}()
+	}()
+
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(w), 42))
+			st := replicas[w%2]
+			var held []string
+			for r := range rounds {
+				if len(held) > 0 && rnd.IntN(3) == 0 {
+					i := rnd.IntN(len(held))
+					if ok, err := st.Release(t.Context(), held[i]); err != nil || !ok {
+						errs <- fmt.Errorf("release %s = %v, %v", held[i], ok, err)
+						return
+					}
+					held = append(held[:i], held[i+1:]...)
+					continue
+				}
+				user := fmt.Sprintf("user%d", rnd.IntN(users))
+				cp := 5 + rnd.IntN(36)
+				req := fleet.PlaceRequest{
+					SliceID:     fmt.Sprintf("w%d-r%d", w, r),
+					User:        user,
+					Slice:       fleet.Slice{MemoryMiB: int64(1024 * (1 + rnd.IntN(8))), ComputePercent: cp, ComputeLimitPercent: cp},
+					Policy:      []fleet.Policy{fleet.PolicyBinpack, fleet.PolicySpread}[rnd.IntN(2)],
+					UserQuota:   userQuota,
+					GroupQuotas: map[string]fleet.Quota{"team" + user[len(user)-1:]: groupQuota, "all": {}},
+				}
+				if rnd.IntN(4) == 0 {
+					req.GroupQuotas = map[string]fleet.Quota{"all": groupQuota}
+				}
+				_, err := st.Place(t.Context(), req)
+				switch {
+				case err == nil:
+					placed.Add(1)
+					held = append(held, req.SliceID)
+				case errors.Is(err, fleet.ErrNoCapacity):
+					capacity.Add(1)
+				case errors.Is(err, fleet.ErrQuotaExceeded):
+					quota.Add(1)
+				default:
+					errs <- fmt.Errorf("place %s: %w", req.SliceID, err)
+					return
+				}
+			}
+			for _, id := range held {
+				if _, err := st.Release(t.Context(), id); err != nil {
+					errs <- fmt.Errorf("release %s: %w", id, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	stop()
+	if err := <-checkerDone; err != nil {
+		t.Errorf("invariant violated during the race:\n%v", err)
+	}
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("placed %d, refused for capacity %d, for quota %d; %d consistent snapshots checked",
+		placed.Load(), capacity.Load(), quota.Load(), checks.Load())
+	if placed.Load() == 0 || capacity.Load() == 0 || quota.Load() == 0 {
+		t.Errorf("the race did not exercise every outcome: placed %d, capacity %d, quota %d",
+			placed.Load(), capacity.Load(), quota.Load())
+	}
+	if checks.Load() == 0 {
+		t.Error("the checker never completed a check during the race")
+	}
+	verify(t, s)
+	usage, err := s.GPUUsage(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range usage {
+		if u.AllocatedMiB != 0 || u.AllocatedComputePercent != 0 || u.Slices != 0 {
+			t.Errorf("after releasing everything, %s still has %+v", u.GPU.UUID, u)
+		}
+	}
+}
+
+// checkQuotas reports any user or group above its caps in one snapshot of
+// allocations. Only groups named "team*" and "all" carry groupQuota here.
+func checkQuotas(all []fleet.Allocation, userQuota, groupQuota fleet.Quota) error {
+	type sum struct {
+		n, mem, cp int64
+	}
+	users, groups := map[string]sum{}, map[string]sum{}
+	for _, a := range all {
+		u := users[a.User]
+		users[a.User] = sum{u.n + 1, u.mem + a.Slice.MemoryMiB, u.cp + int64(a.Slice.ComputePercent)}
+		for _, g := range a.Groups {
+			s := groups[g]
+			groups[g] = sum{s.n + 1, s.mem + a.Slice.MemoryMiB, s.cp + int64(a.Slice.ComputePercent)}
+		}
+	}
+	var errs []error
+	for name, u := range users {
+		if u.n > int64(userQuota.Servers) || u.mem > userQuota.MemoryMiB {
+			errs = append(errs, fmt.Errorf("user %s holds %+v, over %+v", name, u, userQuota))
+		}
+	}
+	for name, g := range groups {
+		if name != "all" && g.cp > int64(groupQuota.ComputePercent) {
+			errs = append(errs, fmt.Errorf("group %s holds %+v, over %+v", name, g, groupQuota))
+		}
+	}
+	return errors.Join(errs...)
+}
