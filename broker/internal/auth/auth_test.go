@@ -499,3 +499,25 @@ func TestPrincipalContextAndLog(t *testing.T) {
 		t.Errorf("log line %s, want user erin and no subject or groups", buf.String())
 	}
 }
+
+func TestCanActFor(t *testing.T) {
+	tests := []struct {
+		name string
+		p    auth.Principal
+		user string
+		want bool
+	}{
+		{"own servers", auth.Principal{User: "alice"}, "alice", true},
+		{"another user's servers", auth.Principal{User: "alice"}, "bob", false},
+		{"admin", auth.Principal{User: "root", Admin: true}, "bob", true},
+		{"hub", auth.Principal{User: auth.HubUser, Hub: true}, "bob", true},
+		{"empty principal", auth.Principal{}, "", false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.p.CanActFor(tc.user); got != tc.want {
+				t.Errorf("CanActFor(%q) = %v, want %v", tc.user, got, tc.want)
+			}
+		})
+	}
+}

@@ -30,9 +30,12 @@ const (
 // maxTokenBytes bounds the bearer tokens Bearer looks at.
 const maxTokenBytes = 16 << 10
 
-// DefaultSigningAlgs are the algorithms Bearer accepts unless
-// WithSigningAlgs says otherwise. "none" and the HMAC algorithms never are.
-var DefaultSigningAlgs = []string{"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512"}
+// DefaultSigningAlgs returns the algorithms Bearer accepts unless
+// WithSigningAlgs says otherwise: RS*, ES* and PS*. "none" and the HMAC
+// algorithms never are.
+func DefaultSigningAlgs() []string {
+	return []string{"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512"}
+}
 
 // BearerConfig says which tokens Bearer accepts and how it reads them.
 type BearerConfig struct {
@@ -86,7 +89,7 @@ func WithHTTPClient(c *http.Client) BearerOption { return func(b *Bearer) { b.cl
 func WithClock(now func() time.Time) BearerOption { return func(b *Bearer) { b.now = now } }
 
 // WithSigningAlgs sets the accepted JWS algorithms (default
-// DefaultSigningAlgs). "none" and HS* are dropped.
+// DefaultSigningAlgs()). "none" and HS* are dropped.
 func WithSigningAlgs(algs ...string) BearerOption {
 	return func(b *Bearer) {
 		b.algs = slices.DeleteFunc(slices.Clone(algs), func(a string) bool {
@@ -136,7 +139,7 @@ func NewBearer(ctx context.Context, cfg BearerConfig, opts ...BearerOption) (*Be
 		cfg:              cfg,
 		client:           &http.Client{Timeout: 10 * time.Second},
 		now:              time.Now,
-		algs:             DefaultSigningAlgs,
+		algs:             DefaultSigningAlgs(),
 		retry:            DefaultRetryInterval,
 		discoveryTimeout: DefaultDiscoveryTimeout,
 		keyRefresh:       DefaultKeyRefreshMinimum,
@@ -184,12 +187,19 @@ func (b *Bearer) discover(ctx context.Context) (*oidc.IDTokenVerifier, *keySet, 
 		return nil, nil, lastErr
 	}
 	v, k, err := b.discoverOnce(ctx)
+	if err != nil {
+		err = fmt.Errorf("%w: %s: %w", ErrUnavailable, b.cfg.IssuerURL, err)
+		if ctx.Err() != nil {
+			// The caller gave up; that says nothing about the issuer, so
+			// the next caller tries again at once.
+			return nil, nil, err
+		}
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if err != nil {
-		b.lastErr = fmt.Errorf("%w: %s: %w", ErrUnavailable, b.cfg.IssuerURL, err)
-		b.lastTry = b.now()
-		return nil, nil, b.lastErr
+		b.lastErr, b.lastTry = err, b.now()
+		return nil, nil, err
 	}
 	b.verifier, b.keys, b.lastErr = v, k, nil
 	return v, k, nil

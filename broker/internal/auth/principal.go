@@ -22,6 +22,13 @@ type Principal struct {
 	Hub bool
 }
 
+// CanActFor reports whether p may act on user's servers: its own, or any
+// user's when p is an admin or the hub token. Callers answer 404, not 403,
+// when it is false, so that other users' servers stay invisible.
+func (p Principal) CanActFor(user string) bool {
+	return p.Admin || p.Hub || (p.User != "" && p.User == user)
+}
+
 // LogValue prints only the user name, so that logging a Principal never
 // leaks subjects or group memberships.
 func (p Principal) LogValue() slog.Value { return slog.StringValue(p.User) }
