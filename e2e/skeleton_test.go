@@ -183,6 +183,9 @@ func checkPodContract(t *testing.T, pod *corev1.Pod, w podWant) {
 	if pod.Spec.NodeName != w.gpu.Node {
 		t.Errorf("pod %s spec.nodeName %q, want the GPU's node %q", pod.Name, pod.Spec.NodeName, w.gpu.Node)
 	}
+	if rc := pod.Spec.RuntimeClassName; rc == nil || *rc != harness.RuntimeClassName {
+		t.Errorf("pod %s runtimeClassName %v, want %q", pod.Name, rc, harness.RuntimeClassName)
+	}
 	if len(pod.Spec.Containers) == 0 {
 		t.Fatalf("pod %s has no containers", pod.Name)
 	}
