@@ -54,7 +54,11 @@ func jsonProblem(err error) error {
 		if typ.Field != "" {
 			where = fmt.Sprintf("field %q", typ.Field)
 		}
-		return fmt.Errorf("%s holds a JSON %s where %s is expected (byte %d): %w", where, typ.Value, jsonKind(typ.Type.String()), typ.Offset, fleet.ErrInvalid)
+		kind := jsonKind(typ.Type.String())
+		if kind == "a number" && strings.HasPrefix(typ.Value, "number") {
+			return fmt.Errorf("%s holds %s, which is not a whole number in range (byte %d): %w", where, typ.Value, typ.Offset, fleet.ErrInvalid)
+		}
+		return fmt.Errorf("%s holds a JSON %s where %s is expected (byte %d): %w", where, typ.Value, kind, typ.Offset, fleet.ErrInvalid)
 	case strings.HasPrefix(err.Error(), "json: unknown field "):
 		// encoding/json has no typed error for unknown fields; its text is
 		// `json: unknown field "name"`, stable since Go 1.10.
