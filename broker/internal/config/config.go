@@ -50,7 +50,7 @@ var (
 // Every field has a flag and a GPUBROKER_ environment variable (see Usage);
 // Load fills it, Validate checks it. The zero value is not useful.
 type Config struct {
-	// Mode is serve or dev; it is the first argument to Load.
+	// Mode is serve or dev; main picks it from the subcommand.
 	Mode Mode
 
 	// Listen is the HTTP server's address, host:port. Default ":8080".
@@ -233,24 +233,20 @@ func EnvName(flagName string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// Load builds the configuration from args and the environment. args[0] is
-// the mode ("serve" or "dev"; main passes os.Args[1:]), the rest are flags.
-// Each value comes from its flag, else from its GPUBROKER_ variable (an
-// empty variable counts as unset), else from the default. Load does not
-// validate (see Validate) and reads no files.
+// Load builds the configuration for mode from args (the flags after the
+// subcommand) and the environment. Each value comes from its flag, else from
+// its GPUBROKER_ variable (an empty variable counts as unset), else from the
+// default. Load does not validate (see Validate) and reads no files.
 //
-// For -h or --help it returns an error matching flag.ErrHelp: print Usage
-// and exit 0. Other errors (unknown mode or flag, unparsable values in flags
-// or variables) are joined, one line each.
-func Load(args []string, getenv func(string) string) (Config, error) {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return Config{}, fmt.Errorf("config: missing mode: run %q or %q", "gpubroker serve", "gpubroker dev")
+// For -h or --help it writes Usage(mode) to help (when not nil) and returns
+// flag.ErrHelp: exit 0. Other errors (unknown mode or flag, stray arguments,
+// unparsable values in flags or variables) are joined, one line each.
+func Load(mode Mode, args []string, getenv func(string) string, help io.Writer) (Config, error) {
+	c := Config{Mode: mode}
+	if mode != ModeServe && mode != ModeDev {
+		return Config{}, fmt.Errorf("config: unknown mode %q: want %q or %q", mode, ModeServe, ModeDev)
 	}
-	c := Config{Mode: Mode(args[0])}
-	if c.Mode != ModeServe && c.Mode != ModeDev {
-		return Config{}, fmt.Errorf("config: unknown mode %q: want %q or %q", args[0], ModeServe, ModeDev)
-	}
-	fs := flag.NewFlagSet("gpubroker "+args[0], flag.ContinueOnError)
+	fs := flag.NewFlagSet("gpubroker "+string(mode), flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	register(fs, &c)
@@ -266,8 +262,12 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 			errs = append(errs, fmt.Errorf("config: %s=%q: %w", env, v, err))
 		}
 	})
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			if help != nil {
+				// A failed write of the help text leaves nothing to report.
+				_, _ = io.WriteString(help, Usage(mode))
+			}
 			return c, flag.ErrHelp
 		}
 		errs = append(errs, fmt.Errorf("config: %w (see gpubroker %s --help)", err, c.Mode))

@@ -63,17 +63,17 @@ func defaults(mode config.Mode) config.Config {
 func TestLoadPrecedence(t *testing.T) {
 	tests := []struct {
 		name string
+		mode config.Mode // "" means serve
 		args []string
 		env  map[string]string
 		want func(*config.Config)
 	}{
-		{name: "serve defaults", args: []string{"serve"}, want: func(*config.Config) {}},
-		{name: "dev defaults log text", args: []string{"dev"}, want: func(c *config.Config) {
+		{name: "serve defaults", want: func(*config.Config) {}},
+		{name: "dev defaults log text", mode: config.ModeDev, want: func(c *config.Config) {
 			*c = defaults(config.ModeDev)
 		}},
 		{
 			name: "env beats default",
-			args: []string{"serve"},
 			env: map[string]string{
 				"GPUBROKER_LISTEN": ":9090", "GPUBROKER_RECONCILE_INTERVAL": "1m", "GPUBROKER_CHECK_CONFIG": "true",
 				"GPUBROKER_REDIS_SENTINEL_ADDRS": "s1:26379, s2:26379,", "GPUBROKER_DEV_GPUS": "2",
@@ -87,7 +87,7 @@ func TestLoadPrecedence(t *testing.T) {
 		},
 		{
 			name: "flag beats env",
-			args: []string{"serve", "--listen=:7070", "-reconcile-interval", "5s", "--redis-sentinel-addrs=x:1", "--check-config=false", "--log-format", "json"},
+			args: []string{"--listen=:7070", "-reconcile-interval", "5s", "--redis-sentinel-addrs=x:1", "--check-config=false", "--log-format", "json"},
 			env: map[string]string{
 				"GPUBROKER_LISTEN": ":9090", "GPUBROKER_RECONCILE_INTERVAL": "1m", "GPUBROKER_CHECK_CONFIG": "true",
 				"GPUBROKER_REDIS_SENTINEL_ADDRS": "s1:26379", "GPUBROKER_LOG_FORMAT": "text",
@@ -98,13 +98,12 @@ func TestLoadPrecedence(t *testing.T) {
 		},
 		{
 			name: "empty env is unset",
-			args: []string{"serve"},
 			env:  map[string]string{"GPUBROKER_LISTEN": "", "GPUBROKER_NAMESPACE": ""},
 			want: func(*config.Config) {},
 		},
 		{
 			name: "every string flag",
-			args: []string{"serve",
+			args: []string{
 				"--public-url=https://gpu.example", "--redis-url=redis://r:6379/1", "--redis-sentinel-master=m",
 				"--redis-password-file=/p", "--redis-prefix=gb:", "--kubeconfig=/k", "--namespace=nb",
 				"--oidc-issuer=https://idp", "--oidc-audience=aud", "--oidc-username-claim=email",
@@ -124,7 +123,11 @@ func TestLoadPrecedence(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := config.Load(tc.args, env(tc.env))
+			mode := tc.mode
+			if mode == "" {
+				mode = config.ModeServe
+			}
+			got, err := config.Load(mode, tc.args, env(tc.env), nil)
 			if err != nil {
 				t.Fatalf("Load: %v", err)
 			}
@@ -140,16 +143,16 @@ func TestLoadPrecedence(t *testing.T) {
 func TestLoadErrors(t *testing.T) {
 	tests := []struct {
 		name string
+		mode config.Mode
 		args []string
 		env  map[string]string
 		want []string
 	}{
-		{name: "no mode", args: nil, want: []string{`config: missing mode: run "gpubroker serve" or "gpubroker dev"`}},
-		{name: "flag before mode", args: []string{"--listen=:1"}, want: []string{`config: missing mode: run "gpubroker serve" or "gpubroker dev"`}},
-		{name: "unknown mode", args: []string{"serverless"}, want: []string{`config: unknown mode "serverless": want "serve" or "dev"`}},
+		{name: "unknown mode", mode: "serverless", want: []string{`config: unknown mode "serverless": want "serve" or "dev"`}},
 		{
 			name: "bad env values and an unknown flag, all at once",
-			args: []string{"serve", "--nope"},
+			mode: config.ModeServe,
+			args: []string{"--nope"},
 			env:  map[string]string{"GPUBROKER_ORPHAN_GRACE": "soon", "GPUBROKER_DEV_GPUS": "many"},
 			want: []string{
 				`config: GPUBROKER_DEV_GPUS="many": parse error`,
@@ -159,23 +162,29 @@ func TestLoadErrors(t *testing.T) {
 		},
 		{
 			name: "bad flag value",
-			args: []string{"dev", "--start-timeout=5"},
+			mode: config.ModeDev,
+			args: []string{"--start-timeout=5"},
 			want: []string{`config: invalid value "5" for flag -start-timeout: parse error (see gpubroker dev --help)`},
 		},
 		{
 			name: "stray argument",
-			args: []string{"serve", "--listen=:1", "extra"},
+			mode: config.ModeServe,
+			args: []string{"--listen=:1", "extra"},
 			want: []string{`config: unexpected arguments ["extra"] (see gpubroker serve --help)`},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := config.Load(tc.args, env(tc.env))
+			var help bytes.Buffer
+			_, err := config.Load(tc.mode, tc.args, env(tc.env), &help)
 			if err == nil {
 				t.Fatal("Load succeeded, want an error")
 			}
 			if diff := cmp.Diff(tc.want, strings.Split(err.Error(), "\n")); diff != "" {
 				t.Errorf("errors (-want +got):\n%s", diff)
+			}
+			if help.Len() != 0 {
+				t.Errorf("Load wrote help text on an error: %q", help.String())
 			}
 		})
 	}
@@ -183,9 +192,16 @@ func TestLoadErrors(t *testing.T) {
 
 func TestHelp(t *testing.T) {
 	for _, arg := range []string{"-h", "--help"} {
-		if _, err := config.Load([]string{"serve", arg}, env(nil)); !errors.Is(err, flag.ErrHelp) {
+		var help bytes.Buffer
+		if _, err := config.Load(config.ModeServe, []string{arg}, env(nil), &help); !errors.Is(err, flag.ErrHelp) {
 			t.Errorf("Load(serve %s) = %v, want flag.ErrHelp", arg, err)
 		}
+		if diff := cmp.Diff(config.Usage(config.ModeServe), help.String()); diff != "" {
+			t.Errorf("help text (-want +got):\n%s", diff)
+		}
+	}
+	if _, err := config.Load(config.ModeDev, []string{"-h"}, env(nil), nil); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("Load(dev -h) with no writer = %v, want flag.ErrHelp", err)
 	}
 	u := config.Usage(config.ModeServe)
 	for _, want := range []string{
@@ -213,7 +229,7 @@ func TestHelp(t *testing.T) {
 		if !strings.Contains(u, "  --"+name) || !strings.Contains(u, "env "+config.EnvName(name)+",") {
 			t.Errorf("Usage lacks flag %s or its variable %s", name, config.EnvName(name))
 		}
-		if _, err := config.Load([]string{"dev", "--" + name + "=1"}, env(nil)); err != nil && strings.Contains(err.Error(), "not defined") {
+		if _, err := config.Load(config.ModeDev, []string{"--" + name + "=1"}, env(nil), nil); err != nil && strings.Contains(err.Error(), "not defined") {
 			t.Errorf("flag %s is listed but not registered", name)
 		}
 	}

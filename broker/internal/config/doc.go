@@ -25,8 +25,8 @@
 //
 // Usage from main:
 //
-//	cfg, err := config.Load(os.Args[1:], os.Getenv) // os.Args[1] is "serve" or "dev"
-//	if errors.Is(err, flag.ErrHelp) { fmt.Print(config.Usage(mode)); exit 0 }
+//	cfg, err := config.Load(config.ModeServe, os.Args[2:], os.Getenv, os.Stdout)
+//	if errors.Is(err, flag.ErrHelp) { exit 0 } // the help text went to os.Stdout
 //	if err == nil { err = cfg.Validate() }
 //	if err != nil { print err; exit 2 }
 //	if cfg.CheckConfig { print "configuration is valid"; exit 0 }
