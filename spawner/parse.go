@@ -37,6 +37,9 @@ type ManagedPod struct {
 	CreatedAt time.Time
 	// Deleting is true once the pod's deletion has been requested.
 	Deleting bool
+	// Err is set by Client.Pods when the pod's annotations could not be read
+	// (ParsePod's error); the other fields then hold what could be read.
+	Err error
 }
 
 // ParsePod reads a notebook pod's annotations back into a ManagedPod. It is

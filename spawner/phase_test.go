@@ -103,7 +103,7 @@ func TestClassify(t *testing.T) {
 				State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 2}}}}}), at: time.Minute,
 			wantPhase: PhaseStarting, wantMsg: "the notebook exited with code 2; restarting"},
 		{name: "running but not ready", pod: statusPod(t, corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.88.0.5",
-			Conditions: []corev1.PodCondition{scheduled, cond(corev1.PodReady, corev1.ConditionFalse, t0.Add(time.Second), "ContainersNotReady", "")},
+			Conditions:        []corev1.PodCondition{scheduled, cond(corev1.PodReady, corev1.ConditionFalse, t0.Add(time.Second), "ContainersNotReady", "")},
 			ContainerStatuses: []corev1.ContainerStatus{{Name: ContainerName, State: running[0].State}}}), at: 6 * time.Second,
 			wantPhase: PhaseStarting, wantMsg: "the notebook is starting on node gpu-1"},
 		{name: "ready with ip is running", pod: statusPod(t, corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.88.0.5",

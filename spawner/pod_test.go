@@ -211,7 +211,10 @@ func TestPodInvalid(t *testing.T) {
 		{name: "negative memory", spec: func(s Spec) Spec { s.Memory = "-1Gi"; return s }, wants: []string{"memory quantity \"-1Gi\" must be positive"}},
 		{name: "spawn id with slash", spec: func(s Spec) Spec { s.SpawnID = "../etc"; return s }, wants: []string{"spawn id"}},
 		{name: "empty user", spec: func(s Spec) Spec { s.User = ""; return s }, wants: []string{"user is empty"}},
-		{name: "slice out of range", spec: func(s Spec) Spec { s.Slice = v1.Slice{MemoryMiB: 0, ComputePercent: 50, ComputeLimitPercent: 20}; return s },
+		{name: "slice out of range", spec: func(s Spec) Spec {
+			s.Slice = v1.Slice{MemoryMiB: 0, ComputePercent: 50, ComputeLimitPercent: 20}
+			return s
+		},
 			wants: []string{"slice memory 0 MiB", "compute limit 20% must be 50..100"}},
 		{name: "reserved env", spec: func(s Spec) Spec { s.Env = map[string]string{"GPUBROKER_MEMORY_LIMIT_MIB": "99999"}; return s }, wants: []string{"reserved"}},
 		{name: "invalid env name", spec: func(s Spec) Spec { s.Env = map[string]string{"A=B": "x"}; return s }, wants: []string{"env \"A=B\""}},
