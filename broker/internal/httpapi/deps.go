@@ -82,10 +82,14 @@ type Mode struct {
 // Deps are what the API needs. Servers, Profiles, Fleet, Auth and Log are
 // required; the rest have defaults.
 type Deps struct {
-	Servers  Servers
+	// Servers is the server lifecycle service.
+	Servers Servers
+	// Profiles is the profile catalog.
 	Profiles Profiles
-	Fleet    Fleet
-	Auth     Authenticator
+	// Fleet is the GPU inventory, for the admin routes.
+	Fleet Fleet
+	// Auth authenticates every /api/v1 route except / and /openapi.yaml.
+	Auth Authenticator
 	// Checkers run concurrently on GET /readyz; none means always ready.
 	Checkers []Checker
 	// Log receives one line per request, including every internal error.

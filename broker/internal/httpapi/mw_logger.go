@@ -28,7 +28,7 @@ func loggerFrom(c echo.Context, base *slog.Logger) *slog.Logger {
 
 // requestLogger derives the per-request logger before the handler runs and
 // writes one line per request after the error handler has answered: info
-// for answers below 500, error (with the error and, for panics, the stack)
+// for answers below 500 (debug for passing health probes), error (with the error and, for panics, the stack)
 // for the rest. It is the only place where request errors are logged.
 func requestLogger(base *slog.Logger) echo.MiddlewareFunc {
 	return middleware.RequestLoggerWithConfig(middleware.RequestLoggerConfig{
@@ -53,6 +53,9 @@ func requestLogger(base *slog.Logger) echo.MiddlewareFunc {
 				slog.Duration("duration", v.Latency),
 			}
 			level := slog.LevelInfo
+			if (v.RoutePath == "/healthz" || v.RoutePath == "/readyz") && v.Status < 400 {
+				level = slog.LevelDebug // probes every few seconds; failures stay visible
+			}
 			if v.Error != nil {
 				attrs = append(attrs, slog.String("err", v.Error.Error()))
 				if v.Status >= 500 {
