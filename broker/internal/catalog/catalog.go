@@ -103,39 +103,20 @@ func Parse(data []byte) (*Catalog, error) {
 	if generic == nil {
 		return nil, errors.New("the file is empty")
 	}
-	errs := unknownFields(generic, reflect.TypeFor[fileDoc](), "")
-	var doc fileDoc
-	if err := json.Unmarshal(js, &doc); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			errs = append(errs, fmt.Errorf("%s: must be %s, got %s", te.Field, typeName(te.Type), te.Value))
-		} else {
-			errs = append(errs, fmt.Errorf("cannot decode: %w", err))
-		}
+	if errs := shapeErrors(generic, reflect.TypeFor[fileDoc](), ""); len(errs) > 0 {
 		// Validating half-decoded values would add misleading errors.
 		return nil, errors.Join(errs...)
 	}
-	c, verrs := build(doc)
-	errs = append(errs, verrs...)
+	var doc fileDoc
+	if err := yaml.UnmarshalStrict(data, &doc); err != nil {
+		// shapeErrors accepted the shape, so this is unexpected.
+		return nil, fmt.Errorf("cannot decode: %w", err)
+	}
+	c, errs := build(doc)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	return c, nil
-}
-
-func typeName(t reflect.Type) string {
-	switch t.Kind() {
-	case reflect.Int, reflect.Int64:
-		return "a whole number"
-	case reflect.String:
-		return "a string"
-	case reflect.Slice:
-		return "a list"
-	case reflect.Map, reflect.Struct:
-		return "a mapping"
-	default:
-		return t.String()
-	}
 }
 
 // dns1123Label is a Kubernetes DNS-1123 label: what a profile name may be.
@@ -264,19 +245,45 @@ func unjoin(err error) []error {
 	return []error{err}
 }
 
-// unknownFields walks the decoded JSON v against the document type t and
-// reports every object key that t has no field for. Type mismatches are left
-// to the typed decoder.
-func unknownFields(v any, t reflect.Type, path string) []error {
+// shapeErrors walks the decoded JSON v against the document type t and
+// reports every object key that t has no field for and every value of the
+// wrong kind, each with its path. null is accepted anywhere (the zero value).
+// It works on the untyped JSON form, so that every problem is found, not
+// only the first one the typed decoder meets.
+func shapeErrors(v any, t reflect.Type, path string) []error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	if v == nil {
+		return nil
+	}
+	where := path
+	if where == "" {
+		where = "top level"
+	}
+	wrong := func(want string) []error {
+		return []error{fmt.Errorf("%s: must be %s, got %s", where, want, jsonKind(v))}
+	}
 	var errs []error
-	switch t.Kind() {
-	case reflect.Struct:
+	switch {
+	case t.Kind() == reflect.String:
+		// Scalars become strings in the typed decode, as in kubectl
+		// (cpu: 2 is "2"; note that YAML 1.1 reads an unquoted yes, no,
+		// on, off, y or n as a boolean, so it becomes "true" or "false").
+		switch v.(type) {
+		case string, float64, bool:
+		default:
+			return wrong("a string")
+		}
+	case t.Kind() == reflect.Int || t.Kind() == reflect.Int64:
+		f, ok := v.(float64)
+		if !ok || f != float64(int64(f)) {
+			return wrong("a whole number")
+		}
+	case t.Kind() == reflect.Struct:
 		m, ok := v.(map[string]any)
 		if !ok {
-			return nil
+			return wrong("a mapping")
 		}
 		fields := map[string]reflect.Type{}
 		for f := range t.Fields() {
@@ -286,33 +293,47 @@ func unknownFields(v any, t reflect.Type, path string) []error {
 		for _, k := range slices.Sorted(maps.Keys(m)) {
 			ft, ok := fields[k]
 			if !ok {
-				where := path
-				if where == "" {
-					where = "top level"
-				}
 				errs = append(errs, fmt.Errorf("%s: unknown field %q (known: %s)", where, k, strings.Join(slices.Sorted(maps.Keys(fields)), ", ")))
 				continue
 			}
-			errs = append(errs, unknownFields(m[k], ft, joinPath(path, k))...)
+			errs = append(errs, shapeErrors(m[k], ft, joinPath(path, k))...)
 		}
-	case reflect.Slice:
+	case t.Kind() == reflect.Slice:
 		l, ok := v.([]any)
 		if !ok {
-			return nil
+			return wrong("a list")
 		}
 		for i, e := range l {
-			errs = append(errs, unknownFields(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i))...)
+			errs = append(errs, shapeErrors(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i))...)
 		}
-	case reflect.Map:
+	case t.Kind() == reflect.Map:
 		m, ok := v.(map[string]any)
 		if !ok {
-			return nil
+			return wrong("a mapping")
 		}
 		for _, k := range slices.Sorted(maps.Keys(m)) {
-			errs = append(errs, unknownFields(m[k], t.Elem(), joinPath(path, k))...)
+			errs = append(errs, shapeErrors(m[k], t.Elem(), joinPath(path, k))...)
 		}
 	}
 	return errs
+}
+
+// jsonKind names the kind of a decoded JSON value for messages.
+func jsonKind(v any) string {
+	switch x := v.(type) {
+	case string:
+		return fmt.Sprintf("the string %q", x)
+	case float64:
+		return fmt.Sprintf("the number %v", x)
+	case bool:
+		return fmt.Sprintf("%v", x)
+	case []any:
+		return "a list"
+	case map[string]any:
+		return "a mapping"
+	default:
+		return fmt.Sprintf("%T", v)
+	}
 }
 
 func joinPath(path, k string) string {

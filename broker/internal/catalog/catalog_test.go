@@ -231,9 +231,30 @@ quotas:
 			want: []string{"the file is empty"},
 		},
 		{
-			name: "wrong type",
-			yaml: `profiles: [{name: a, displayName: A, image: i, cpu: "1", memory: 1Gi, slice: {memoryMiB: lots, computePercent: 1}}]`,
-			want: []string{`profiles.slice.memoryMiB: must be a whole number, got string`},
+			name: "every wrong kind, with its place",
+			yaml: `
+profiles:
+  - {name: a, displayName: A, image: i, cpu: [1], memory: 1Gi, slice: {memoryMiB: lots, computePercent: 1.5}}
+  - {name: {x: 1}, displayName: B, image: i, cpu: "1", memory: 1Gi, slice: [], groups: ml}
+quotas:
+  users: []
+  groups: {ml: {servers: "3"}}
+`,
+			want: []string{
+				`profiles[0].cpu: must be a string, got a list`,
+				`profiles[0].slice.computePercent: must be a whole number, got the number 1.5`,
+				`profiles[0].slice.memoryMiB: must be a whole number, got the string "lots"`,
+				`profiles[1].groups: must be a list, got the string "ml"`,
+				`profiles[1].name: must be a string, got a mapping`,
+				`profiles[1].slice: must be a mapping, got a list`,
+				`quotas.groups.ml.servers: must be a whole number, got the string "3"`,
+				`quotas.users: must be a mapping, got a list`,
+			},
+		},
+		{
+			name: "top level is not a mapping",
+			yaml: "- a\n- b\n",
+			want: []string{"top level: must be a mapping, got a list"},
 		},
 	}
 	for _, tc := range tests {
@@ -246,6 +267,31 @@ quotas:
 				t.Errorf("errors (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+func TestParseAcceptsNumbersAsQuantitiesAndNulls(t *testing.T) {
+	c, err := catalog.Parse([]byte(`
+profiles:
+  - name: "7"
+    displayName: 7
+    description:
+    image: i
+    cpu: 2
+    memory: 1.5
+    slice: {memoryMiB: 1024, computePercent: 5}
+    groups:
+quotas:
+`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	want := []fleet.Profile{{
+		Name: "7", DisplayName: "7", Image: "i", CPU: "2", Memory: "1.5",
+		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 5, ComputeLimitPercent: 5},
+	}}
+	if diff := cmp.Diff(want, c.Profiles()); diff != "" {
+		t.Errorf("Profiles (-want +got):\n%s", diff)
 	}
 }
 

@@ -24,6 +24,9 @@
 //     errors. Every problem in the file is reported at once (errors.Join),
 //     each naming its place, for example
 //     "profiles[2] (gpu-large): slice computeLimitPercent must be computePercent..100 (30..100), got 20".
+//   - As in kubectl, YAML is read as YAML 1.1 through sigs.k8s.io/yaml:
+//     numbers are accepted for string fields (cpu: 2), and an unquoted yes,
+//     no, on, off, y or n is a boolean, so quote such names.
 //   - computeLimitPercent may be omitted; it then equals computePercent (no
 //     burst).
 //   - In quotas a zero or missing field means unlimited; negative values are
