@@ -287,7 +287,9 @@ func (b *Bearer) Authenticate(ctx context.Context, r *http.Request) (Principal, 
 	if !slices.Contains(verified.Audience, b.cfg.Audience) {
 		return Principal{}, &Error{Reason: "token was issued for another audience"}
 	}
-	tok, err := v.Verify(ctx, raw)
+	// go-oidc checks issuer, audience and expiry and calls the key set
+	// again; the context tells it this exact token's signature verified.
+	tok, err := v.Verify(withVerified(ctx, raw, payload), raw)
 	if err != nil {
 		var exp *oidc.TokenExpiredError
 		if errors.As(err, &exp) {

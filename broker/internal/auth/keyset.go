@@ -48,8 +48,28 @@ func newKeySet(url string, client *http.Client, now func() time.Time, algs []jos
 	return &keySet{url: url, client: client, now: now, algs: algs, minRefresh: minRefresh, sem: make(chan struct{}, 1)}
 }
 
+// verifiedKey is the context key under which Bearer passes a token it has
+// just verified with this key set, so that go-oidc's own call to
+// VerifySignature for the same token does not verify the signature again.
+type verifiedKey struct{}
+
+type verifiedToken struct {
+	raw     string
+	payload []byte
+}
+
+// withVerified returns a copy of ctx that carries raw and its verified payload.
+func withVerified(ctx context.Context, raw string, payload []byte) context.Context {
+	return context.WithValue(ctx, verifiedKey{}, verifiedToken{raw: raw, payload: payload})
+}
+
 // VerifySignature returns the payload of jwt if a published key verifies it.
+// A token that ctx marks as verified (withVerified, the same string) is not
+// verified twice.
 func (k *keySet) VerifySignature(ctx context.Context, jwt string) ([]byte, error) {
+	if v, ok := ctx.Value(verifiedKey{}).(verifiedToken); ok && v.raw == jwt {
+		return v.payload, nil
+	}
 	jws, err := jose.ParseSigned(jwt, k.algs)
 	if err != nil || len(jws.Signatures) != 1 {
 		return nil, errMalformed
