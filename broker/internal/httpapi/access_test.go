@@ -105,8 +105,8 @@ func TestAccessMatrix(t *testing.T) {
 				if diff := cmp.Diff(before, after); diff != "" {
 					t.Errorf("refused call changed alice/nb's events (-before +after):\n%s", diff)
 				}
-				if len(h.servers.servers) != 1 {
-					t.Errorf("refused call left %d servers, want 1", len(h.servers.servers))
+				if len(h.servers.servers) != 1 || len(h.servers.creates) != 1 {
+					t.Errorf("refused call reached the service: %d servers, %d creates, want 1 and 1", len(h.servers.servers), len(h.servers.creates))
 				}
 			}
 			if tc.wantStatus == 401 {

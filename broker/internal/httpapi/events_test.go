@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -32,7 +33,7 @@ func (s *sseReader) next() (sseMsg, error) {
 	for {
 		line, err := s.r.ReadString('\n')
 		if err != nil {
-			if err == io.EOF && !seen && line == "" {
+			if errors.Is(err, io.EOF) && !seen && line == "" {
 				return m, io.EOF
 			}
 			return m, err
@@ -64,7 +65,7 @@ func readAll(t *testing.T, body string) []sseMsg {
 	var out []sseMsg
 	for {
 		m, err := r.next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return out
 		}
 		if err != nil {
@@ -204,7 +205,7 @@ func TestEventsFollowLive(t *testing.T) {
 		lifecycle(h, st)
 		read()
 	}
-	if m, err := s.next(); err != io.EOF {
+	if m, err := s.next(); !errors.Is(err, io.EOF) {
 		t.Fatalf("after stopped: %+v, %v; want the stream to end", m, err)
 	}
 	want := []v1.ServerState{"placing", "creating", "starting", "running", "stopping", "stopped"}
@@ -289,7 +290,7 @@ func TestEventsFailureEndsTheStream(t *testing.T) {
 		}
 		break
 	}
-	if _, err := s.next(); err != io.EOF {
+	if _, err := s.next(); !errors.Is(err, io.EOF) {
 		t.Errorf("after the error event: %v, want the end", err)
 	}
 }

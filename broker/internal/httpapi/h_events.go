@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -111,7 +112,7 @@ func (a *api) streamFailed(c echo.Context, out *sse, err error) error {
 }
 
 // clientGone hides write errors caused by the client leaving.
-func clientGone(ctx interface{ Err() error }, err error) error {
+func clientGone(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return nil
 	}

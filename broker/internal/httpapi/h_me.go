@@ -30,7 +30,7 @@ func (a *api) profiles(c echo.Context) error {
 		return err
 	}
 	groups := p.Groups
-	if p.Hub || c.Request().Header.Get(HeaderGroups) != "" && p.Admin {
+	if p.Hub || (p.Admin && c.Request().Header.Get(HeaderGroups) != "") {
 		if groups, err = headerGroups(c); err != nil {
 			return err
 		}
