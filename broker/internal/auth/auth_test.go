@@ -174,6 +174,11 @@ func TestBearerTokenMatrix(t *testing.T) {
 			wantReason: "token expired at 2026-11-29T15:03:05Z",
 		},
 		{
+			name:       "not valid yet",
+			authz:      "Bearer " + f.mint(t, devissuer.Claims{Subject: "s", Username: "u", Extra: map[string]any{"nbf": fixedNow.Add(time.Hour).Unix()}}),
+			wantReason: "token is not valid before 2026-11-29T16:04:05Z",
+		},
+		{
 			name:       "wrong audience",
 			authz:      "Bearer " + f.mint(t, alice, devissuer.WithAudience("someone-else")),
 			wantReason: "token was issued for another audience",

@@ -35,6 +35,10 @@
 //     (503) without matching error texts. The key set refetches the JWKS
 //     when a token names an unknown key, at most once per refresh interval
 //     (default 10 s), so forged key ids cannot hammer the IdP.
+//   - The signature is verified once per request: Bearer verifies it with
+//     the key set to classify failures, then passes the verified payload in
+//     the context, and the key set hands it to go-oidc's own call for the
+//     same token string.
 //   - Before go-oidc runs, cheap pre-checks on the unverified header and
 //     claims (algorithm, issuer) and on the verified claims (audience) turn
 //     the failure into a readable reason. They only ever refuse; acceptance
