@@ -1,0 +1,54 @@
+// Package spawner turns a server's spawn into a Kubernetes notebook pod and
+// follows that pod's life. It is a library of the broker and depends only on
+// client-go and broker/api/v1, never on broker/internal.
+//
+// # Parts
+//
+//   - Slug, SlugN, PodName, SecretName: the one naming function for every
+//     Kubernetes name and label value (DESIGN.md "Names").
+//   - Pod, Secret: pure functions from (Config, Spec) to objects, tested
+//     against golden files in testdata/*.golden (regenerate with
+//     `go test ./spawner/ -update` and review the diff like code).
+//   - ParsePod: the inverse of Pod for identity and slice, so pods are the
+//     durable record of allocations (invariant 2).
+//   - Classify, URL: the pure reading of a pod's status into a Phase and a
+//     sentence for the user, failing fast on terminal conditions.
+//   - Client: create, watch (informer) and delete, with subscriptions to
+//     PodEvents.
+//   - devcluster: a simulated cluster for dev mode.
+//
+// # Invariants
+//
+//   - Names: slugs are valid DNS-1123 labels of ≤ 63 characters, stable for
+//     a raw name, and distinct for distinct raw names; an unchanged raw name
+//     maps to itself; raw names go into annotations. Slugs never contain
+//     "--", which PodName uses as its user/server separator.
+//   - Ownership: every pod and Secret carries app.kubernetes.io/managed-by=
+//     gpubroker, user and server slugs and the spawn id. Nothing without the
+//     managed-by label is ever modified or deleted (ErrNotOwned). Delete
+//     checks the spawn id (a caller's old spawn never deletes a newer one)
+//     and passes the checked UID as a precondition.
+//   - Idempotence: Create of the same spawn is success; Create over another
+//     spawn's pod is ErrPodExists; Delete of a missing object is success.
+//   - Every write uses FieldManager. Cached objects are never modified.
+//   - Never answer from an unsynced cache: Pods returns ErrNotSynced until
+//     the informer has synced.
+//   - Events never block the informer: handlers classify and push onto an
+//     unbounded coalescing queue (one entry per pod incarnation) drained by
+//     one dispatcher goroutine owned by Run. Events are keyed by pod name,
+//     spawn id and UID; once an incarnation is reported gone, later events
+//     for it are dropped, so a late event never resurrects a pod.
+//   - Time: deadlines (StartTimeout, ErrorGrace) are measured with the
+//     Client's injected clock against the pod's creation and condition
+//     times; Run re-classifies every pod each resync period so they fire
+//     without pod updates. Missing timestamps never trigger a deadline.
+//   - Secrets: credentials go into the server's Secret (envFrom), never into
+//     plain pod env; the quota directory and the hook are mounted read-only
+//     and the container drops all capabilities (invariant 3).
+//   - Goroutines: none start in constructors; Run owns all of them and
+//     returns only after they exited.
+//
+// Run is single-replica safe for reads and events; writes are idempotent and
+// guarded by ownership checks, so several broker replicas may call Create and
+// Delete concurrently.
+package spawner
