@@ -149,6 +149,9 @@ func TestEchoErrors(t *testing.T) {
 			if diff := cmp.Diff(tc.want, decode[v1.Error](t, rec)); diff != "" {
 				t.Errorf("body (-want +got):\n%s", diff)
 			}
+			if allow := rec.Header().Get("Allow"); tc.wantStatus == 405 && !strings.Contains(allow, "GET") {
+				t.Errorf("405 with Allow %q", allow)
+			}
 		})
 	}
 }
