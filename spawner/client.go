@@ -39,6 +39,8 @@ const maxConflictRetries = 3
 // always be told from the current one.
 type PodEvent struct {
 	// User, Server are the raw names; SpawnID the spawn the pod belongs to.
+	// They are "" when the pod's annotations are unreadable (see
+	// ManagedPod.Err).
 	User, Server, SpawnID string
 	// Pod is the pod name.
 	Pod string
@@ -250,7 +252,8 @@ func (c *Client) Pods() ([]ManagedPod, error) {
 // ErrPodExists (the name is held by a pod of another spawn, usually still
 // terminating; retry later), ErrNotOwned (an object of that name is not
 // gpubroker's), ErrRejected (the API server refused the objects for good),
-// or the API error (retryable).
+// or the API error (retryable). After an error the Secret may exist without
+// the pod; Delete(ctx, s.User, s.Server, s.SpawnID) removes it.
 func (c *Client) Create(ctx context.Context, s Spec, secretEnv map[string]string) error {
 	s.SecretEnv = len(secretEnv) > 0
 	var bad []error

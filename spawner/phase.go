@@ -71,7 +71,9 @@ const (
 //     reports ready (the node stopped reporting) for StartTimeout.
 //
 // Unknown timestamps (zero) count as "just now", so deadlines never fire on
-// objects that lack them.
+// objects that lack them. A container still ContainerCreating (pulling its
+// image, mounting volumes) has no deadline here: a large image may take
+// longer than StartTimeout, so the broker's overall spawn timeout applies.
 func Classify(pod *corev1.Pod, now time.Time, cfg Config) (Phase, string) {
 	cfg = cfg.WithDefaults()
 	if pod == nil {

@@ -36,7 +36,8 @@ func Slug(raw string) string { return SlugN(raw, MaxNameLen) }
 // other characters becomes one '-', the result is trimmed of '-' and cut to
 // leave room, and "-" plus the first 8 hex digits of SHA-256(raw) is appended.
 // An empty base becomes "x". So "alice" → "alice", "Alice" →
-// "alice-3bc51062"-style, "" → "x-e3b0c442".
+// "alice-3bc51062", "alice@example.com" → "alice-example-com-ff8d9819",
+// "" → "x-e3b0c442".
 //
 // Distinct raw values never share a slug: unchanged values are distinct by
 // themselves, can never end like a changed one, and changed values differ in
