@@ -18,15 +18,11 @@ import (
 )
 
 // Patch sets fields of a server record in the same step as a transition.
-// A nil field is left as it is.
-type Patch struct {
-	Allocation *fleet.Allocation
-	Pod        *string
-	URL        *string
-}
+// A nil field is left as it is. It is the domain's fleet.ServerPatch.
+type Patch = fleet.ServerPatch
 
-// fields returns the record fields the patch sets, as field/value pairs.
-func (p Patch) fields() ([]any, error) {
+// patchFields returns the record fields p sets, as field/value pairs.
+func patchFields(p Patch) ([]any, error) {
 	var out []any
 	if p.Allocation != nil {
 		b, err := json.Marshal(p.Allocation)
@@ -277,7 +273,7 @@ func (s *Store) Transition(ctx context.Context, k fleet.ServerKey, spawnID strin
 	if len(sources) == 0 {
 		return fleet.Server{}, fmt.Errorf("transition server %s/%s to %q: no state leads there: %w", k.User, k.Name, to, fleet.ErrInvalid)
 	}
-	pf, err := patch.fields()
+	pf, err := patchFields(patch)
 	if err != nil {
 		return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 	}
