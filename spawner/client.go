@@ -92,8 +92,11 @@ type Client struct {
 }
 
 // New returns a Client for cfg (defaults applied; Run reports an invalid
-// config). It starts nothing; call Run.
+// config). A nil log discards. It starts nothing; call Run.
 func New(cs kubernetes.Interface, cfg Config, log *slog.Logger, opts ...Option) *Client {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	c := &Client{
 		cs:       cs,
 		cfg:      cfg.WithDefaults(),
@@ -146,6 +149,9 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	defer func() {
+		c.mu.Lock()
+		c.lister = nil // the cache is no longer maintained: reads fail again
+		c.mu.Unlock()
 		cancel()
 		factory.Shutdown() // waits for the informer goroutines
 		wg.Wait()
@@ -174,18 +180,16 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 }
 
-// Synced reports whether the pod cache has synced; reads succeed from then on.
+// Synced reports whether the pod cache has synced and Run is still
+// maintaining it; reads succeed exactly then.
 func (c *Client) Synced() bool {
-	select {
-	case <-c.syncedCh:
-		return true
-	default:
-		return false
-	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lister != nil
 }
 
-// WaitSynced blocks until the cache has synced or ctx is done; the error then
-// wraps ErrNotSynced and ctx's error.
+// WaitSynced blocks until the cache has first synced or ctx is done; the
+// error then wraps ErrNotSynced and ctx's error.
 func (c *Client) WaitSynced(ctx context.Context) error {
 	select {
 	case <-c.syncedCh:
@@ -217,8 +221,8 @@ func (c *Client) Subscribe(ctx context.Context, fn func(PodEvent)) {
 // Pods returns every cached notebook pod, sorted by name, with Phase and
 // Message filled by Classify at the client's clock; URL is kept only for
 // running pods. A pod whose annotations cannot be read is included with Err
-// set and what could be read. Before the cache has synced the error wraps
-// ErrNotSynced.
+// set and what could be read. Before the cache has synced, and after Run has
+// returned, the error wraps ErrNotSynced.
 func (c *Client) Pods() ([]ManagedPod, error) {
 	c.mu.Lock()
 	lister := c.lister

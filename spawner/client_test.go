@@ -75,6 +75,12 @@ func startClient(t *testing.T, objs ...runtime.Object) *harness {
 		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}
+		if _, err := h.client.Pods(); !errors.Is(err, ErrNotSynced) {
+			t.Errorf("Pods after Run returned: err = %v, want ErrNotSynced", err)
+		}
+		if err := h.client.Run(t.Context()); err == nil {
+			t.Error("a second Run succeeded")
+		}
 	})
 	wctx, wcancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer wcancel()

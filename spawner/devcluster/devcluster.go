@@ -79,8 +79,12 @@ type Cluster struct {
 // New returns a simulated cluster with the given node names (each Ready,
 // with 64 CPUs and 512 GiB), the namespace and its "default"
 // ServiceAccount. Objects created through Clientset get a UID and a
-// creation time, as from an API server. New starts nothing.
+// creation time, as from an API server. A nil log discards. New starts
+// nothing.
 func New(nodes []string, log *slog.Logger, opts ...Option) *Cluster {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	c := &Cluster{
 		nodes:     slices.Clone(nodes),
 		namespace: DefaultNamespace,
