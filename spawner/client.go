@@ -377,6 +377,19 @@ func (c *Client) Delete(ctx context.Context, user, server, spawnID string) error
 		secretAPI.Delete)
 }
 
+// DeletePod deletes one notebook pod by name with the same checks as Delete,
+// leaving Secrets alone: for pods whose annotations are unreadable
+// (ManagedPod.Err), whose server cannot be named. spawnID "" skips the spawn
+// check.
+func (c *Client) DeletePod(ctx context.Context, name, spawnID string) error {
+	podAPI := c.cs.CoreV1().Pods(c.cfg.Namespace)
+	return c.deleteOwned(ctx, "pod", name, spawnID,
+		func(ctx context.Context, name string) (metav1.Object, error) {
+			return podAPI.Get(ctx, name, metav1.GetOptions{})
+		},
+		podAPI.Delete)
+}
+
 func (c *Client) deleteOwned(ctx context.Context, kind, name, spawnID string,
 	get func(context.Context, string) (metav1.Object, error),
 	del func(context.Context, string, metav1.DeleteOptions) error,

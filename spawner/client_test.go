@@ -467,3 +467,33 @@ func TestDispatchDropsLateEvents(t *testing.T) {
 		t.Errorf("delivered events (-want +got):\n%s", diff)
 	}
 }
+
+func TestDeletePodGarbled(t *testing.T) {
+	garbled, err := Pod(testConfig(), testSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	garbled.Name = "nb-garbled"
+	delete(garbled.Annotations, v1.AnnotationUser)
+	h := startClient(t, garbled)
+	pods, err := h.client.Pods()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods) != 1 || pods[0].Name != "nb-garbled" || pods[0].Err == nil || pods[0].SpawnID != testSpec().SpawnID {
+		t.Fatalf("Pods = %+v, want the garbled pod with Err and its spawn id", pods)
+	}
+	if err := h.client.DeletePod(t.Context(), "nb-garbled", "another-spawn"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.cs.CoreV1().Pods("notebooks").Get(t.Context(), "nb-garbled", metav1.GetOptions{}); err != nil {
+		t.Errorf("DeletePod of another spawn deleted the pod: %v", err)
+	}
+	if err := h.client.DeletePod(t.Context(), "nb-garbled", pods[0].SpawnID); err != nil {
+		t.Fatal(err)
+	}
+	ev := h.waitEvent(t, "gone", phaseIs(PhaseGone))
+	if ev.Pod != "nb-garbled" {
+		t.Errorf("gone event for %q", ev.Pod)
+	}
+}
