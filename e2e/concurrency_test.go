@@ -128,13 +128,14 @@ func TestConcurrentCreatesNeverOvercommit(t *testing.T) {
 }
 
 // readable reports whether msg looks like a sentence for a person rather
-// than an internal error: non-trivial, no sentinel prefixes, no Redis or
-// formatting debris.
+// than an internal error: non-trivial, without sentinel prefixes, Redis
+// errors or formatting debris. (Names in messages may contain any word, so
+// only error-shaped fragments count.)
 func readable(msg string) bool {
 	if len(strings.TrimSpace(msg)) < 10 {
 		return false
 	}
-	for _, bad := range []string{"fleet:", "redis", "ERR ", "%!", "lua", "<nil>"} {
+	for _, bad := range []string{"fleet: ", "redis: ", "ERR ", "NOSCRIPT", "%!", "<nil>", "panic", "goroutine "} {
 		if strings.Contains(msg, bad) {
 			return false
 		}

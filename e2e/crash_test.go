@@ -17,8 +17,8 @@ import (
 	"github.com/gpubroker/gpubroker/e2e/harness"
 )
 
-// TestBrokerCrashMidSpawnRecovers kills the broker (SIGKILL) while eight
-// spawns are in flight, starts it again on the same Redis and cluster, and
+// TestBrokerCrashMidSpawnRecovers kills the broker (SIGKILL) while sixteen
+// spawns are in flight (right after the second create answered), starts it again on the same Redis and cluster, and
 // checks that after reconciliation pods and Redis agree: every pod's slice is
 // allocated, every allocation has a pod, every server settles in a final
 // state consistent with its pod, and no GPU is overcommitted.
@@ -29,12 +29,12 @@ func TestBrokerCrashMidSpawnRecovers(t *testing.T) {
 
 	type attempt struct{ user, name string }
 	var attempts []attempt
-	for u := range 4 {
+	for u := range 8 {
 		for s := range 2 {
 			attempts = append(attempts, attempt{fmt.Sprintf("user%d", u), fmt.Sprintf("nb%d", s)})
 		}
 	}
-	const killAfter = 3 // answered creates before the kill
+	const killAfter = 2 // answered creates before the kill
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -77,12 +77,22 @@ func TestBrokerCrashMidSpawnRecovers(t *testing.T) {
 	kill() // in case fewer than killAfter creates answered
 	<-killed
 	t.Logf("create outcomes at the kill: %v", outcomes)
+	if pods, err := e.pods(ctx); err == nil {
+		t.Logf("%d broker pods at the kill", len(pods))
+	}
 
 	restart := time.Now()
 	if err := e.broker.Start(ctx); err != nil {
 		t.Fatalf("restart broker: %v", err)
 	}
 	t.Logf("broker ready again in %s", time.Since(restart).Round(time.Millisecond))
+	seen := map[v1.ServerState]int{}
+	for _, a := range attempts {
+		if s, err := e.client(a.user, "ml").GetServer(ctx, a.user, a.name); err == nil {
+			seen[s.State]++
+		}
+	}
+	t.Logf("server states right after the restart: %v", seen)
 
 	var final map[attempt]v1.Server
 	err := harness.Poll(ctx, 250*time.Millisecond, 60*time.Second, func(ctx context.Context) (bool, string, error) {

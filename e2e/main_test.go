@@ -7,7 +7,8 @@
 //
 // The tools come from `go tool task e2e:tools` (e2e/.bin). Without them, or
 // without redis-server, the tests skip, unless CI=true, where they fail.
-// `go test -short` skips them too.
+// `go test -short` skips them too. E2E_GPUBROKER_BIN=<path> tests a prebuilt
+// gpubroker binary instead of building ./broker/cmd/gpubroker.
 package e2e
 
 import (
@@ -113,10 +114,15 @@ func needCluster(t *testing.T) *harness.Cluster {
 }
 
 // brokerBinary builds ./broker/cmd/gpubroker once per test process (with
-// -race when this test binary has it) and returns its path.
+// -race when this test binary has it) and returns its path. The environment
+// variable E2E_GPUBROKER_BIN names a prebuilt binary to test instead.
 func brokerBinary(t *testing.T) string {
 	t.Helper()
 	suite.brokerOnce.Do(func() {
+		if bin := os.Getenv("E2E_GPUBROKER_BIN"); bin != "" {
+			suite.brokerBin, suite.brokerErr = filepath.Abs(bin)
+			return
+		}
 		out := filepath.Join(suite.dir, "gpubroker")
 		args := []string{"build", "-o", out}
 		if raceEnabled {
