@@ -282,8 +282,8 @@ func TestBearerLazyDiscovery(t *testing.T) {
 	f := startIdP(t)
 	f.down.Store(true)
 	b := f.bearer(t, auth.BearerConfig{})
-	if n := f.discoveries.Load(); n != 1 {
-		t.Fatalf("NewBearer made %d discovery requests, want 1", n)
+	if n := f.discoveries.Load(); n != 0 {
+		t.Fatalf("NewBearer made %d discovery requests, want none (discovery is lazy)", n)
 	}
 	tok := "Bearer " + f.mint(t, devissuer.Claims{Subject: "s", Username: "u"})
 
@@ -291,6 +291,10 @@ func TestBearerLazyDiscovery(t *testing.T) {
 	if !errors.Is(err, auth.ErrUnavailable) || errors.Is(err, auth.ErrUnauthenticated) {
 		t.Fatalf("while the issuer is down: error %v, want ErrUnavailable only", err)
 	}
+	if n := f.discoveries.Load(); n != 1 {
+		t.Errorf("the first use made %d discovery requests, want 1", n)
+	}
+	_, _ = b.Authenticate(t.Context(), request(tok))
 	if n := f.discoveries.Load(); n != 1 {
 		t.Errorf("within the retry interval: %d discovery requests, want still 1", n)
 	}
@@ -347,6 +351,9 @@ func TestBearerDiscoveryIsSingleFlight(t *testing.T) {
 func TestBearerKeyFetch(t *testing.T) {
 	f := startIdP(t)
 	b := f.bearer(t, auth.BearerConfig{})
+	if err := b.Ready(t.Context()); err != nil {
+		t.Fatalf("Ready: %v", err)
+	}
 	forged := "Bearer " + f.mint(t, devissuer.Claims{Subject: "s", Username: "u"}, devissuer.SignedByOtherKey())
 	fetches := f.keyFetches.Load()
 

@@ -115,11 +115,12 @@ func WithKeyRefreshMinimum(d time.Duration) BearerOption {
 	return func(b *Bearer) { b.keyRefresh = d }
 }
 
-// NewBearer checks cfg and returns a Bearer. It then tries discovery once,
-// bounded by ctx and the discovery timeout; a failure there is not an error:
-// discovery is retried on later requests and by Ready, and until it succeeds
-// Authenticate returns ErrUnavailable for bearer tokens. NewBearer fails only
-// for an invalid cfg.
+// NewBearer checks cfg and returns a Bearer. It does no I/O: discovery runs
+// on the first Authenticate or Ready (the issuer may start after the broker,
+// as the embedded one in dev mode does), is retried after failures, and until
+// it succeeds Authenticate returns ErrUnavailable for bearer tokens.
+// NewBearer fails only for an invalid cfg; ctx is unused and kept for
+// callers that want to bound construction later.
 func NewBearer(ctx context.Context, cfg BearerConfig, opts ...BearerOption) (*Bearer, error) {
 	if cfg.UsernameClaim == "" {
 		cfg.UsernameClaim = DefaultUsernameClaim
@@ -154,7 +155,6 @@ func NewBearer(ctx context.Context, cfg BearerConfig, opts ...BearerOption) (*Be
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("auth: bearer config: %w", err)
 	}
-	_ = b.Ready(ctx) // a failure is remembered and retried later
 	return b, nil
 }
 
