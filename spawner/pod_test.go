@@ -348,3 +348,26 @@ func TestParsePodErrors(t *testing.T) {
 		})
 	}
 }
+
+func BenchmarkPod(b *testing.B) {
+	cfg, spec := testConfig(), testSpec()
+	for b.Loop() {
+		if _, err := Pod(cfg, spec); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkParseAndClassify(b *testing.B) {
+	pod, err := Pod(testConfig(), testSpec())
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now()
+	for b.Loop() {
+		if _, err := ParsePod(pod); err != nil {
+			b.Fatal(err)
+		}
+		Classify(pod, now, Config{})
+	}
+}

@@ -185,3 +185,13 @@ func hash8(raw string) string {
 	sum := sha256.Sum256([]byte(raw))
 	return hex.EncodeToString(sum[:4])
 }
+
+func BenchmarkSlug(b *testing.B) {
+	for _, raw := range []string{"alice", "Zoë.Ünal@Example.org", strings.Repeat("x", 80)} {
+		b.Run(raw[:min(len(raw), 12)], func(b *testing.B) {
+			for b.Loop() {
+				Slug(raw)
+			}
+		})
+	}
+}
