@@ -1,0 +1,102 @@
+// Command gpubroker is the gpubroker broker: the REST API, placement of GPU
+// slices, notebook pods and their reconciliation.
+//
+//	gpubroker serve [flags]   run against a real cluster and Redis
+//	gpubroker dev [flags]     run everything locally on embedded defaults
+//
+// Every flag has a GPUBROKER_* environment twin; `gpubroker serve --help`
+// lists them. This file only parses, validates and hands over to the app.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/gpubroker/gpubroker/broker/internal/app"
+	"github.com/gpubroker/gpubroker/broker/internal/config"
+)
+
+const usage = `gpubroker gives developers small, elastic slices of NVIDIA GPUs for notebooks.
+
+Usage:
+  gpubroker serve [flags]   run the broker against a Kubernetes cluster and Redis
+  gpubroker dev [flags]     run the whole product locally: embedded Redis and OIDC
+                            issuer, a simulated cluster and simulated DGX H200 GPUs
+  gpubroker version         print the version
+
+Run 'gpubroker serve --help' or 'gpubroker dev --help' for the flags; every flag
+can also be set through its GPUBROKER_* environment variable.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	var mode config.Mode
+	switch args[0] {
+	case "serve":
+		mode = config.ModeServe
+	case "dev":
+		mode = config.ModeDev
+	case "version":
+		fmt.Fprintln(stdout, app.Version())
+		return 0
+	default:
+		fmt.Fprintf(stderr, "gpubroker: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	cfg, err := config.Load(mode, args[1:], getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "gpubroker %s: %v\n", args[0], err)
+		return 2
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "gpubroker %s: invalid configuration:\n%s\n", args[0], indent(err))
+		return 2
+	}
+	if cfg.CheckConfig {
+		if err := app.CheckConfig(cfg); err != nil {
+			fmt.Fprintf(stderr, "gpubroker %s: invalid configuration:\n%s\n", args[0], indent(err))
+			return 2
+		}
+		fmt.Fprintf(stdout, "gpubroker %s: configuration is valid\n", args[0])
+		return 0
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := app.Run(ctx, cfg, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "gpubroker %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+// indent prints each joined problem on its own line.
+func indent(err error) string {
+	var out string
+	var joined interface{ Unwrap() []error }
+	if errors.As(err, &joined) {
+		for _, e := range joined.Unwrap() {
+			out += "  - " + e.Error() + "\n"
+		}
+		return out
+	}
+	return "  - " + err.Error() + "\n"
+}

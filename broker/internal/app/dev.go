@@ -1,0 +1,178 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	nvmlgpus "github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpubroker/gpubroker/broker/devissuer"
+	"github.com/gpubroker/gpubroker/broker/internal/auth"
+	"github.com/gpubroker/gpubroker/broker/internal/catalog"
+	"github.com/gpubroker/gpubroker/broker/internal/config"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/httpapi"
+	"github.com/gpubroker/gpubroker/limiter/agent"
+	"github.com/gpubroker/gpubroker/spawner/devcluster"
+)
+
+// Dev mode's fixed names.
+const (
+	devUser     = "dev"
+	devNode     = "dgx-h200-sim"
+	devTokenTTL = 24 * time.Hour
+)
+
+// buildDev wires the parts for `gpubroker dev`, embedding whatever cfg
+// leaves unset, and prints the banner with a ready-to-paste command.
+func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listener, stdout io.Writer) (*parts, error) {
+	var simulated []string
+	var background []func(context.Context) error
+	var closers []func()
+	fail := func(err error) (*parts, error) {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+		return nil, err
+	}
+
+	cat := catalog.Default()
+	if cfg.ProfilesFile != "" {
+		c, err := catalog.Load(cfg.ProfilesFile)
+		if err != nil {
+			return fail(fmt.Errorf("profiles file %s: %w", cfg.ProfilesFile, err))
+		}
+		cat = c
+	}
+
+	var rdb redis.UniversalClient
+	if cfg.RedisURL == "" && cfg.RedisSentinelMaster == "" {
+		mr := miniredis.NewMiniRedis()
+		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
+			return fail(fmt.Errorf("embedded redis: %w", err))
+		}
+		closers = append(closers, mr.Close)
+		rdb = redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+		simulated = append(simulated, "Redis is embedded (miniredis, in memory: data is lost at exit)")
+	} else {
+		ropts, err := cfg.RedisOptions()
+		if err != nil {
+			return fail(err)
+		}
+		rdb = redis.NewUniversalClient(ropts)
+	}
+	closers = append(closers, func() { rdb.Close() })
+
+	issuerURL, audience := cfg.OIDCIssuer, cfg.OIDCAudience
+	var token string
+	if issuerURL == "" {
+		il, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fail(fmt.Errorf("embedded oidc issuer: %w", err))
+		}
+		issuerURL = "http://" + il.Addr().String()
+		iss, err := devissuer.New(devissuer.WithURL(issuerURL))
+		if err != nil {
+			il.Close()
+			return fail(fmt.Errorf("embedded oidc issuer: %w", err))
+		}
+		background = append(background, func(ctx context.Context) error { return iss.Serve(ctx, il) })
+		if audience == "" {
+			audience = devissuer.DefaultAudience
+		}
+		token, err = iss.Mint(devissuer.Claims{
+			Subject: devUser, Username: devUser, Email: devUser + "@localhost",
+			Groups: []string{cfg.AdminGroup, "developers"}, Audience: audience, ExpiresIn: devTokenTTL,
+		})
+		if err != nil {
+			return fail(fmt.Errorf("mint dev token: %w", err))
+		}
+		simulated = append(simulated, "the OIDC issuer is embedded at "+issuerURL+" with one user, "+devUser+" (an admin)")
+	}
+	bearer, err := auth.NewBearer(ctx, auth.BearerConfig{
+		IssuerURL: issuerURL, Audience: audience,
+		UsernameClaim: cfg.OIDCUsernameClaim, GroupsClaim: cfg.OIDCGroupsClaim, AdminGroup: cfg.AdminGroup,
+	})
+	if err != nil {
+		return fail(err)
+	}
+
+	var kube kubernetes.Interface
+	if cfg.Kubeconfig == "" {
+		cl := devcluster.New([]string{devNode}, log.With("part", "devcluster"), devcluster.WithNamespace(cfg.Namespace))
+		kube = cl.Clientset()
+		background = append(background, cl.Run)
+		simulated = append(simulated, "the Kubernetes cluster is simulated: one node, "+devNode+"; pods do not really run")
+	} else {
+		kube, err = kubeClient(cfg.Kubeconfig)
+		if err != nil {
+			return fail(err)
+		}
+	}
+
+	gpuNote := fmt.Sprintf("the GPUs are simulated (%d× NVIDIA H200 from go-nvml's mock/dgxh200) on node %s", cfg.DevGPUs, devNode)
+	notice := "LOCAL DEV MODE: " + strings.Join(append(simulated, gpuNote), "; ") + "."
+	p, err := assemble(cfg, log, rdb, kube, cat, bearer, auth.NewHubToken(""), httpapi.Mode{Simulated: true, Notice: notice})
+	if err != nil {
+		return fail(err)
+	}
+	p.background = background
+	p.closers = closers
+
+	if err := registerSimulatedGPUs(ctx, p, devNode, cfg.DevGPUs); err != nil {
+		p.close()
+		return nil, err
+	}
+	for _, s := range append(simulated, gpuNote) {
+		log.Warn("dev mode: " + s)
+	}
+	p.started = func() { printBanner(stdout, "http://"+ln.Addr().String(), token, cat.Profiles()) }
+	return p, nil
+}
+
+// registerSimulatedGPUs registers count simulated H200 GPUs for placement,
+// discovered through the same code the node agent uses.
+func registerSimulatedGPUs(ctx context.Context, p *parts, node string, count int) error {
+	gpus, err := agent.Discover(dgxh200.NewWithGPUs(nvmlgpus.Multiple(count, nvmlgpus.H200_SXM5_141GB)...), node)
+	if err != nil {
+		return fmt.Errorf("simulated gpus: %w", err)
+	}
+	for _, g := range gpus {
+		if err := p.store.RegisterGPU(ctx, fleet.GPU{UUID: g.UUID, Node: g.Node, Model: g.Model,
+			MemoryMiB: g.MemoryMiB, SMCount: g.SMCount, Healthy: g.Healthy}); err != nil {
+			return fmt.Errorf("register simulated gpu %s: %w", g.UUID, err)
+		}
+	}
+	return nil
+}
+
+// printBanner tells a newcomer what runs and gives commands to paste.
+func printBanner(w io.Writer, base, token string, profiles []fleet.Profile) {
+	profile := "small"
+	if len(profiles) > 0 {
+		profile = profiles[0].Name
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\ngpubroker dev — LOCAL MODE: the cluster, the GPUs, Redis and the OIDC issuer are simulated or embedded.\n")
+	fmt.Fprintf(&b, "API:      %s/api/v1/\n", base)
+	fmt.Fprintf(&b, "OpenAPI:  %s/api/v1/openapi.yaml\n", base)
+	if token != "" {
+		fmt.Fprintf(&b, "\nCreate a server (profile %q) as the dev user:\n", profile)
+		fmt.Fprintf(&b, "  curl -sS -X PUT -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' -d '{\"profile\":\"%s\"}' %s/api/v1/users/%s/servers/demo\n",
+			token, profile, base, devUser)
+		fmt.Fprintf(&b, "\nWatch it start (server-sent events):\n")
+		fmt.Fprintf(&b, "  curl -sS -N -H 'Authorization: Bearer %s' %s/api/v1/users/%s/servers/demo/events\n", token, base, devUser)
+		fmt.Fprintf(&b, "\nThe token is valid for %s.\n", devTokenTTL)
+	}
+	fmt.Fprintf(&b, "Stop with Ctrl-C.\n\n")
+	fmt.Fprint(w, b.String())
+}

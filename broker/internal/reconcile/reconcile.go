@@ -1,0 +1,290 @@
+// Package reconcile keeps Redis and the cluster in agreement: pods are the
+// durable record of allocations (DESIGN.md invariant 2).
+//
+// One pass reads, in this order, the allocations, the server records and the
+// pods (from the spawner's synced cache), then:
+//   - restores the record and the allocation of every pod whose server is
+//     missing from Redis (Redis lost its data), and the allocation of every
+//     pod whose record is there but whose slice is not;
+//   - replays each current pod's phase into its record (events missed while
+//     no broker ran);
+//   - settles records whose pod is gone (released, stopped or failed) once
+//     the record has been quiet for the grace period, so a pod that the
+//     cache has not seen yet is never taken for a vanished one;
+//   - releases allocations that no record refers to;
+//   - deletes pods that belong to no current spawn after the grace period;
+//   - marks the allocations as rebuilt only when every pod's slice is
+//     recorded, which is what lets placement resume after Redis lost its data.
+//
+// Reading allocations before records matters: a create writes its record
+// before it places, so an allocation seen first always has its record in the
+// later read unless the record really moved on.
+//
+// Every action is idempotent and checked by spawn id in the store, so it is
+// safe for several broker replicas to reconcile at once; no lease is taken.
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/spawner"
+)
+
+// Store is what a reconcile pass needs from storage.
+type Store interface {
+	Allocations(ctx context.Context) ([]fleet.Allocation, error)
+	ListServers(ctx context.Context, user string) ([]fleet.Server, error)
+	Restore(ctx context.Context, a fleet.Allocation) (bool, error)
+	RestoreServer(ctx context.Context, s fleet.Server) (bool, error)
+	Release(ctx context.Context, sliceID string) (bool, error)
+	MarkReconciled(ctx context.Context) error
+}
+
+// Pods lists and deletes notebook pods (spawner.Client).
+type Pods interface {
+	Pods() ([]spawner.ManagedPod, error)
+	Delete(ctx context.Context, user, server, spawnID string) error
+}
+
+// Lifecycle settles one server from what was observed (servers.Service).
+type Lifecycle interface {
+	HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error
+	Abandon(ctx context.Context, rec fleet.Server, reason string)
+}
+
+// Report counts what one pass did.
+type Report struct {
+	Pods, Allocations, Servers     int
+	RestoredServers, RestoredSlices int
+	ReleasedSlices, DeletedPods     int
+	Settled                         int
+	// Complete is true when every pod's slice is recorded.
+	Complete bool
+}
+
+// Reconciler runs reconcile passes. Create it with New; it is safe for
+// concurrent use.
+type Reconciler struct {
+	store     Store
+	pods      Pods
+	lifecycle Lifecycle
+	log       *slog.Logger
+	grace     time.Duration
+	interval  time.Duration
+	now       func() time.Time
+	trigger   chan struct{}
+	mu        sync.Mutex // serialises passes
+}
+
+// New returns a Reconciler. grace is how long a record or pod must have been
+// quiet before it is taken as abandoned (default 2m when ≤ 0); interval is
+// the period of Run (default 30s when ≤ 0). now defaults to time.Now.
+func New(store Store, pods Pods, lifecycle Lifecycle, log *slog.Logger, grace, interval time.Duration, now func() time.Time) *Reconciler {
+	if grace <= 0 {
+		grace = 2 * time.Minute
+	}
+	if interval <= 0 {
+		interval = 30 * time.Second
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Reconciler{store: store, pods: pods, lifecycle: lifecycle, log: log,
+		grace: grace, interval: interval, now: now, trigger: make(chan struct{}, 1)}
+}
+
+// Trigger asks Run for a pass now; it never blocks.
+func (r *Reconciler) Trigger() {
+	select {
+	case r.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Run makes a pass at once, then every interval and on Trigger, until ctx
+// ends. A failed pass is logged and retried at the next tick. It returns
+// ctx's error.
+func (r *Reconciler) Run(ctx context.Context) error {
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		rep, err := r.Once(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.log.WarnContext(ctx, "reconcile pass failed", "err", err)
+		case err == nil && (rep.RestoredServers+rep.RestoredSlices+rep.ReleasedSlices+rep.DeletedPods+rep.Settled > 0):
+			r.log.InfoContext(ctx, "reconciled", "pods", rep.Pods, "restored_servers", rep.RestoredServers,
+				"restored_slices", rep.RestoredSlices, "released_slices", rep.ReleasedSlices,
+				"deleted_pods", rep.DeletedPods, "settled", rep.Settled, "complete", rep.Complete)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		case <-r.trigger:
+		}
+	}
+}
+
+// Once makes one pass. It fails without acting when the pod cache is not
+// synced (spawner.ErrNotSynced).
+func (r *Reconciler) Once(ctx context.Context) (Report, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var rep Report
+	allocs, err := r.store.Allocations(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("reconcile: allocations: %w", err)
+	}
+	recs, err := r.store.ListServers(ctx, "")
+	if err != nil {
+		return rep, fmt.Errorf("reconcile: servers: %w", err)
+	}
+	pods, err := r.pods.Pods()
+	if err != nil {
+		return rep, fmt.Errorf("reconcile: pods: %w", err)
+	}
+	rep.Pods, rep.Allocations, rep.Servers = len(pods), len(allocs), len(recs)
+	now := r.now()
+
+	allocBySlice := make(map[string]fleet.Allocation, len(allocs))
+	for _, a := range allocs {
+		allocBySlice[a.SliceID] = a
+	}
+	recByKey := make(map[fleet.ServerKey]fleet.Server, len(recs))
+	recBySpawn := make(map[string]fleet.Server, len(recs))
+	for _, s := range recs {
+		recByKey[s.ServerKey] = s
+		recBySpawn[s.SpawnID] = s
+	}
+	podBySpawn := make(map[string]spawner.ManagedPod, len(pods))
+	complete := true
+	var errs []error
+
+	for _, p := range pods {
+		podBySpawn[p.SpawnID] = p
+		key := fleet.ServerKey{User: p.User, Name: p.Server}
+		rec, ok := recByKey[key]
+		current := ok && rec.SpawnID == p.SpawnID && !fleet.Terminal(rec.State)
+		if !ok {
+			current = true
+		}
+		if !current {
+			if !p.Deleting && now.Sub(p.CreatedAt) > r.grace {
+				if err := r.pods.Delete(ctx, p.User, p.Server, p.SpawnID); err != nil {
+					errs = append(errs, fmt.Errorf("delete orphan pod %s: %w", p.Name, err))
+				} else {
+					rep.DeletedPods++
+				}
+			}
+			continue
+		}
+		alloc := allocationOf(p)
+		if _, held := allocBySlice[p.SpawnID]; !held {
+			restored, err := r.store.Restore(ctx, alloc)
+			switch {
+			case errors.Is(err, fleet.ErrConflict):
+				// Recorded, but the GPU is now overcommitted: the pod is the truth.
+				r.log.ErrorContext(ctx, "restored slice overcommits its GPU", "pod", p.Name, "gpu_uuid", alloc.GPUUUID, "err", err)
+				rep.RestoredSlices++
+			case err != nil:
+				complete = false
+				errs = append(errs, fmt.Errorf("restore slice of pod %s: %w", p.Name, err))
+				continue
+			case restored:
+				rep.RestoredSlices++
+			}
+		}
+		if !ok {
+			restored, err := r.store.RestoreServer(ctx, recordOf(p, alloc, now))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("restore server of pod %s: %w", p.Name, err))
+				continue
+			}
+			if restored {
+				rep.RestoredServers++
+			}
+		}
+		if err := r.lifecycle.HandlePodEvent(ctx, eventOf(p)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+
+	// Records whose pod is gone or never came.
+	for _, rec := range recs {
+		if fleet.Terminal(rec.State) {
+			continue
+		}
+		if _, ok := podBySpawn[rec.SpawnID]; ok || now.Sub(rec.UpdatedAt) <= r.grace {
+			continue
+		}
+		switch rec.State {
+		case v1.StateStarting, v1.StateRunning, v1.StateStopping:
+			err = r.lifecycle.HandlePodEvent(ctx, spawner.PodEvent{User: rec.User, Server: rec.Name, SpawnID: rec.SpawnID, Phase: spawner.PhaseGone})
+		default:
+			r.lifecycle.Abandon(ctx, rec, "the spawn was interrupted (the broker stopped during it); start the server again")
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		rep.Settled++
+	}
+
+	// Allocations that no current spawn holds.
+	for _, a := range allocs {
+		if _, ok := podBySpawn[a.SliceID]; ok {
+			continue
+		}
+		if rec, ok := recBySpawn[a.SliceID]; ok && !fleet.Terminal(rec.State) {
+			continue // settled above once quiet for the grace period
+		}
+		released, err := r.store.Release(ctx, a.SliceID)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("release slice %s: %w", a.SliceID, err))
+			continue
+		}
+		if released {
+			rep.ReleasedSlices++
+		}
+	}
+
+	if complete {
+		if err := r.store.MarkReconciled(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("mark reconciled: %w", err))
+		} else {
+			rep.Complete = true
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+func allocationOf(p spawner.ManagedPod) fleet.Allocation {
+	return fleet.Allocation{SliceID: p.SpawnID, User: p.User, Groups: p.QuotaGroups,
+		Slice: p.Slice, GPUUUID: p.GPUUUID, Node: p.Node}
+}
+
+// recordOf rebuilds a server record from its pod. It starts as starting, and
+// the pod's phase is then replayed into it like any pod event.
+func recordOf(p spawner.ManagedPod, a fleet.Allocation, now time.Time) fleet.Server {
+	pod := p.Name
+	return fleet.Server{
+		ServerKey: fleet.ServerKey{User: p.User, Name: p.Server},
+		Profile:   p.Profile, SpawnID: p.SpawnID, State: v1.StateStarting,
+		Message: "restored from its pod after the broker's store lost it",
+		Slice:   p.Slice, Allocation: &a, Pod: pod,
+		CreatedAt: p.CreatedAt, UpdatedAt: now,
+	}
+}
+
+func eventOf(p spawner.ManagedPod) spawner.PodEvent {
+	return spawner.PodEvent{User: p.User, Server: p.Server, SpawnID: p.SpawnID, Pod: p.Name,
+		Phase: p.Phase, Message: p.Message, URL: p.URL}
+}

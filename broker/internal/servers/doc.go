@@ -1,0 +1,19 @@
+// Package servers is the server lifecycle: it turns a create request into a
+// placed slice and a notebook pod, follows the pod to running, and stops it.
+//
+// A create runs its refusable steps (profile check, quota and placement)
+// inside the request, so a refusal is a 4xx with a readable message; the
+// rest is driven by pod events from the spawner. Every step is a transition
+// of the stored server record, checked by the store against the record's
+// spawn id and fleet's transition table, so a late event from an old spawn
+// never changes a newer one.
+//
+// Invariants:
+//   - A slice is released only when its pod is gone or was never created;
+//     a pod that is still terminating keeps its slice.
+//   - Steps after a successful placement run on a context detached from the
+//     caller's (with its own deadline), so a client that hangs up does not
+//     leave a half-created server; what a crash leaves half done is settled
+//     by the reconciler (broker/internal/reconcile).
+//   - Stopping never deletes user data: only the pod and its Secret go.
+package servers

@@ -1,0 +1,99 @@
+package servers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/spawner"
+)
+
+// HandlePodEvent moves the server that owns a pod along its lifecycle. An
+// event for a spawn that is no longer the server's current one is ignored,
+// as is an event that the server's state has already passed. It returns an
+// error only when storage failed, so the caller can retry.
+func (s *Service) HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error {
+	key := fleet.ServerKey{User: ev.User, Name: ev.Server}
+	rec, err := s.store.GetServer(ctx, key)
+	if errors.Is(err, fleet.ErrNotFound) {
+		return nil // the reconciler restores records of pods it finds
+	}
+	if err != nil {
+		return fmt.Errorf("pod event %s: %w", ev.Pod, err)
+	}
+	if rec.SpawnID != ev.SpawnID || fleet.Terminal(rec.State) {
+		return nil
+	}
+	return s.apply(ctx, rec, ev)
+}
+
+// apply acts on one pod observation for the record of the same spawn.
+func (s *Service) apply(ctx context.Context, rec fleet.Server, ev spawner.PodEvent) error {
+	var err error
+	if rec.State == v1.StateCreating && ev.Phase != spawner.PhaseFailed && ev.Phase != spawner.PhaseGone {
+		// The pod exists although the create step that made it did not
+		// record so (a crash between the two): catch up.
+		pod := ev.Pod
+		rec, err = s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStarting, "pod created; waiting for it to start", fleet.ServerPatch{Pod: &pod})
+		if err != nil {
+			return ignoreConflict(err)
+		}
+	}
+	switch ev.Phase {
+	case spawner.PhasePending, spawner.PhaseStarting:
+		if rec.State == v1.StateStarting {
+			_, err = s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStarting, ev.Message, fleet.ServerPatch{})
+		}
+	case spawner.PhaseRunning:
+		if rec.State == v1.StateStarting {
+			url, pod := ev.URL, ev.Pod
+			_, err = s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateRunning,
+				fmt.Sprintf("running at %s", ev.URL), fleet.ServerPatch{URL: &url, Pod: &pod})
+		}
+	case spawner.PhaseFailed:
+		switch rec.State {
+		case v1.StateRunning:
+			err = s.stopAfterPodEnd(ctx, rec, "the notebook stopped: "+ev.Message)
+		case v1.StateStarting, v1.StateCreating:
+			s.fail(ctx, rec, errors.New(ev.Message), true)
+		}
+	case spawner.PhaseGone:
+		switch rec.State {
+		case v1.StateStopping:
+			_, err = s.finishStop(ctx, rec, "stopped")
+		case v1.StateRunning:
+			err = s.stopAfterPodEnd(ctx, rec, "the pod was deleted outside gpubroker")
+		case v1.StateStarting:
+			s.fail(ctx, rec, errors.New("the pod was deleted before it started"), false)
+		}
+	}
+	return ignoreConflict(err)
+}
+
+// ignoreConflict drops a refused transition: another replica or request
+// moved the server on first, and its view wins.
+func ignoreConflict(err error) error {
+	if errors.Is(err, fleet.ErrConflict) {
+		return nil
+	}
+	return err
+}
+
+// stopAfterPodEnd records that a running server's pod ended by itself: the
+// pod (if any is left) is deleted and the slice released.
+func (s *Service) stopAfterPodEnd(ctx context.Context, rec fleet.Server, message string) error {
+	rec, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStopping, message, fleet.ServerPatch{})
+	if err != nil {
+		return err
+	}
+	if err := s.pods.Delete(ctx, rec.User, rec.Name, rec.SpawnID); err != nil {
+		return fmt.Errorf("server %s/%s: delete ended pod: %w", rec.User, rec.Name, err)
+	}
+	if s.podPresent(rec) {
+		return nil
+	}
+	_, err = s.finishStop(ctx, rec, message)
+	return err
+}
