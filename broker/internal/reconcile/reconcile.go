@@ -61,7 +61,7 @@ type Lifecycle interface {
 
 // Report counts what one pass did.
 type Report struct {
-	Pods, Allocations, Servers     int
+	Pods, Allocations, Servers      int
 	RestoredServers, RestoredSlices int
 	ReleasedSlices, DeletedPods     int
 	Settled                         int
