@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,14 +107,18 @@ func BenchmarkPlaceRelease(b *testing.B) {
 			}
 			b.ResetTimer()
 			var raw, pairs phaseResult
+			var rawCPU, pairCPU, rawSelf, pairSelf float64
 			for range b.N {
 				var err error
+				cpu0, self0 := serverCPU(ctx, b, rdb), selfCPU(b)
 				raw, err = runPhase(ctx, *benchPhase, func(ctx context.Context, _, _ int, _ *rand.Rand) error {
 					return trivialScript.Run(ctx, rdb, nil).Err()
 				})
 				if err != nil {
 					b.Fatalf("raw phase: %v", err)
 				}
+				cpu1, self1 := serverCPU(ctx, b, rdb), selfCPU(b)
+				rawCPU, rawSelf = cpu1-cpu0, self1-self0
 				pairs, err = runPhase(ctx, *benchPhase, func(ctx context.Context, c, i int, rnd *rand.Rand) error {
 					cp := []int{5, 10, 20}[rnd.IntN(3)]
 					req := fleet.PlaceRequest{
@@ -136,6 +143,7 @@ func BenchmarkPlaceRelease(b *testing.B) {
 				if err != nil {
 					b.Fatalf("place+release phase: %v", err)
 				}
+				pairCPU, pairSelf = serverCPU(ctx, b, rdb)-cpu1, selfCPU(b)-self1
 			}
 			b.StopTimer()
 			if err := s.Verify(ctx); err != nil {
@@ -150,9 +158,15 @@ func BenchmarkPlaceRelease(b *testing.B) {
 			b.ReportMetric(ms(pairs.quantile(0.50)), "p50-ms")
 			b.ReportMetric(ms(pairs.quantile(0.99)), "p99-ms")
 			b.ReportMetric(ms(raw.quantile(0.99)), "raw-p99-ms")
+			us := func(cpu float64, r phaseResult) float64 { return cpu / float64(r.ops) * 1e6 }
+			b.ReportMetric(us(pairCPU, pairs), "redis-cpu-us/pair")
+			b.ReportMetric(us(pairSelf, pairs), "client-cpu-us/pair")
 			b.Logf("gpus=%d clients=%d: place+release %.0f pairs/s (p50 %.2f ms, p99 %.2f ms), raw EVALSHA %.0f/s (p99 %.2f ms), ratio %.3f",
 				n, benchClients, pairs.perSecond(), ms(pairs.quantile(0.50)), ms(pairs.quantile(0.99)),
 				raw.perSecond(), ms(raw.quantile(0.99)), ratio)
+			b.Logf("gpus=%d CPU per op: redis-server %.1f µs/pair vs %.1f µs/raw, client %.1f µs/pair vs %.1f µs/raw; redis-server busy %.0f%% (raw phase %.0f%%)",
+				n, us(pairCPU, pairs), us(rawCPU, raw), us(pairSelf, pairs), us(rawSelf, raw),
+				100*pairCPU/pairs.elapsed.Seconds(), 100*rawCPU/raw.elapsed.Seconds())
 		})
 	}
 }
@@ -181,7 +195,7 @@ func fillFleet(ctx context.Context, s *Store, n int) error {
 				}
 				for j := range 1 + rnd.IntN(3) {
 					a := fleet.Allocation{SliceID: fmt.Sprintf("fill-%d-%d", i, j), User: "filler",
-						Slice: fleet.Slice{MemoryMiB: int64(1024 * (1 + rnd.IntN(24))), ComputePercent: 10, ComputeLimitPercent: 10},
+						Slice:   fleet.Slice{MemoryMiB: int64(1024 * (1 + rnd.IntN(24))), ComputePercent: 10, ComputeLimitPercent: 10},
 						GPUUUID: uuid}
 					if _, err := s.Restore(ctx, a); err != nil {
 						errs <- err
@@ -194,4 +208,38 @@ func fillFleet(ctx context.Context, s *Store, n int) error {
 	wg.Wait()
 	close(errs)
 	return <-errs
+}
+
+// serverCPU returns redis-server's used CPU seconds (user + sys, main
+// thread and children) from INFO cpu.
+func serverCPU(ctx context.Context, b *testing.B, rdb *redis.Client) float64 {
+	b.Helper()
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		b.Fatalf("INFO cpu: %v", err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (k != "used_cpu_user" && k != "used_cpu_sys") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			b.Fatalf("INFO cpu %s: %v", k, err)
+		}
+		total += f
+	}
+	return total
+}
+
+// selfCPU returns the CPU seconds (user + sys) this process has used.
+func selfCPU(b *testing.B) float64 {
+	b.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatalf("getrusage: %v", err)
+	}
+	tv := func(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
+	return tv(ru.Utime) + tv(ru.Stime)
 }

@@ -39,11 +39,15 @@ func (s *Store) RegisterGPU(ctx context.Context, g fleet.GPU) error {
 	defer cancel()
 	keys := []string{
 		s.k.gpu(g.UUID), s.k.gpus(),
-		s.k.allHealthy(), s.k.allAvail(),
-		s.k.healthyIndex(g.Model), s.k.availIndex(g.Model),
+		s.k.allAvail(), s.k.allFull(),
+		s.k.availIndex(g.Model), s.k.fullIndex(g.Model),
+	}
+	ref, err := allocRef(g.UUID, g.Node)
+	if err != nil {
+		return fmt.Errorf("register gpu %s: %w", g.UUID, err)
 	}
 	res, err := registerScript.Run(ctx, s.rdb, keys,
-		g.UUID, g.Node, g.Model, g.MemoryMiB, g.SMCount, boolArg(g.Healthy)).Result()
+		g.UUID, g.Node, g.Model, g.MemoryMiB, g.SMCount, boolArg(g.Healthy), ref).Result()
 	if err != nil {
 		return fmt.Errorf("register gpu %s: %w", g.UUID, err)
 	}
@@ -59,7 +63,7 @@ func (s *Store) RegisterGPU(ctx context.Context, g fleet.GPU) error {
 func (s *Store) SetGPUHealth(ctx context.Context, uuid string, healthy bool) error {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	keys := []string{s.k.gpu(uuid), s.k.allHealthy(), s.k.allAvail()}
+	keys := []string{s.k.gpu(uuid), s.k.allAvail(), s.k.allFull()}
 	res, err := healthScript.Run(ctx, s.rdb, keys, uuid, boolArg(healthy)).Result()
 	if err != nil {
 		return fmt.Errorf("set gpu %s health: %w", uuid, err)

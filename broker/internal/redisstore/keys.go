@@ -1,9 +1,6 @@
 package redisstore
 
-import (
-	"net/url"
-	"strings"
-)
+import "net/url"
 
 // Keys. Every Redis key of the broker is built here, as
 // <prefix>{gpubroker}:<kind>:<id>, so that all keys of one Store share the
@@ -19,12 +16,15 @@ import (
 //	gpus                         set     none           RegisterGPU: every registered GPU uuid
 //	gpu:<uuid>                   hash    none           RegisterGPU/SetGPUHealth (inventory) and
 //	                                                    place/release/restore (usage counters)
-//	idx:h:all / idx:h:m:<model>  zset    none           healthy GPUs, score = free MiB (may be < 0)
-//	idx:a:all / idx:a:m:<model>  zset    none           healthy GPUs with free compute, score = free MiB
+//	idx:a:all / idx:a:m:<model>  zset    none           healthy GPUs with compute left (Σ < 100 %),
+//	                                                    score = free MiB; placement walks these
+//	idx:f:all / idx:f:m:<model>  zset    none           healthy GPUs with all compute taken,
+//	                                                    score = free MiB (may be < 0)
 //	allocs                       hash    none           place/restore/release: slice id → allocation JSON
-//	user:<user>                  hash    none; deleted  place/restore/release: servers, mem, cp in use;
-//	                                     at zero use    removed when the user holds nothing
-//	group:<group>                hash    as user:       as user:, per group charged
+//	usage                        hash    none           place/restore/release: per user and group the
+//	                                                    fields u:<user>:s|m|c and g:<group>:s|m|c
+//	                                                    (servers, MiB, compute percent in use),
+//	                                                    deleted when the subject holds nothing
 //	srv:<user>:<name>            hash    7 d once       servers: the record of one server; no TTL
 //	                                     terminal       while its spawn is live
 //	ev:<user>:<name>             stream  7 d, renewed   servers: lifecycle events, MAXLEN ~ 256
@@ -53,27 +53,24 @@ func (k keys) gpus() string           { return k.p + "gpus" }
 func (k keys) gpuPrefix() string      { return k.p + "gpu:" }
 func (k keys) gpu(uuid string) string { return k.gpuPrefix() + uuid }
 
-// healthyIndex and availIndex are the indexes of GPUs of one model; a GPU
-// with model "" has its own (empty-named) model index. allHealthy and
-// allAvail are the indexes of all GPUs.
-func (k keys) healthyIndex(model string) string { return k.p + "idx:h:m:" + model }
-func (k keys) availIndex(model string) string   { return k.p + "idx:a:m:" + model }
-func (k keys) allHealthy() string               { return k.p + "idx:h:all" }
-func (k keys) allAvail() string                 { return k.p + "idx:a:all" }
+// availIndex and fullIndex are the indexes of GPUs of one model; a GPU
+// with model "" has its own (empty-named) model indexes. allAvail and
+// allFull are the indexes of all GPUs. See scripts/lib.lua for membership.
+func (k keys) availIndex(model string) string { return k.p + "idx:a:m:" + model }
+func (k keys) fullIndex(model string) string  { return k.p + "idx:f:m:" + model }
+func (k keys) allAvail() string               { return k.p + "idx:a:all" }
+func (k keys) allFull() string                { return k.p + "idx:f:all" }
 
-// scopeIndexes returns the healthy and available indexes that a placement
-// constrained to model ("" = any) walks.
-func (k keys) scopeIndexes(model string) (healthy, avail string) {
+// scopeIndexes returns the avail and full indexes that a placement
+// constrained to model ("" = any) uses.
+func (k keys) scopeIndexes(model string) (avail, full string) {
 	if model == "" {
-		return k.allHealthy(), k.allAvail()
+		return k.allAvail(), k.allFull()
 	}
-	return k.healthyIndex(model), k.availIndex(model)
+	return k.availIndex(model), k.fullIndex(model)
 }
 func (k keys) allocs() string                 { return k.p + "allocs" }
-func (k keys) userPrefix() string             { return k.p + "user:" }
-func (k keys) user(name string) string        { return k.userPrefix() + name }
-func (k keys) groupPrefix() string            { return k.p + "group:" }
-func (k keys) group(name string) string       { return k.groupPrefix() + name }
+func (k keys) usage() string                  { return k.p + "usage" }
 func (k keys) serverPrefix() string           { return k.p + "srv:" }
 func (k keys) eventsPrefix() string           { return k.p + "ev:" }
 func (k keys) userServers(user string) string { return k.p + "usrv:" + user }
@@ -88,17 +85,13 @@ func serverID(user, name string) string {
 func (k keys) server(user, name string) string { return k.serverPrefix() + serverID(user, name) }
 func (k keys) events(user, name string) string { return k.eventsPrefix() + serverID(user, name) }
 
-// scanPattern returns a SCAN MATCH pattern for every key that starts with
-// prefix, with glob metacharacters in prefix escaped.
-func scanPattern(prefix string) string {
-	var b strings.Builder
-	for _, r := range prefix {
-		switch r {
-		case '*', '?', '[', ']', '\\':
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	b.WriteByte('*')
-	return b.String()
-}
+// Field prefixes in the usage hash. A subject's fields are
+// <prefix><name>:s, :m and :c; since the suffix is fixed, no two names
+// share a field. release.lua builds them from these prefixes, passed in ARGV.
+const (
+	userFieldPrefix  = "u:"
+	groupFieldPrefix = "g:"
+)
+
+func userUsage(user string) string   { return userFieldPrefix + user + ":" }
+func groupUsage(group string) string { return groupFieldPrefix + group + ":" }

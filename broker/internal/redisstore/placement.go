@@ -47,16 +47,42 @@ func decodeAlloc(raw string) (fleet.Allocation, error) {
 	return a, nil
 }
 
-// groupsArg is the JSON array of group names for the scripts; never "null".
-func groupsArg(groups []string) (string, error) {
+// The scripts store an allocation as recordHead(...) + ref + "}", where
+// ref names the GPU and node; together they are the JSON of allocRecord.
+// Splitting it keeps JSON encoding out of Lua: the GPU's ref is built here
+// when it registers and stored in its hash.
+
+// recordHead returns the JSON of a's fields other than the GPU and node,
+// without the closing brace and with a trailing comma.
+func recordHead(a fleet.Allocation) (string, error) {
+	groups := a.Groups
 	if groups == nil {
 		groups = []string{}
 	}
-	b, err := json.Marshal(groups)
+	b, err := json.Marshal(struct {
+		SliceID             string   `json:"sliceId"`
+		User                string   `json:"user"`
+		Groups              []string `json:"groups"`
+		MemoryMiB           int64    `json:"memoryMiB"`
+		ComputePercent      int      `json:"computePercent"`
+		ComputeLimitPercent int      `json:"computeLimitPercent"`
+	}{a.SliceID, a.User, groups, a.Slice.MemoryMiB, a.Slice.ComputePercent, a.Slice.ComputeLimitPercent})
 	if err != nil {
-		return "", fmt.Errorf("encode groups: %w", err)
+		return "", fmt.Errorf("encode allocation: %w", err)
 	}
-	return string(b), nil
+	return string(b[:len(b)-1]) + ",", nil
+}
+
+// allocRef returns the JSON members "gpu":…,"node":… that end a record.
+func allocRef(gpu, node string) (string, error) {
+	b, err := json.Marshal(struct {
+		GPU  string `json:"gpu"`
+		Node string `json:"node"`
+	}{gpu, node})
+	if err != nil {
+		return "", fmt.Errorf("encode gpu ref: %w", err)
+	}
+	return string(b[1 : len(b)-1]), nil
 }
 
 func validatePlace(req fleet.PlaceRequest) error {
@@ -106,7 +132,10 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 		return fleet.Allocation{}, fmt.Errorf("place slice %q: %w: %w", req.SliceID, fleet.ErrInvalid, err)
 	}
 	groups := fleet.SortedGroups(req.GroupQuotas)
-	gj, err := groupsArg(groups)
+	if len(groups) == 0 {
+		groups = nil
+	}
+	head, err := recordHead(fleet.Allocation{SliceID: req.SliceID, User: req.User, Groups: groups, Slice: req.Slice})
 	if err != nil {
 		return fleet.Allocation{}, err
 	}
@@ -114,18 +143,16 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	if policy == "" {
 		policy = fleet.PolicyBinpack
 	}
-	scopeH, scopeA := s.k.scopeIndexes(req.Model)
-	keys := make([]string, 0, 7+len(groups))
-	keys = append(keys, s.k.marker(), s.k.allocs(), scopeA, scopeH,
-		s.k.allHealthy(), s.k.allAvail(), s.k.user(req.User))
-	args := make([]any, 0, 11+3*len(groups))
-	args = append(args, s.k.gpuPrefix(), req.SliceID, req.User, gj,
-		req.Slice.MemoryMiB, req.Slice.ComputePercent, req.Slice.ComputeLimitPercent, string(policy),
+	scopeA, scopeF := s.k.scopeIndexes(req.Model)
+	keys := []string{s.k.marker(), s.k.allocs(), scopeA, scopeF, s.k.allAvail(), s.k.allFull(), s.k.usage()}
+	args := make([]any, 0, 13+6*len(groups))
+	args = append(args, s.k.gpuPrefix(), req.SliceID, head,
+		req.Slice.MemoryMiB, req.Slice.ComputePercent, string(policy), 1+len(groups),
+		"user", req.User, userUsage(req.User),
 		req.UserQuota.Servers, req.UserQuota.MemoryMiB, req.UserQuota.ComputePercent)
 	for _, g := range groups {
 		q := req.GroupQuotas[g]
-		keys = append(keys, s.k.group(g))
-		args = append(args, q.Servers, q.MemoryMiB, q.ComputePercent)
+		args = append(args, "group", g, groupUsage(g), q.Servers, q.MemoryMiB, q.ComputePercent)
 	}
 
 	ctx, cancel := s.op(ctx)
@@ -184,7 +211,7 @@ func placeResult(req fleet.PlaceRequest, res any) (fleet.Allocation, error) {
 		}
 		ce.Candidates = int(n)
 		if n > 0 {
-			free, err1 := strconv.ParseFloat(f[1], 64)
+			free, err1 := strconv.ParseFloat(f[1], 64) // a Lua number
 			cpFree, err2 := atoi64("free compute", f[2])
 			if err := errors.Join(err1, err2); err != nil {
 				return fleet.Allocation{}, fmt.Errorf("capacity reply: %w", err)
@@ -205,8 +232,8 @@ func (s *Store) Release(ctx context.Context, sliceID string) (bool, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	res, err := releaseScript.Run(ctx, s.rdb,
-		[]string{s.k.allocs(), s.k.allHealthy(), s.k.allAvail()},
-		s.k.gpuPrefix(), s.k.userPrefix(), s.k.groupPrefix(), sliceID).Result()
+		[]string{s.k.allocs(), s.k.allAvail(), s.k.allFull(), s.k.usage()},
+		s.k.gpuPrefix(), userFieldPrefix, groupFieldPrefix, sliceID).Result()
 	if err != nil {
 		return false, fmt.Errorf("release slice %s: %w", sliceID, err)
 	}
@@ -242,22 +269,32 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 	if err := errors.Join(errs...); err != nil {
 		return false, fmt.Errorf("restore slice %q: %w: %w", a.SliceID, fleet.ErrInvalid, err)
 	}
-	groups := slices.Clone(a.Groups)
-	slices.Sort(groups)
-	groups = slices.Compact(groups)
-	gj, err := groupsArg(groups)
+	rec := a
+	rec.Groups = slices.Clone(a.Groups)
+	slices.Sort(rec.Groups)
+	rec.Groups = slices.Compact(rec.Groups)
+	if len(rec.Groups) == 0 {
+		rec.Groups = nil
+	}
+	head, err := recordHead(rec)
 	if err != nil {
 		return false, err
 	}
-	keys := []string{s.k.allocs(), s.k.gpu(a.GPUUUID), s.k.allHealthy(), s.k.allAvail(), s.k.user(a.User)}
-	for _, g := range groups {
-		keys = append(keys, s.k.group(g))
+	ref := "" // the GPU's own node
+	if a.Node != "" {
+		if ref, err = allocRef(a.GPUUUID, a.Node); err != nil {
+			return false, err
+		}
+	}
+	args := []any{a.SliceID, a.GPUUUID, a.Slice.MemoryMiB, a.Slice.ComputePercent, head, ref, userUsage(a.User)}
+	for _, g := range rec.Groups {
+		args = append(args, groupUsage(g))
 	}
 
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	res, err := restoreScript.Run(ctx, s.rdb, keys, a.SliceID, a.User, gj,
-		a.Slice.MemoryMiB, a.Slice.ComputePercent, a.Slice.ComputeLimitPercent, a.GPUUUID, a.Node).Result()
+	res, err := restoreScript.Run(ctx, s.rdb,
+		[]string{s.k.allocs(), s.k.gpu(a.GPUUUID), s.k.allAvail(), s.k.allFull(), s.k.usage()}, args...).Result()
 	if err != nil {
 		return false, fmt.Errorf("restore slice %s: %w", a.SliceID, err)
 	}

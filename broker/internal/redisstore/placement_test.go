@@ -410,7 +410,6 @@ func TestRestore(t *testing.T) {
 	verify(t, s)
 }
 
-
 func TestNotReadyUntilReconciledAfterFlush(t *testing.T) {
 	srv := redistest.Start(t) // dedicated: this test flushes it
 	rdb := srv.Client(t)
@@ -546,11 +545,13 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 		{"gpu counter", func() error { return rdb.HIncrBy(t.Context(), s.k.gpu("GPU-1"), "amem", 1).Err() },
 			func() error { return rdb.HIncrBy(t.Context(), s.k.gpu("GPU-1"), "amem", -1).Err() }, "gpu GPU-1 counters"},
 		{"index score", func() error { return rdb.ZAdd(t.Context(), s.k.allAvail(), redisZ(1, "GPU-1")).Err() },
-			func() error { return rdb.ZAdd(t.Context(), s.k.allAvail(), redisZ(143771-1024, "GPU-1")).Err() }, "all-available index score"},
-		{"user counter", func() error { return rdb.HIncrBy(t.Context(), s.k.user("alice"), "cp", 5).Err() },
-			func() error { return rdb.HIncrBy(t.Context(), s.k.user("alice"), "cp", -5).Err() }, "user alice counters"},
-		{"stale group counter", func() error { return rdb.HSet(t.Context(), s.k.group("gone"), "servers", 1, "mem", 1, "cp", 1).Err() },
-			func() error { return rdb.Del(t.Context(), s.k.group("gone")).Err() }, "group gone has counters"},
+			func() error { return rdb.ZAdd(t.Context(), s.k.allAvail(), redisZ(143771-1024, "GPU-1")).Err() }, "all-avail index score"},
+		{"user counter", func() error { return rdb.HIncrBy(t.Context(), s.k.usage(), userUsage("alice")+"c", 5).Err() },
+			func() error { return rdb.HIncrBy(t.Context(), s.k.usage(), userUsage("alice")+"c", -5).Err() }, "user alice counters"},
+		{"group counter", func() error { return rdb.HIncrBy(t.Context(), s.k.usage(), groupUsage("ml")+"s", 1).Err() },
+			func() error { return rdb.HIncrBy(t.Context(), s.k.usage(), groupUsage("ml")+"s", -1).Err() }, "group ml counters"},
+		{"stale group counter", func() error { return rdb.HSet(t.Context(), s.k.usage(), groupUsage("gone")+"s", 1).Err() },
+			func() error { return rdb.HDel(t.Context(), s.k.usage(), groupUsage("gone")+"s").Err() }, "group gone has counters"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -21,8 +21,8 @@ type usage struct {
 // keeps, and returns every violation joined (nil when all hold):
 //   - no GPU is overcommitted: Σ slice memory ≤ memory, Σ compute ≤ 100;
 //   - each GPU's counters equal the sums over its allocations;
-//   - each GPU is in the indexes its health and usage call for, with the
-//     right score, and in no other;
+//   - each GPU is in the indexes its health and usage call for (see
+//     scripts/lib.lua), with its free memory as score, and in no other;
 //   - every allocation is on a registered GPU;
 //   - user and group counters equal the sums over their allocations, and no
 //     counter exists for someone who holds nothing.
@@ -34,13 +34,13 @@ func (s *Store) Verify(ctx context.Context) error {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	res, err := verifyScript.Run(ctx, s.rdb,
-		[]string{s.k.gpus(), s.k.allocs(), s.k.allHealthy(), s.k.allAvail()},
-		s.k.gpuPrefix(), scanPattern(s.k.userPrefix()), scanPattern(s.k.groupPrefix())).Result()
+		[]string{s.k.gpus(), s.k.allocs(), s.k.allAvail(), s.k.allFull(), s.k.usage()},
+		s.k.gpuPrefix()).Result()
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}
 	snap, err := asList(res)
-	if err != nil || len(snap) != 4 {
+	if err != nil || len(snap) != 3 {
 		return fmt.Errorf("verify: malformed snapshot (%d parts): %w", len(snap), err)
 	}
 
@@ -116,15 +116,16 @@ func (s *Store) Verify(ctx context.Context) error {
 			violation("gpu %s overcommitted: %d%% compute allocated", uuid, want.computePercent)
 		}
 		free := strconv.FormatInt(g.GPU.MemoryMiB-g.AllocatedMiB, 10)
-		wantH, wantA := "", ""
-		if g.GPU.Healthy {
-			wantH = free
-			if g.AllocatedComputePercent < 100 {
-				wantA = free
-			}
+		wantA, wantF := "", ""
+		switch {
+		case !g.GPU.Healthy:
+		case g.AllocatedComputePercent < 100:
+			wantA = free
+		default:
+			wantF = free
 		}
-		names := []string{"all-healthy", "all-available", "model-healthy", "model-available"}
-		for i, w := range []string{wantH, wantA, wantH, wantA} {
+		names := []string{"all-avail", "all-full", "model-avail", "model-full"}
+		for i, w := range []string{wantA, wantF, wantA, wantF} {
 			if scores[i] != w {
 				violation("gpu %s: %s index score %q, want %q (\"\" = absent)", uuid, names[i], scores[i], w)
 			}
@@ -136,51 +137,56 @@ func (s *Store) Verify(ctx context.Context) error {
 		}
 	}
 
-	for i, part := range []struct {
-		scope  string
-		prefix string
-		want   map[string]usage
-	}{
-		{"user", s.k.userPrefix(), perUser},
-		{"group", s.k.groupPrefix(), perGroup},
-	} {
-		entries, err := asList(snap[2+i])
+	usageHash, err := flatMap(snap[2])
+	if err != nil {
+		return fmt.Errorf("verify: usage: %w", err)
+	}
+	gotUser, gotGroup := map[string]usage{}, map[string]usage{}
+	for field, val := range usageHash {
+		m, scope := gotUser, "user"
+		rest, ok := strings.CutPrefix(field, userFieldPrefix)
+		if !ok {
+			m, scope = gotGroup, "group"
+			if rest, ok = strings.CutPrefix(field, groupFieldPrefix); !ok {
+				violation("usage field %q belongs to no user or group", field)
+				continue
+			}
+		}
+		i := strings.LastIndexByte(rest, ':')
+		if i < 0 {
+			violation("usage field %q has no resource suffix", field)
+			continue
+		}
+		n, err := atoi64(field, val)
 		if err != nil {
-			return fmt.Errorf("verify: %s counters: %w", part.scope, err)
+			violation("usage: %w", err)
+			continue
 		}
-		got := map[string]usage{}
-		for _, raw := range entries {
-			entry, err := asList(raw)
-			if err != nil || len(entry) != 2 {
-				return fmt.Errorf("verify: malformed %s counter entry: %w", part.scope, err)
-			}
-			key, err := asString(entry[0])
-			if err != nil {
-				return fmt.Errorf("verify: %s counter key: %w", part.scope, err)
-			}
-			h, err := flatMap(entry[1])
-			if err != nil {
-				return fmt.Errorf("verify: %s: %w", key, err)
-			}
-			var errs []error
-			num := func(f string) int64 {
-				n, err := atoi64(f, h[f])
-				errs = append(errs, err)
-				return n
-			}
-			got[strings.TrimPrefix(key, part.prefix)] = usage{num("servers"), num("mem"), num("cp")}
-			if err := errors.Join(errs...); err != nil {
-				violation("%s: %w", key, err)
-			}
+		name, u := rest[:i], m[rest[:i]]
+		switch rest[i+1:] {
+		case "s":
+			u.servers = n
+		case "m":
+			u.memMiB = n
+		case "c":
+			u.computePercent = n
+		default:
+			violation("usage field %q has an unknown resource (%s %s)", field, scope, name)
 		}
+		m[name] = u
+	}
+	for _, part := range []struct {
+		scope     string
+		got, want map[string]usage
+	}{{"user", gotUser, perUser}, {"group", gotGroup, perGroup}} {
 		for _, name := range slices.Sorted(maps.Keys(part.want)) {
-			if got[name] != part.want[name] {
-				violation("%s %s counters %+v, allocations sum to %+v", part.scope, name, got[name], part.want[name])
+			if part.got[name] != part.want[name] {
+				violation("%s %s counters %+v, allocations sum to %+v", part.scope, name, part.got[name], part.want[name])
 			}
 		}
-		for _, name := range slices.Sorted(maps.Keys(got)) {
+		for _, name := range slices.Sorted(maps.Keys(part.got)) {
 			if _, ok := part.want[name]; !ok {
-				violation("%s %s has counters %+v but no allocations", part.scope, name, got[name])
+				violation("%s %s has counters %+v but no allocations", part.scope, name, part.got[name])
 			}
 		}
 	}

@@ -1,4 +1,4 @@
--- lib.lua is prepended to every script that changes GPU usage or reads it.
+-- lib.lua is prepended to every script that changes GPU usage.
 --
 -- A GPU hash (gpu:<uuid>) has the fields
 --   uuid node model sm   inventory, strings
@@ -6,66 +6,119 @@
 --   healthy              "1" or "0"
 --   amem acp n           allocated MiB, allocated guaranteed compute percent,
 --                        number of slices
---   hidx aidx            the keys of its model's healthy and available indexes
+--   aidx fidx            the keys of its model's avail and full indexes
+--   ref                  the JSON members "gpu":…,"node":… that end an
+--                        allocation record on this GPU (built in Go)
 --
--- Index membership (the only place it is decided):
---   healthy index:   healthy GPUs, score = mem - amem (free MiB, may be < 0)
---   available index: healthy GPUs with acp < 100, score = free MiB
+-- Every healthy GPU is in exactly one class, with score = free MiB
+-- (mem - amem, < 0 when overcommitted), in its model's index and the
+-- all-GPU index of that class:
+--   avail ("a"): acp < 100, placement walks these
+--   full  ("f"): acp >= 100, only counted for capacity errors
+-- An unhealthy GPU is in no index.
 
--- reindex puts the GPU stored at gkey into the indexes its state calls for:
--- the model indexes named in the hash and the all-GPU indexes allh, alla.
-local function reindex(gkey, uuid, allh, alla)
-  local f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'healthy', 'hidx', 'aidx')
-  local free = tonumber(f[1]) - tonumber(f[2])
-  local acp = tonumber(f[3])
-  if f[4] == '1' then
-    redis.call('ZADD', allh, free, uuid)
-    redis.call('ZADD', f[5], free, uuid)
-    if acp < 100 then
-      redis.call('ZADD', alla, free, uuid)
-      redis.call('ZADD', f[6], free, uuid)
-    else
+-- gpu_load reads the fields placement needs; nil if the GPU is unknown.
+local function gpu_load(gkey)
+  local f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'healthy', 'aidx', 'fidx', 'ref')
+  if not f[1] then
+    return nil
+  end
+  return {mem = tonumber(f[1]), amem = tonumber(f[2]), acp = tonumber(f[3]), n = tonumber(f[4]),
+    healthy = f[5] == '1', aidx = f[6], fidx = f[7], ref = f[8]}
+end
+
+-- gpu_class is the index class of a loaded GPU: 'a', 'f' or nil.
+local function gpu_class(g)
+  if not g.healthy then
+    return nil
+  end
+  if g.acp < 100 then
+    return 'a'
+  end
+  return 'f'
+end
+
+-- gpu_index moves GPU uuid into the indexes of its class with its current
+-- free memory. was is its previous class, or 'any' when unknown (then it is
+-- removed from every index of the other class). alla and allf are the
+-- all-GPU avail and full indexes.
+local function gpu_index(g, uuid, was, alla, allf)
+  local cls = gpu_class(g)
+  if was ~= cls then
+    if was == 'a' or (was == 'any' and cls ~= 'a') then
       redis.call('ZREM', alla, uuid)
-      redis.call('ZREM', f[6], uuid)
+      redis.call('ZREM', g.aidx, uuid)
     end
-  else
-    redis.call('ZREM', allh, uuid)
-    redis.call('ZREM', f[5], uuid)
-    redis.call('ZREM', alla, uuid)
-    redis.call('ZREM', f[6], uuid)
+    if was == 'f' or (was == 'any' and cls ~= 'f') then
+      redis.call('ZREM', allf, uuid)
+      redis.call('ZREM', g.fidx, uuid)
+    end
+  end
+  local free = g.mem - g.amem
+  if cls == 'a' then
+    redis.call('ZADD', alla, free, uuid)
+    redis.call('ZADD', g.aidx, free, uuid)
+  elseif cls == 'f' then
+    redis.call('ZADD', allf, free, uuid)
+    redis.call('ZADD', g.fidx, free, uuid)
   end
 end
 
--- charge_gpu adds sign * (mem MiB, cp percent, one slice) to the GPU's usage
--- and reindexes it. It returns the GPU's new amem and acp.
-local function charge_gpu(gkey, uuid, mem, cp, sign, allh, alla)
-  local amem = redis.call('HINCRBY', gkey, 'amem', sign * mem)
-  local acp = redis.call('HINCRBY', gkey, 'acp', sign * cp)
-  redis.call('HINCRBY', gkey, 'n', sign)
-  reindex(gkey, uuid, allh, alla)
-  return amem, acp
+-- gpu_charge adds sign * (mem MiB, cp percent, one slice) to a loaded GPU,
+-- stores the counters and reindexes it.
+local function gpu_charge(gkey, g, uuid, mem, cp, sign, alla, allf)
+  local was = gpu_class(g)
+  g.amem = g.amem + sign * mem
+  g.acp = g.acp + sign * cp
+  g.n = g.n + sign
+  redis.call('HSET', gkey, 'amem', g.amem, 'acp', g.acp, 'n', g.n)
+  gpu_index(g, uuid, was, alla, allf)
 end
 
--- charge_subject adds sign * (one server, mem MiB, cp percent) to a user's
--- or group's counters and deletes them when nothing is held any more.
-local function charge_subject(key, mem, cp, sign)
-  local n = redis.call('HINCRBY', key, 'servers', sign)
-  redis.call('HINCRBY', key, 'mem', sign * mem)
-  redis.call('HINCRBY', key, 'cp', sign * cp)
-  if n <= 0 then
-    redis.call('DEL', key)
+-- usage_load reads the counters of subjects (users and groups) from the
+-- usage hash ukey. prefixes are their field prefixes ("u:<user>:",
+-- "g:<group>:"); fields <prefix>s, m, c hold servers, MiB and compute
+-- percent. It returns one {servers, mem, cp} per prefix, zeros when absent.
+local function usage_load(ukey, prefixes)
+  local fields = {}
+  for i, p in ipairs(prefixes) do
+    fields[3 * i - 2] = p .. 's'
+    fields[3 * i - 1] = p .. 'm'
+    fields[3 * i] = p .. 'c'
   end
+  local v = redis.call('HMGET', ukey, unpack(fields))
+  local out = {}
+  for i = 1, #prefixes do
+    out[i] = {tonumber(v[3 * i - 2] or '0'), tonumber(v[3 * i - 1] or '0'), tonumber(v[3 * i] or '0')}
+  end
+  return out
 end
 
--- alloc_json is the stored allocation: the JSON form of allocRecord in
--- store.go. groups_json is a JSON array; mem, cp and clp are decimal strings.
-local function alloc_json(id, user, groups_json, mem, cp, clp, gpu, node)
-  return '{"sliceId":' .. cjson.encode(id) ..
-    ',"user":' .. cjson.encode(user) ..
-    ',"groups":' .. groups_json ..
-    ',"memoryMiB":' .. mem ..
-    ',"computePercent":' .. cp ..
-    ',"computeLimitPercent":' .. clp ..
-    ',"gpu":' .. cjson.encode(gpu) ..
-    ',"node":' .. cjson.encode(node) .. '}'
+-- usage_charge adds sign * (one server, mem MiB, cp percent) to each loaded
+-- subject and stores them in one HSET; a subject that holds no server any
+-- more has its fields deleted.
+local function usage_charge(ukey, prefixes, used, mem, cp, sign)
+  local set, del = {}, {}
+  for i, p in ipairs(prefixes) do
+    local u = used[i]
+    local servers = u[1] + sign
+    if servers <= 0 then
+      del[#del + 1] = p .. 's'
+      del[#del + 1] = p .. 'm'
+      del[#del + 1] = p .. 'c'
+    else
+      set[#set + 1] = p .. 's'
+      set[#set + 1] = servers
+      set[#set + 1] = p .. 'm'
+      set[#set + 1] = u[2] + sign * mem
+      set[#set + 1] = p .. 'c'
+      set[#set + 1] = u[3] + sign * cp
+    end
+  end
+  if #set > 0 then
+    redis.call('HSET', ukey, unpack(set))
+  end
+  if #del > 0 then
+    redis.call('HDEL', ukey, unpack(del))
+  end
 end

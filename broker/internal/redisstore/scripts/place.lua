@@ -3,27 +3,26 @@
 --
 -- KEYS[1] marker             (string; placement refused while absent)
 -- KEYS[2] allocs             (hash slice id → allocation JSON)
--- KEYS[3] scope avail index  (zset; model index or all)
--- KEYS[4] scope healthy index
--- KEYS[5] all healthy index
--- KEYS[6] all avail index
--- KEYS[7] user counters      (hash servers/mem/cp)
--- KEYS[8..] group counters, in the order of the names in ARGV[4]
+-- KEYS[3] scope avail index  (zset; the model's or all GPUs')
+-- KEYS[4] scope full index
+-- KEYS[5] all avail index, KEYS[6] all full index
+-- KEYS[7] usage              (hash of user and group counters)
 -- ARGV[1] gpu key prefix (gpu:<uuid> = ARGV[1] .. uuid)
 -- ARGV[2] slice id
--- ARGV[3] user
--- ARGV[4] groups, JSON array of names (sorted)
--- ARGV[5] memory MiB, ARGV[6] compute percent, ARGV[7] compute limit percent
--- ARGV[8] policy: "binpack" or "spread"
--- ARGV[9..11] user limits: servers, mem MiB, compute percent (0 = unlimited)
--- ARGV[12..] the same three limits per group, in KEYS order
+-- ARGV[3] the allocation JSON up to and including the comma before the
+--         GPU's ref (see lib.lua)
+-- ARGV[4] memory MiB, ARGV[5] compute percent
+-- ARGV[6] policy: "binpack" or "spread"
+-- ARGV[7] k, the number of quota subjects (the user, then its groups)
+-- ARGV[8..7+6k] per subject: scope ("user"/"group"), name, usage field
+--         prefix, and its caps: servers, mem MiB, compute percent (0 = none)
 -- Returns one of
 --   {"placed", allocation JSON}    a new allocation
 --   {"exists", allocation JSON}    the slice id was already allocated
 --   {"notready"}                   the marker is missing
 --   {"quota", scope, name, resource, limit, used, want}
 --   {"capacity", candidates, largest free MiB, its free compute, its node}
---                                  (candidates 0: the other fields are "")
+--                                  (candidates "0": the other fields are "")
 
 local id = ARGV[2]
 local existing = redis.call('HGET', KEYS[2], id)
@@ -35,36 +34,33 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 
 local gprefix = ARGV[1]
-local mem = tonumber(ARGV[5])
-local cp = tonumber(ARGV[6])
-local groups = cjson.decode(ARGV[4])
+local mem = tonumber(ARGV[4])
+local cp = tonumber(ARGV[5])
 
--- Quotas: user first, then groups in order; resources in a fixed order.
-local want = {1, mem, cp}
+-- Quotas: subjects in order (user first), resources in a fixed order.
+local k = tonumber(ARGV[7])
+local prefixes = {}
+for i = 1, k do
+  prefixes[i] = ARGV[8 + 6 * (i - 1) + 2]
+end
+local used = usage_load(KEYS[7], prefixes)
 local resources = {'servers', 'memoryMiB', 'computePercent'}
-local function check(key, scope, name, argi)
-  local used = redis.call('HMGET', key, 'servers', 'mem', 'cp')
+local want = {1, mem, cp}
+for i = 1, k do
+  local base = 8 + 6 * (i - 1)
+  local u = used[i]
   for r = 1, 3 do
-    local limit = tonumber(ARGV[argi + r - 1])
-    local u = tonumber(used[r] or '0')
-    if limit > 0 and u + want[r] > limit then
-      return {'quota', scope, name, resources[r], tostring(limit), tostring(u), tostring(want[r])}
+    local limit = tonumber(ARGV[base + 2 + r])
+    if limit > 0 and u[r] + want[r] > limit then
+      return {'quota', ARGV[base], ARGV[base + 1], resources[r], tostring(limit), tostring(u[r]), tostring(want[r])}
     end
   end
-  return nil
-end
-local refused = check(KEYS[7], 'user', ARGV[3], 9)
-if refused then return refused end
-for i, g in ipairs(groups) do
-  refused = check(KEYS[7 + i], 'group', g, 12 + (i - 1) * 3)
-  if refused then return refused end
 end
 
 -- fits reports whether the GPU has cp percent of guaranteed compute free;
 -- its free memory is its index score, which the walk already bounded.
 local function fits(uuid)
-  local acp = tonumber(redis.call('HGET', gprefix .. uuid, 'acp'))
-  return 100 - acp >= cp
+  return 100 - tonumber(redis.call('HGET', gprefix .. uuid, 'acp')) >= cp
 end
 
 local batch = 32
@@ -105,31 +101,39 @@ local function spread(idx)
   end
 end
 
+-- largest returns the score and smallest member at the top of idx, or nil.
+local function largest(idx)
+  local top = redis.call('ZREVRANGEBYSCORE', idx, '+inf', '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if #top == 0 then return nil end
+  local first = redis.call('ZRANGEBYSCORE', idx, top[2], top[2], 'LIMIT', 0, 1)
+  return tonumber(top[2]), first[1]
+end
+
 local uuid
-if ARGV[8] == 'spread' then
+if ARGV[6] == 'spread' then
   uuid = spread(KEYS[3])
 else
   uuid = binpack(KEYS[3])
 end
 
 if not uuid then
-  local candidates = redis.call('ZCARD', KEYS[4])
+  local candidates = redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4])
   if candidates == 0 then
     return {'capacity', '0', '', '', ''}
   end
-  local top = redis.call('ZREVRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-  local first = redis.call('ZRANGEBYSCORE', KEYS[4], top[2], top[2], 'LIMIT', 0, 1)
-  local f = redis.call('HMGET', gprefix .. first[1], 'node', 'acp')
-  return {'capacity', tostring(candidates), top[2], tostring(100 - tonumber(f[2])), f[1]}
+  local free, best = largest(KEYS[3])
+  local ffree, fbest = largest(KEYS[4])
+  if ffree and (not free or ffree > free or (ffree == free and fbest < best)) then
+    free, best = ffree, fbest
+  end
+  local f = redis.call('HMGET', gprefix .. best, 'node', 'acp')
+  return {'capacity', tostring(candidates), tostring(free), tostring(100 - tonumber(f[2])), f[1]}
 end
 
 local gkey = gprefix .. uuid
-charge_gpu(gkey, uuid, mem, cp, 1, KEYS[5], KEYS[6])
-charge_subject(KEYS[7], mem, cp, 1)
-for i = 1, #groups do
-  charge_subject(KEYS[7 + i], mem, cp, 1)
-end
-local node = redis.call('HGET', gkey, 'node')
-local rec = alloc_json(id, ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], uuid, node)
+local g = gpu_load(gkey)
+gpu_charge(gkey, g, uuid, mem, cp, 1, KEYS[5], KEYS[6])
+usage_charge(KEYS[7], prefixes, used, mem, cp, 1)
+local rec = ARGV[3] .. g.ref .. '}'
 redis.call('HSET', KEYS[2], id, rec)
 return {'placed', rec}

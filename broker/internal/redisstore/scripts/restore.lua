@@ -2,11 +2,13 @@
 -- quota or capacity refusal, charging the GPU, user and groups.
 --
 -- KEYS[1] allocs, KEYS[2] gpu key
--- KEYS[3] all healthy index, KEYS[4] all avail index
--- KEYS[5] user counters, KEYS[6..] group counters in ARGV[3] order
--- ARGV[1] slice id, ARGV[2] user, ARGV[3] groups JSON array,
--- ARGV[4] memory MiB, ARGV[5] compute percent, ARGV[6] compute limit percent,
--- ARGV[7] gpu uuid, ARGV[8] node ("" = the GPU's node)
+-- KEYS[3] all avail index, KEYS[4] all full index
+-- KEYS[5] usage (hash of user and group counters)
+-- ARGV[1] slice id, ARGV[2] gpu uuid
+-- ARGV[3] memory MiB, ARGV[4] compute percent
+-- ARGV[5] the allocation JSON up to the comma before the GPU's ref
+-- ARGV[6] the ref to end it with, "" for the GPU's own (its node)
+-- ARGV[7..] usage field prefixes of the user and its groups
 -- Returns one of
 --   {"restored", allocation JSON}
 --   {"overcommit", allocation JSON, allocated MiB, memory MiB, allocated compute}
@@ -18,25 +20,25 @@ local existing = redis.call('HGET', KEYS[1], ARGV[1])
 if existing then
   return {'exists', existing}
 end
-if redis.call('EXISTS', KEYS[2]) == 0 then
+local g = gpu_load(KEYS[2])
+if not g then
   return {'nogpu'}
 end
-local mem = tonumber(ARGV[4])
-local cp = tonumber(ARGV[5])
-local amem, acp = charge_gpu(KEYS[2], ARGV[7], mem, cp, 1, KEYS[3], KEYS[4])
-charge_subject(KEYS[5], mem, cp, 1)
-local groups = cjson.decode(ARGV[3])
-for i = 1, #groups do
-  charge_subject(KEYS[5 + i], mem, cp, 1)
+local mem = tonumber(ARGV[3])
+local cp = tonumber(ARGV[4])
+gpu_charge(KEYS[2], g, ARGV[2], mem, cp, 1, KEYS[3], KEYS[4])
+local prefixes = {}
+for i = 7, #ARGV do
+  prefixes[#prefixes + 1] = ARGV[i]
 end
-local node = ARGV[8]
-if node == '' then
-  node = redis.call('HGET', KEYS[2], 'node')
+usage_charge(KEYS[5], prefixes, usage_load(KEYS[5], prefixes), mem, cp, 1)
+local ref = ARGV[6]
+if ref == '' then
+  ref = g.ref
 end
-local rec = alloc_json(ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], node)
+local rec = ARGV[5] .. ref .. '}'
 redis.call('HSET', KEYS[1], ARGV[1], rec)
-local total = tonumber(redis.call('HGET', KEYS[2], 'mem'))
-if amem > total or acp > 100 then
-  return {'overcommit', rec, tostring(amem), tostring(total), tostring(acp)}
+if g.amem > g.mem or g.acp > 100 then
+  return {'overcommit', rec, tostring(g.amem), tostring(g.mem), tostring(g.acp)}
 end
 return {'restored', rec}
