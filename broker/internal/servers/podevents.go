@@ -32,7 +32,8 @@ func (s *Service) HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error
 // apply acts on one pod observation for the record of the same spawn.
 func (s *Service) apply(ctx context.Context, rec fleet.Server, ev spawner.PodEvent) error {
 	var err error
-	if rec.State == v1.StateCreating && ev.Phase != spawner.PhaseFailed && ev.Phase != spawner.PhaseGone {
+	podUp := ev.Phase == spawner.PhasePending || ev.Phase == spawner.PhaseStarting || ev.Phase == spawner.PhaseRunning
+	if rec.State == v1.StateCreating && podUp {
 		// The pod exists although the create step that made it did not
 		// record so (a crash between the two): catch up.
 		pod := ev.Pod

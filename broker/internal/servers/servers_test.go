@@ -1,0 +1,280 @@
+package servers_test
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
+	"github.com/gpubroker/gpubroker/spawner"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),
+		goleak.IgnoreAnyFunction("k8s.io/klog/v2.(*flushDaemon).run"))
+}
+
+func TestCreateRunsToRunningAndDeleteFreesTheSlice(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "alice", Name: "lab"}
+
+	s, created, err := f.Service.Create(ctx, "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
+	if err != nil || !created {
+		t.Fatalf("Create = %v, created %v", err, created)
+	}
+	if s.State != v1.StateStarting || s.Allocation == nil || s.Pod != spawner.PodName("alice", "lab") {
+		t.Fatalf("after create: %+v, want starting with an allocation and a pod", s)
+	}
+	pod := f.Pod(t, "alice", "lab")
+	if pod.Spec.NodeName != s.Allocation.Node || pod.Annotations[v1.AnnotationGPUUUID] != s.Allocation.GPUUUID {
+		t.Errorf("pod pinned to %s/%s, want the placed %s/%s", pod.Spec.NodeName, pod.Annotations[v1.AnnotationGPUUUID], s.Allocation.Node, s.Allocation.GPUUUID)
+	}
+
+	f.SetPodRunning(t, "alice", "lab", "10.0.0.7")
+	s = f.WaitState(t, key, v1.StateRunning)
+	if s.URL != "http://10.0.0.7:8888" {
+		t.Errorf("URL = %q, want http://10.0.0.7:8888", s.URL)
+	}
+	evs, err := f.Service.Events(ctx, key, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var states []v1.ServerState
+	for _, e := range evs {
+		if len(states) == 0 || states[len(states)-1] != e.State {
+			states = append(states, e.State)
+		}
+	}
+	want := []v1.ServerState{v1.StatePending, v1.StatePlacing, v1.StateCreating, v1.StateStarting, v1.StateRunning}
+	if diff := cmp.Diff(want, states); diff != "" {
+		t.Errorf("event states (-want +got):\n%s", diff)
+	}
+
+	s, err = f.Service.Delete(ctx, key)
+	if err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if s.State != v1.StateStopping && s.State != v1.StateStopped {
+		t.Errorf("after delete: state %s, want stopping or stopped", s.State)
+	}
+	f.WaitState(t, key, v1.StateStopped)
+	allocs, err := f.Store.Allocations(ctx)
+	if err != nil || len(allocs) != 0 {
+		t.Errorf("allocations after stop = %v (err %v), want none", allocs, err)
+	}
+	if _, err := f.Service.Delete(ctx, key); err != nil {
+		t.Errorf("second Delete = %v, want nil (idempotent)", err)
+	}
+	if _, err := f.Service.Delete(ctx, fleet.ServerKey{User: "alice", Name: "never"}); !errors.Is(err, fleet.ErrNotFound) {
+		t.Errorf("Delete of a server that never existed = %v, want ErrNotFound", err)
+	}
+	f.Verify(t)
+}
+
+func TestCreateIsIdempotentPerKey(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	first, _, err := f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "same")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, created, err := f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "same")
+	if err != nil || created || again.SpawnID != first.SpawnID {
+		t.Errorf("retry with the same key: spawn %s created %v err %v, want spawn %s, not created", again.SpawnID, created, err, first.SpawnID)
+	}
+	_, _, err = f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "other")
+	if !errors.Is(err, fleet.ErrConflict) {
+		t.Errorf("create with another key while starting = %v, want ErrConflict", err)
+	}
+	_, _, err = f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "")
+	if !errors.Is(err, fleet.ErrConflict) {
+		t.Errorf("create without a key while starting = %v, want ErrConflict", err)
+	}
+	allocs, _ := f.Store.Allocations(ctx)
+	if len(allocs) != 1 {
+		t.Errorf("%d allocations, want 1", len(allocs))
+	}
+}
+
+func TestKeylessCreateStartsAgainAfterStop(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "bob", Name: "nb"}
+	first, _, err := f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Service.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	f.WaitState(t, key, v1.StateStopped)
+	second, created, err := f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "")
+	if err != nil || !created || second.SpawnID == first.SpawnID {
+		t.Fatalf("keyless create after stop: spawn %s created %v err %v, want a new spawn", second.SpawnID, created, err)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	// Fill both GPUs' memory: 3 × 10240 + 1 × 30720 would be needed; alice's
+	// quota is 2 servers and 40960 MiB, so use other users.
+	for i, u := range []string{"u1", "u2"} {
+		if _, _, err := f.Service.Create(ctx, u, []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k"); err != nil {
+			t.Fatalf("fill %d: %v", i, err)
+		}
+	}
+	tests := []struct {
+		name    string
+		user    string
+		groups  []string
+		server  string
+		req     v1.CreateServerRequest
+		wantErr error
+		wantMsg string
+	}{
+		{name: "unknown profile", user: "carol", server: "a", req: v1.CreateServerRequest{Profile: "huge"},
+			wantErr: fleet.ErrInvalid, wantMsg: `there is no profile "huge"`},
+		{name: "profile for another group", user: "carol", server: "a", req: v1.CreateServerRequest{Profile: "big"},
+			wantErr: fleet.ErrForbidden, wantMsg: `profile "big" is not offered to your groups`},
+		{name: "no room on any GPU", user: "carol", groups: []string{"ml"}, server: "a", req: v1.CreateServerRequest{Profile: "big"},
+			wantErr: fleet.ErrNoCapacity, wantMsg: "no GPU has 30720 MiB free; the largest free block is 10240 MiB on node n1"},
+		{name: "reserved env", user: "carol", server: "b", req: v1.CreateServerRequest{Profile: "small", Env: map[string]string{"LD_PRELOAD": "/x.so"}},
+			wantErr: fleet.ErrInvalid, wantMsg: "LD_PRELOAD is set by gpubroker"},
+		{name: "bad server name", user: "carol", server: "a/b", req: v1.CreateServerRequest{Profile: "small"},
+			wantErr: fleet.ErrInvalid, wantMsg: `contains '/'`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := f.Service.Create(ctx, tc.user, tc.groups, tc.server, tc.req, "k-"+tc.name)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tc.wantErr)
+			}
+			if msg := fleet.Message(err); !strings.Contains(msg, tc.wantMsg) {
+				t.Errorf("message %q does not contain %q", msg, tc.wantMsg)
+			}
+		})
+	}
+	// The refused placement is recorded as failed, with the same sentence.
+	s, err := f.Service.Get(ctx, fleet.ServerKey{User: "carol", Name: "a"})
+	if err != nil || s.State != v1.StateFailed || !strings.Contains(s.Message, "no GPU has 30720 MiB free") {
+		t.Errorf("refused server: %+v (err %v), want failed with the capacity message", s, err)
+	}
+	f.Verify(t)
+}
+
+func TestUserQuota(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	for _, name := range []string{"one", "two"} {
+		if _, _, err := f.Service.Create(ctx, "alice", nil, name, v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+	}
+	_, _, err := f.Service.Create(ctx, "alice", nil, "three", v1.CreateServerRequest{Profile: "small"}, "k")
+	var qe *fleet.QuotaError
+	if !errors.As(err, &qe) || qe.Scope != "user" || qe.Name != "alice" || qe.Resource != "servers" {
+		t.Fatalf("third server: %v, want alice's servers quota", err)
+	}
+	allocs, _ := f.Store.Allocations(ctx)
+	if len(allocs) != 2 {
+		t.Errorf("%d allocations, want 2", len(allocs))
+	}
+}
+
+func TestSecretEnvNeverInPodSpec(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	req := v1.CreateServerRequest{
+		Profile:   "small",
+		Env:       map[string]string{"JUPYTERHUB_API_TOKEN": "hub-secret-1", "JUPYTERHUB_USER": "dora"},
+		SecretEnv: map[string]string{"WANDB": "wandb-secret-2"},
+	}
+	if _, _, err := f.Service.Create(ctx, "dora", nil, "nb", req, "k"); err != nil {
+		t.Fatal(err)
+	}
+	pod := f.Pod(t, "dora", "nb")
+	spec := pod.Spec.String()
+	for _, secret := range []string{"hub-secret-1", "wandb-secret-2"} {
+		if strings.Contains(spec, secret) {
+			t.Errorf("pod spec contains the secret value %q", secret)
+		}
+	}
+	var plain []string
+	for _, e := range pod.Spec.Containers[0].Env {
+		plain = append(plain, e.Name)
+	}
+	if !slices.Contains(plain, "JUPYTERHUB_USER") || slices.Contains(plain, "JUPYTERHUB_API_TOKEN") {
+		t.Errorf("plain env names %v: want JUPYTERHUB_USER and not JUPYTERHUB_API_TOKEN", plain)
+	}
+	sec, err := f.Kube.CoreV1().Secrets(serverstest.Namespace).Get(ctx, spawner.SecretName("dora", "nb"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("secret: %v", err)
+	}
+	got := map[string]string{}
+	for k, v := range sec.Data {
+		got[k] = string(v)
+	}
+	for k, v := range sec.StringData {
+		got[k] = v
+	}
+	want := map[string]string{"JUPYTERHUB_API_TOKEN": "hub-secret-1", "WANDB": "wandb-secret-2"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("secret data (-want +got):\n%s", diff)
+	}
+}
+
+func TestCrashLoopFailsTheSpawnAndReleases(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "erin", Name: "nb"}
+	if _, _, err := f.Service.Create(ctx, "erin", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
+		t.Fatal(err)
+	}
+	f.SetPodWaiting(t, "erin", "nb", "CrashLoopBackOff", "back-off restarting failed container")
+	s := f.WaitState(t, key, v1.StateFailed)
+	if !strings.Contains(strings.ToLower(s.Message), "crash") {
+		t.Errorf("failure message %q does not say it crashed", s.Message)
+	}
+	allocs, _ := f.Store.Allocations(ctx)
+	if len(allocs) != 0 {
+		t.Errorf("allocations after the failed spawn: %v, want none", allocs)
+	}
+	f.Verify(t)
+}
+
+func TestLateEventOfOldSpawnIsIgnored(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "finn", Name: "nb"}
+	old, _, err := f.Service.Create(ctx, "finn", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Service.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	f.WaitState(t, key, v1.StateStopped)
+	cur, _, err := f.Service.Create(ctx, "finn", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ph := range []spawner.Phase{spawner.PhaseRunning, spawner.PhaseFailed, spawner.PhaseGone} {
+		if err := f.Service.HandlePodEvent(ctx, spawner.PodEvent{User: "finn", Server: "nb", SpawnID: old.SpawnID, Phase: ph, URL: "http://old"}); err != nil {
+			t.Fatalf("old %s event: %v", ph, err)
+		}
+	}
+	got, err := f.Service.Get(ctx, key)
+	if err != nil || got.SpawnID != cur.SpawnID || got.State != v1.StateStarting {
+		t.Errorf("after late events of the old spawn: %+v (err %v), want spawn %s still starting", got, err, cur.SpawnID)
+	}
+}

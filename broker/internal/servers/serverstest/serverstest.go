@@ -1,0 +1,218 @@
+// Package serverstest builds the broker's lifecycle on real parts for tests:
+// a real redis-server (broker/redistest), the real store, the real spawner
+// Client over client-go's fake clientset, and the servers.Service, wired the
+// way the composition root wires them. Pod status is driven by the test
+// (SetPodRunning, SetPodWaiting), so every step is deterministic.
+package serverstest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/gpubroker/gpubroker/broker/internal/catalog"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
+	"github.com/gpubroker/gpubroker/broker/internal/servers"
+	"github.com/gpubroker/gpubroker/broker/redistest"
+	"github.com/gpubroker/gpubroker/spawner"
+)
+
+// Namespace holds the fixture's pods.
+const Namespace = "notebooks"
+
+// Catalog is the fixture's profiles and quotas: "small" for everyone,
+// "big" for group ml only; alice may hold 2 servers and 40960 MiB.
+const Catalog = `
+profiles:
+  - name: small
+    displayName: Small
+    image: example.org/notebook:1
+    cpu: "1"
+    memory: 2Gi
+    slice: {memoryMiB: 10240, computePercent: 20, computeLimitPercent: 50}
+  - name: big
+    displayName: Big
+    image: example.org/notebook:1
+    cpu: "2"
+    memory: 4Gi
+    slice: {memoryMiB: 30720, computePercent: 50, computeLimitPercent: 100}
+    groups: [ml]
+quotas:
+  defaultUser: {servers: 10}
+  users:
+    alice: {servers: 2, memoryMiB: 40960}
+`
+
+// Clock is a settable time source, safe for concurrent use.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
+
+// Fixture is one test's broker lifecycle.
+type Fixture struct {
+	Redis   *redistest.Server
+	Store   *redisstore.Store
+	Kube    *fake.Clientset
+	Pods    *spawner.Client
+	Service *servers.Service
+	Catalog *catalog.Catalog
+	Clock   *Clock
+	Log     *slog.Logger
+}
+
+// New starts a fixture with two 40960 MiB GPUs, gpu-a on node n1 and gpu-b
+// on node n2, and the allocations marked as rebuilt. Pod events reach the
+// service as in the broker; everything stops in t.Cleanup.
+func New(t *testing.T) *Fixture {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	rs := redistest.Start(t)
+	clock := &Clock{now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	log := slog.New(slog.DiscardHandler)
+	store := redisstore.New(rs.Client(t), rs.Prefix(t), redisstore.WithClock(clock.Now))
+	cat, err := catalog.Parse([]byte(Catalog))
+	if err != nil {
+		t.Fatalf("catalog: %v", err)
+	}
+	kube := fake.NewClientset()
+	pods := spawner.New(kube, spawner.Config{Namespace: Namespace}.WithDefaults(), log, spawner.WithClock(clock.Now))
+	ids := 0
+	var idsMu sync.Mutex
+	svc := servers.New(store, pods, cat, log, servers.WithClock(clock.Now), servers.WithSpawnIDs(func() string {
+		idsMu.Lock()
+		defer idsMu.Unlock()
+		ids++
+		return fmt.Sprintf("spawn%03d", ids)
+	}))
+	f := &Fixture{Redis: rs, Store: store, Kube: kube, Pods: pods, Service: svc, Catalog: cat, Clock: clock, Log: log}
+
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = pods.Run(ctx) })
+	events := make(chan spawner.PodEvent, 256)
+	pods.Subscribe(ctx, func(ev spawner.PodEvent) {
+		select {
+		case events <- ev:
+		case <-ctx.Done():
+		}
+	})
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case ev := <-events:
+				_ = svc.HandlePodEvent(ctx, ev)
+			}
+		}
+	})
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	if err := pods.WaitSynced(ctx); err != nil {
+		t.Fatalf("spawner sync: %v", err)
+	}
+	for _, g := range []fleet.GPU{
+		{UUID: "gpu-a", Node: "n1", Model: "NVIDIA H200", MemoryMiB: 40960, SMCount: 132, Healthy: true},
+		{UUID: "gpu-b", Node: "n2", Model: "NVIDIA H200", MemoryMiB: 40960, SMCount: 132, Healthy: true},
+	} {
+		if err := store.RegisterGPU(ctx, g); err != nil {
+			t.Fatalf("register %s: %v", g.UUID, err)
+		}
+	}
+	if err := store.MarkReconciled(ctx); err != nil {
+		t.Fatalf("mark reconciled: %v", err)
+	}
+	return f
+}
+
+// Pod returns the current pod of a server from the API server.
+func (f *Fixture) Pod(t *testing.T, user, server string) *corev1.Pod {
+	t.Helper()
+	p, err := f.Kube.CoreV1().Pods(Namespace).Get(t.Context(), spawner.PodName(user, server), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get pod of %s/%s: %v", user, server, err)
+	}
+	return p
+}
+
+// SetPodRunning makes a server's pod Ready with the given IP, as a kubelet would.
+func (f *Fixture) SetPodRunning(t *testing.T, user, server, ip string) {
+	t.Helper()
+	p := f.Pod(t, user, server).DeepCopy()
+	now := metav1.NewTime(f.Clock.Now())
+	p.Status = corev1.PodStatus{
+		Phase: corev1.PodRunning, PodIP: ip, StartTime: &now,
+		Conditions: []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue},
+		},
+		ContainerStatuses: []corev1.ContainerStatus{{Name: spawner.ContainerName, Ready: true,
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}},
+	}
+	f.updateStatus(t, p)
+}
+
+// SetPodWaiting puts a server's pod's container in a waiting state with the
+// given reason (for example CrashLoopBackOff).
+func (f *Fixture) SetPodWaiting(t *testing.T, user, server, reason, message string) {
+	t.Helper()
+	p := f.Pod(t, user, server).DeepCopy()
+	p.Status = corev1.PodStatus{
+		Phase:      corev1.PodPending,
+		Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionTrue}},
+		ContainerStatuses: []corev1.ContainerStatus{{Name: spawner.ContainerName, RestartCount: 5,
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: message}}}},
+	}
+	f.updateStatus(t, p)
+}
+
+func (f *Fixture) updateStatus(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	if _, err := f.Kube.CoreV1().Pods(Namespace).UpdateStatus(t.Context(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("update status of %s: %v", p.Name, err)
+	}
+}
+
+// WaitState waits until the server's state is want, blocking on its event
+// stream between looks; it fails the test after a deadline with the last
+// state seen.
+func (f *Fixture) WaitState(t *testing.T, key fleet.ServerKey, want fleet.State) fleet.Server {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	var last fleet.Server
+	lastID := ""
+	for time.Now().Before(deadline) {
+		s, err := f.Service.Get(t.Context(), key)
+		if err == nil && s.State == want {
+			return s
+		}
+		last = s
+		evs, err := f.Service.Events(t.Context(), key, lastID, 200*time.Millisecond)
+		if err == nil && len(evs) > 0 {
+			lastID = evs[len(evs)-1].ID
+		}
+	}
+	t.Fatalf("server %s/%s: state %q (%s), want %q", key.User, key.Name, last.State, last.Message, want)
+	return last
+}
+
+// Verify fails the test if any store invariant is broken.
+func (f *Fixture) Verify(t *testing.T) {
+	t.Helper()
+	if err := f.Store.Verify(t.Context()); err != nil {
+		t.Fatalf("store invariants: %v", err)
+	}
+}
