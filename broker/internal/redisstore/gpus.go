@@ -33,7 +33,7 @@ type GPUUsage struct {
 // fleet.ErrInvalid.
 func (s *Store) RegisterGPU(ctx context.Context, g fleet.GPU) error {
 	if err := g.Validate(); err != nil {
-		return fmt.Errorf("register gpu %q: %w: %w", g.UUID, fleet.ErrInvalid, err)
+		return fmt.Errorf("%w: register gpu %q: %w", fleet.ErrInvalid, g.UUID, err)
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
@@ -73,7 +73,7 @@ func (s *Store) SetGPUHealth(ctx context.Context, uuid string, healthy bool) err
 		return fmt.Errorf("set gpu %s health: %w", uuid, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("gpu %s: %w", uuid, fleet.ErrNotFound)
+		return fmt.Errorf("%w: gpu %s is not registered", fleet.ErrNotFound, uuid)
 	}
 	return nil
 }

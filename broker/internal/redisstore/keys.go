@@ -5,9 +5,9 @@ import "net/url"
 // Keys. Every Redis key of the broker is built here, as
 // <prefix>{gpubroker}:<kind>:<id>, so that all keys of one Store share the
 // hash tag {gpubroker} and every multi-key script runs on one Cluster slot.
-// Scripts that reach keys they cannot list in KEYS up front (the GPU a walk
-// finds, the user of a released slice) build them from the prefixes below,
-// passed in ARGV; those keys are in the same slot too.
+// Scripts that reach keys they cannot list in KEYS up front (the GPU that a
+// placement walk finds, the GPU of a released slice) build them from
+// gpuPrefix, passed in ARGV; those keys are in the same slot too.
 //
 //	key                          type    TTL            owner / written by
 //	-------------------------    ------  -------------  --------------------------------------

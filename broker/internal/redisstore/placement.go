@@ -129,7 +129,7 @@ func validatePlace(req fleet.PlaceRequest) error {
 // memory, spread the one with the most; ties go to the smaller uuid.
 func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Allocation, error) {
 	if err := validatePlace(req); err != nil {
-		return fleet.Allocation{}, fmt.Errorf("place slice %q: %w: %w", req.SliceID, fleet.ErrInvalid, err)
+		return fleet.Allocation{}, fmt.Errorf("%w: place slice %q: %w", fleet.ErrInvalid, req.SliceID, err)
 	}
 	groups := fleet.SortedGroups(req.GroupQuotas)
 	if len(groups) == 0 {
@@ -161,32 +161,35 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	if err != nil {
 		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
 	}
-	a, err := placeResult(req, res)
+	a, refusal, err := placeResult(req, res)
 	if err != nil {
 		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
 	}
-	return a, nil
+	return a, refusal
 }
 
-// placeResult turns place.lua's reply into an allocation or an error.
-func placeResult(req fleet.PlaceRequest, res any) (fleet.Allocation, error) {
+// placeResult turns place.lua's reply into an allocation, a refusal (a
+// domain error whose text is complete, returned as is) or an error about
+// the reply itself.
+func placeResult(req fleet.PlaceRequest, res any) (fleet.Allocation, error, error) {
 	tag, rest, err := tagged(res)
 	if err != nil {
-		return fleet.Allocation{}, err
+		return fleet.Allocation{}, nil, err
 	}
 	switch tag {
 	case "placed", "exists":
 		f, err := stringsN(rest, 1)
 		if err != nil {
-			return fleet.Allocation{}, err
+			return fleet.Allocation{}, nil, err
 		}
-		return decodeAlloc(f[0])
+		a, err := decodeAlloc(f[0])
+		return a, nil, err
 	case "notready":
-		return fleet.Allocation{}, fmt.Errorf("allocations have not been rebuilt from pods since redis lost its data: %w", fleet.ErrNotReady)
+		return fleet.Allocation{}, fmt.Errorf("%w: GPU allocations are being rebuilt from the cluster after Redis lost its data; try again in a moment", fleet.ErrNotReady), nil
 	case "quota":
 		f, err := stringsN(rest, 6)
 		if err != nil {
-			return fleet.Allocation{}, err
+			return fleet.Allocation{}, nil, err
 		}
 		qe := &fleet.QuotaError{Scope: f[0], Name: f[1], Resource: f[2]}
 		var errs []error
@@ -196,33 +199,33 @@ func placeResult(req fleet.PlaceRequest, res any) (fleet.Allocation, error) {
 			*dst = n
 		}
 		if err := errors.Join(errs...); err != nil {
-			return fleet.Allocation{}, err
+			return fleet.Allocation{}, nil, err
 		}
-		return fleet.Allocation{}, qe
+		return fleet.Allocation{}, qe, nil
 	case "capacity":
 		f, err := stringsN(rest, 4)
 		if err != nil {
-			return fleet.Allocation{}, err
+			return fleet.Allocation{}, nil, err
 		}
 		ce := &fleet.CapacityError{Want: req.Slice, Model: req.Model}
 		n, err := atoi64("candidates", f[0])
 		if err != nil {
-			return fleet.Allocation{}, err
+			return fleet.Allocation{}, nil, err
 		}
 		ce.Candidates = int(n)
 		if n > 0 {
 			free, err1 := strconv.ParseFloat(f[1], 64) // a Lua number
 			cpFree, err2 := atoi64("free compute", f[2])
 			if err := errors.Join(err1, err2); err != nil {
-				return fleet.Allocation{}, fmt.Errorf("capacity reply: %w", err)
+				return fleet.Allocation{}, nil, fmt.Errorf("capacity reply: %w", err)
 			}
 			ce.LargestFreeMiB = max(int64(free), 0)
 			ce.LargestFreeComputePercent = int(max(cpFree, 0))
 			ce.LargestNode = f[3]
 		}
-		return fleet.Allocation{}, ce
+		return fleet.Allocation{}, ce, nil
 	default:
-		return fleet.Allocation{}, fmt.Errorf("unexpected script reply %q", tag)
+		return fleet.Allocation{}, nil, fmt.Errorf("unexpected script reply %q", tag)
 	}
 }
 
@@ -267,7 +270,7 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 	}
 	errs = append(errs, fleet.ValidateSlice(a.Slice))
 	if err := errors.Join(errs...); err != nil {
-		return false, fmt.Errorf("restore slice %q: %w: %w", a.SliceID, fleet.ErrInvalid, err)
+		return false, fmt.Errorf("%w: restore slice %q: %w", fleet.ErrInvalid, a.SliceID, err)
 	}
 	rec := a
 	rec.Groups = slices.Clone(a.Groups)
@@ -304,7 +307,7 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 	}
 	switch tag {
 	case "nogpu":
-		return false, fmt.Errorf("restore slice %s: gpu %s is not registered: %w", a.SliceID, a.GPUUUID, fleet.ErrNotFound)
+		return false, fmt.Errorf("%w: restore slice %s: gpu %s is not registered", fleet.ErrNotFound, a.SliceID, a.GPUUUID)
 	case "restored":
 		return true, nil
 	case "exists":
@@ -317,9 +320,8 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 			return false, fmt.Errorf("restore slice %s: %w", a.SliceID, err)
 		}
 		if cur.GPUUUID != a.GPUUUID || cur.Slice != a.Slice || cur.User != a.User {
-			return false, fmt.Errorf("restore slice %s: stored on gpu %s with %d MiB/%d%% for %s, the pod says gpu %s with %d MiB/%d%% for %s: %w",
-				a.SliceID, cur.GPUUUID, cur.Slice.MemoryMiB, cur.Slice.ComputePercent, cur.User,
-				a.GPUUUID, a.Slice.MemoryMiB, a.Slice.ComputePercent, a.User, fleet.ErrConflict)
+			return false, fmt.Errorf("%w: restore slice %s: stored on gpu %s with %d MiB/%d%% for %s, the pod says gpu %s with %d MiB/%d%% for %s", fleet.ErrConflict, a.SliceID, cur.GPUUUID, cur.Slice.MemoryMiB, cur.Slice.ComputePercent, cur.User,
+				a.GPUUUID, a.Slice.MemoryMiB, a.Slice.ComputePercent, a.User)
 		}
 		return false, nil
 	case "overcommit":
@@ -327,8 +329,7 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 		if err != nil {
 			return true, fmt.Errorf("restore slice %s: %w", a.SliceID, err)
 		}
-		return true, fmt.Errorf("restore slice %s: gpu %s is overcommitted: %s of %s MiB and %s%% compute allocated: %w",
-			a.SliceID, a.GPUUUID, f[1], f[2], f[3], fleet.ErrConflict)
+		return true, fmt.Errorf("%w: restore slice %s: gpu %s is overcommitted: %s of %s MiB and %s%% compute allocated", fleet.ErrConflict, a.SliceID, a.GPUUUID, f[1], f[2], f[3])
 	default:
 		return false, fmt.Errorf("restore slice %s: unexpected script reply %q", a.SliceID, tag)
 	}
@@ -361,7 +362,7 @@ func (s *Store) Allocation(ctx context.Context, sliceID string) (fleet.Allocatio
 	defer cancel()
 	raw, err := s.rdb.HGet(ctx, s.k.allocs(), sliceID).Result()
 	if err != nil {
-		return fleet.Allocation{}, notFound(err, "allocation "+sliceID)
+		return fleet.Allocation{}, notFound(err, "no allocation for slice "+sliceID)
 	}
 	return decodeAlloc(raw)
 }

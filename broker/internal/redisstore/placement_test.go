@@ -418,8 +418,12 @@ func TestNotReadyUntilReconciledAfterFlush(t *testing.T) {
 	register(t, s, gpu)
 	req := fleet.PlaceRequest{SliceID: "a", User: "alice", Slice: slice(12288, 50)}
 
-	if _, err := s.Place(t.Context(), req); !errors.Is(err, fleet.ErrNotReady) {
+	_, err := s.Place(t.Context(), req)
+	if !errors.Is(err, fleet.ErrNotReady) {
 		t.Fatalf("Place before MarkReconciled: err = %v, want ErrNotReady", err)
+	}
+	if got, want := fleet.Message(err), "GPU allocations are being rebuilt from the cluster after Redis lost its data; try again in a moment"; got != want {
+		t.Errorf("message %q, want %q", got, want)
 	}
 	if err := s.MarkReconciled(t.Context()); err != nil {
 		t.Fatal(err)
@@ -443,7 +447,7 @@ func TestNotReadyUntilReconciledAfterFlush(t *testing.T) {
 	if err := s.MarkReconciled(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	_, err := s.Place(t.Context(), fleet.PlaceRequest{SliceID: "b", User: "bob", Slice: slice(8192, 10)})
+	_, err = s.Place(t.Context(), fleet.PlaceRequest{SliceID: "b", User: "bob", Slice: slice(8192, 10)})
 	if !errors.Is(err, fleet.ErrNoCapacity) {
 		t.Errorf("Place that would overcommit the restored GPU: err = %v, want ErrNoCapacity", err)
 	}

@@ -143,7 +143,7 @@ func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Serve
 		errs = append(errs, fmt.Errorf("a new server must be pending, not %q", srv.State))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w: %w", srv.User, srv.Name, fleet.ErrInvalid, err)
+		return fleet.Server{}, false, fmt.Errorf("%w: create server %s/%s: %w", fleet.ErrInvalid, srv.User, srv.Name, err)
 	}
 	now := s.now()
 	srv.CreatedAt, srv.UpdatedAt = now, now
@@ -180,8 +180,7 @@ func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Serve
 		if err != nil {
 			return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)
 		}
-		return fleet.Server{}, false, fmt.Errorf("server %q of %s is already %s (spawn %s); stop it first: %w",
-			srv.Name, srv.User, f[0], f[1], fleet.ErrConflict)
+		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s is already %s (spawn %s); stop it first", fleet.ErrConflict, srv.Name, srv.User, f[0], f[1])
 	default:
 		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: unexpected script reply %q", srv.User, srv.Name, tag)
 	}
@@ -196,7 +195,7 @@ func (s *Store) GetServer(ctx context.Context, k fleet.ServerKey) (fleet.Server,
 		return fleet.Server{}, fmt.Errorf("get server %s/%s: %w", k.User, k.Name, err)
 	}
 	if len(h) == 0 {
-		return fleet.Server{}, fmt.Errorf("server %q of %s: %w", k.Name, k.User, fleet.ErrNotFound)
+		return fleet.Server{}, fmt.Errorf("%w: user %s has no server %q", fleet.ErrNotFound, k.User, k.Name)
 	}
 	return decodeServer(h)
 }
@@ -271,7 +270,7 @@ func (s *Store) ListServers(ctx context.Context, user string) ([]fleet.Server, e
 func (s *Store) Transition(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch Patch) (fleet.Server, error) {
 	sources := fleet.TransitionSources(to)
 	if len(sources) == 0 {
-		return fleet.Server{}, fmt.Errorf("transition server %s/%s to %q: no state leads there: %w", k.User, k.Name, to, fleet.ErrInvalid)
+		return fleet.Server{}, fmt.Errorf("%w: transition server %s/%s to %q: no state leads there", fleet.ErrInvalid, k.User, k.Name, to)
 	}
 	pf, err := patchFields(patch)
 	if err != nil {
@@ -305,21 +304,19 @@ func (s *Store) Transition(ctx context.Context, k fleet.ServerKey, spawnID strin
 		}
 		return decodeServer(h)
 	case "notfound":
-		return fleet.Server{}, fmt.Errorf("server %q of %s: %w", k.Name, k.User, fleet.ErrNotFound)
+		return fleet.Server{}, fmt.Errorf("%w: user %s has no server %q", fleet.ErrNotFound, k.User, k.Name)
 	case "spawn":
 		f, err := stringsN(rest, 1)
 		if err != nil {
 			return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 		}
-		return fleet.Server{}, fmt.Errorf("server %q of %s: spawn %s is no longer current (current spawn %s): %w",
-			k.Name, k.User, spawnID, f[0], fleet.ErrConflict)
+		return fleet.Server{}, fmt.Errorf("%w: server %q of %s: spawn %s is no longer current (current spawn %s)", fleet.ErrConflict, k.Name, k.User, spawnID, f[0])
 	case "state":
 		f, err := stringsN(rest, 1)
 		if err != nil {
 			return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 		}
-		return fleet.Server{}, fmt.Errorf("server %q of %s cannot move from %s to %s: %w",
-			k.Name, k.User, f[0], to, fleet.ErrConflict)
+		return fleet.Server{}, fmt.Errorf("%w: server %q of %s cannot move from %s to %s", fleet.ErrConflict, k.Name, k.User, f[0], to)
 	default:
 		return fleet.Server{}, fmt.Errorf("transition server %s/%s: unexpected script reply %q", k.User, k.Name, tag)
 	}
@@ -349,9 +346,9 @@ func (s *Store) DeleteServer(ctx context.Context, k fleet.ServerKey, spawnID str
 			return fmt.Errorf("delete server %s/%s: %w", k.User, k.Name, err)
 		}
 		if tag == "spawn" {
-			return fmt.Errorf("server %q of %s: spawn %s is not current (current spawn %s): %w", k.Name, k.User, spawnID, f[0], fleet.ErrConflict)
+			return fmt.Errorf("%w: server %q of %s: spawn %s is not current (current spawn %s)", fleet.ErrConflict, k.Name, k.User, spawnID, f[0])
 		}
-		return fmt.Errorf("server %q of %s is %s; only a stopped or failed server can be deleted: %w", k.Name, k.User, f[0], fleet.ErrConflict)
+		return fmt.Errorf("%w: server %q of %s is %s; only a stopped or failed server can be deleted", fleet.ErrConflict, k.Name, k.User, f[0])
 	default:
 		return fmt.Errorf("delete server %s/%s: unexpected script reply %q", k.User, k.Name, tag)
 	}
@@ -366,7 +363,7 @@ const RestoreMessage = "restored from pod"
 // the store's clock. A bad srv wraps fleet.ErrInvalid.
 func (s *Store) RestoreServer(ctx context.Context, srv fleet.Server) (bool, error) {
 	if srv.User == "" || srv.SpawnID == "" || srv.State == "" {
-		return false, fmt.Errorf("restore server %s/%s: user, spawn id and state are required: %w", srv.User, srv.Name, fleet.ErrInvalid)
+		return false, fmt.Errorf("%w: restore server %s/%s: user, spawn id and state are required", fleet.ErrInvalid, srv.User, srv.Name)
 	}
 	now := s.now()
 	if srv.CreatedAt.IsZero() {
@@ -406,7 +403,7 @@ var streamID = regexp.MustCompile(`^[0-9]{1,20}(-[0-9]{1,20})?$`)
 // A blocked call holds one pooled connection for its duration.
 func (s *Store) Events(ctx context.Context, k fleet.ServerKey, afterID string, block time.Duration) ([]fleet.Event, error) {
 	if afterID != "" && !streamID.MatchString(afterID) {
-		return nil, fmt.Errorf("event id %q: want <milliseconds>-<sequence>: %w", afterID, fleet.ErrInvalid)
+		return nil, fmt.Errorf("%w: event id %q: want <milliseconds>-<sequence>", fleet.ErrInvalid, afterID)
 	}
 	key := s.k.events(k.User, k.Name)
 	var msgs []redis.XMessage

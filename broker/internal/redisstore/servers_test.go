@@ -78,8 +78,8 @@ func TestCreateServer(t *testing.T) {
 		if !errors.Is(err, fleet.ErrConflict) {
 			t.Fatalf("err = %v, want ErrConflict", err)
 		}
-		if want := `server "nb" of alice is already pending (spawn spawn-1); stop it first: fleet: conflict`; err.Error() != want {
-			t.Errorf("message %q, want %q", err.Error(), want)
+		if got, want := fleet.Message(err), `server "nb" of alice is already pending (spawn spawn-1); stop it first`; got != want {
+			t.Errorf("message %q, want %q", got, want)
 		}
 	})
 	t.Run("an empty key never matches", func(t *testing.T) {

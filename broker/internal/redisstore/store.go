@@ -125,7 +125,7 @@ func (s *Store) Reconciled(ctx context.Context) (bool, error) {
 // notFound translates redis.Nil into fleet.ErrNotFound with context.
 func notFound(err error, what string) error {
 	if errors.Is(err, redis.Nil) {
-		return fmt.Errorf("%s: %w", what, fleet.ErrNotFound)
+		return fmt.Errorf("%w: %s", fleet.ErrNotFound, what)
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }
