@@ -12,7 +12,8 @@
 //     the record has been quiet for the grace period, so a pod that the
 //     cache has not seen yet is never taken for a vanished one;
 //   - releases allocations that no record refers to;
-//   - deletes pods that belong to no current spawn after the grace period;
+//   - deletes pods that belong to no current spawn, or whose annotations
+//     cannot be read, after the grace period;
 //   - marks the allocations as rebuilt only when every pod's slice is
 //     recorded, which is what lets placement resume after Redis lost its data.
 //
@@ -51,6 +52,7 @@ type Store interface {
 type Pods interface {
 	Pods() ([]spawner.ManagedPod, error)
 	Delete(ctx context.Context, user, server, spawnID string) error
+	DeletePod(ctx context.Context, name, spawnID string) error
 }
 
 // Lifecycle settles one server from what was observed (servers.Service).
@@ -169,6 +171,19 @@ func (r *Reconciler) Once(ctx context.Context) (Report, error) {
 	var errs []error
 
 	for _, p := range pods {
+		if p.Err != nil {
+			// Its annotations cannot be read, so it proves no allocation and
+			// belongs to no server: remove it once it is old enough.
+			if !p.Deleting && now.Sub(p.CreatedAt) > r.grace {
+				r.log.WarnContext(ctx, "deleting a managed pod with unreadable annotations", "pod", p.Name, "err", p.Err)
+				if err := r.pods.DeletePod(ctx, p.Name, p.SpawnID); err != nil {
+					errs = append(errs, fmt.Errorf("delete unreadable pod %s: %w", p.Name, err))
+				} else {
+					rep.DeletedPods++
+				}
+			}
+			continue
+		}
 		podBySpawn[p.SpawnID] = p
 		key := fleet.ServerKey{User: p.User, Name: p.Server}
 		rec, ok := recByKey[key]

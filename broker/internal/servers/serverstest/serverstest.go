@@ -15,7 +15,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gpubroker/gpubroker/broker/internal/catalog"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
@@ -50,6 +53,12 @@ quotas:
   users:
     alice: {servers: 2, memoryMiB: 40960}
 `
+
+// GPUs are the fixture's two GPUs.
+var GPUs = []fleet.GPU{
+	{UUID: "gpu-a", Node: "n1", Model: "NVIDIA H200", MemoryMiB: 40960, SMCount: 132, Healthy: true},
+	{UUID: "gpu-b", Node: "n2", Model: "NVIDIA H200", MemoryMiB: 40960, SMCount: 132, Healthy: true},
+}
 
 // Clock is a settable time source, safe for concurrent use.
 type Clock struct {
@@ -90,6 +99,17 @@ func New(t *testing.T) *Fixture {
 		t.Fatalf("catalog: %v", err)
 	}
 	kube := fake.NewClientset()
+	// The fake API server stamps nothing; give created objects the creation
+	// time and UID a real one would, from the fixture's clock.
+	uids := 0
+	kube.PrependReactor("create", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if obj, ok := action.(k8stesting.CreateAction).GetObject().(metav1.Object); ok {
+			uids++
+			obj.SetCreationTimestamp(metav1.NewTime(clock.Now()))
+			obj.SetUID(types.UID(fmt.Sprintf("uid-%d", uids)))
+		}
+		return false, nil, nil
+	})
 	pods := spawner.New(kube, spawner.Config{Namespace: Namespace}.WithDefaults(), log, spawner.WithClock(clock.Now))
 	ids := 0
 	var idsMu sync.Mutex
@@ -124,14 +144,7 @@ func New(t *testing.T) *Fixture {
 	if err := pods.WaitSynced(ctx); err != nil {
 		t.Fatalf("spawner sync: %v", err)
 	}
-	for _, g := range []fleet.GPU{
-		{UUID: "gpu-a", Node: "n1", Model: "NVIDIA H200", MemoryMiB: 40960, SMCount: 132, Healthy: true},
-		{UUID: "gpu-b", Node: "n2", Model: "NVIDIA H200", MemoryMiB: 40960, SMCount: 132, Healthy: true},
-	} {
-		if err := store.RegisterGPU(ctx, g); err != nil {
-			t.Fatalf("register %s: %v", g.UUID, err)
-		}
-	}
+	f.RegisterGPUs(t)
 	if err := store.MarkReconciled(ctx); err != nil {
 		t.Fatalf("mark reconciled: %v", err)
 	}
@@ -207,6 +220,17 @@ func (f *Fixture) WaitState(t *testing.T, key fleet.ServerKey, want fleet.State)
 	}
 	t.Fatalf("server %s/%s: state %q (%s), want %q", key.User, key.Name, last.State, last.Message, want)
 	return last
+}
+
+// RegisterGPUs registers the fixture's GPUs again, as the node agents'
+// heartbeats would after Redis lost its data.
+func (f *Fixture) RegisterGPUs(t *testing.T) {
+	t.Helper()
+	for _, g := range GPUs {
+		if err := f.Store.RegisterGPU(t.Context(), g); err != nil {
+			t.Fatalf("register %s: %v", g.UUID, err)
+		}
+	}
 }
 
 // Verify fails the test if any store invariant is broken.

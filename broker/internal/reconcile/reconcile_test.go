@@ -1,0 +1,250 @@
+package reconcile_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/reconcile"
+	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
+	"github.com/gpubroker/gpubroker/spawner"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),
+		goleak.IgnoreAnyFunction("k8s.io/klog/v2.(*flushDaemon).run"))
+}
+
+const grace = time.Minute
+
+func newReconciler(f *serverstest.Fixture) *reconcile.Reconciler {
+	return reconcile.New(f.Store, f.Pods, f.Service, f.Log, grace, time.Hour, f.Clock.Now)
+}
+
+// runningServer creates a server and drives its pod to running.
+func runningServer(t *testing.T, f *serverstest.Fixture, user, name, ip string) fleet.Server {
+	t.Helper()
+	if _, _, err := f.Service.Create(t.Context(), user, nil, name, v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
+		t.Fatalf("create %s/%s: %v", user, name, err)
+	}
+	f.SetPodRunning(t, user, name, ip)
+	return f.WaitState(t, fleet.ServerKey{User: user, Name: name}, v1.StateRunning)
+}
+
+func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	a := runningServer(t, f, "alice", "one", "10.0.0.1")
+	b := runningServer(t, f, "bob", "two", "10.0.0.2")
+
+	if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := f.Service.Create(ctx, "carol", nil, "three", v1.CreateServerRequest{Profile: "small"}, "k")
+	if !errors.Is(err, fleet.ErrNotReady) {
+		t.Fatalf("create before the rebuild = %v, want ErrNotReady", err)
+	}
+	r := newReconciler(f)
+	// Without inventory the slices cannot be restored, and placement stays shut.
+	rep, err := r.Once(ctx)
+	if err == nil || rep.Complete {
+		t.Fatalf("pass without GPUs: report %+v err %v, want an error and not complete", rep, err)
+	}
+	f.RegisterGPUs(t)
+	rep, err = r.Once(ctx)
+	if err != nil {
+		t.Fatalf("Once: %v", err)
+	}
+	if !rep.Complete || rep.RestoredServers != 2 || rep.RestoredSlices != 2 {
+		t.Errorf("report %+v, want 2 servers and 2 slices restored, complete", rep)
+	}
+	for _, want := range []fleet.Server{a, b} {
+		got, err := f.Service.Get(ctx, want.ServerKey)
+		if err != nil {
+			t.Fatalf("get %v: %v", want.ServerKey, err)
+		}
+		if got.SpawnID != want.SpawnID || got.State != v1.StateRunning || got.URL != want.URL ||
+			got.Allocation == nil || got.Allocation.GPUUUID != want.Allocation.GPUUUID {
+			t.Errorf("restored %+v, want spawn %s running at %s on %s", got, want.SpawnID, want.URL, want.Allocation.GPUUUID)
+		}
+	}
+	f.Verify(t)
+
+	// Placement resumes and counts the restored slices: binpack put both
+	// small slices (10240 MiB each) on gpu-a, so one 30720 MiB slice fits
+	// (on gpu-b) and a second does not.
+	if _, _, err := f.Service.Create(ctx, "u1", []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k"); err != nil {
+		t.Fatalf("big slice after rebuild: %v", err)
+	}
+	_, _, err = f.Service.Create(ctx, "u2", []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k")
+	if !errors.Is(err, fleet.ErrNoCapacity) || !strings.Contains(err.Error(), "largest free block is 20480 MiB") {
+		t.Errorf("a second big slice = %v, want no capacity with 20480 MiB left on gpu-a", err)
+	}
+	f.Verify(t)
+}
+
+func TestSettlesSpawnsInterruptedBeforeTheirPod(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "dan", Name: "nb"}
+	// A broker died after placing but before creating the pod.
+	now := f.Clock.Now()
+	if _, _, err := f.Store.CreateServer(ctx, fleet.Server{ServerKey: key, Profile: "small", SpawnID: "s1",
+		IdempotencyKey: "k", State: v1.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Store.Transition(ctx, key, "s1", v1.StatePlacing, "placing", fleet.ServerPatch{}); err != nil {
+		t.Fatal(err)
+	}
+	alloc, err := f.Store.Place(ctx, fleet.PlaceRequest{SliceID: "s1", User: "dan",
+		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 10, ComputeLimitPercent: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Store.Transition(ctx, key, "s1", v1.StateCreating, "creating", fleet.ServerPatch{Allocation: &alloc}); err != nil {
+		t.Fatal(err)
+	}
+	r := newReconciler(f)
+
+	if _, err := r.Once(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := f.Service.Get(ctx, key); s.State != v1.StateCreating {
+		t.Fatalf("within the grace period: state %s, want creating untouched", s.State)
+	}
+	f.Clock.Advance(grace + time.Second)
+	rep, err := r.Once(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := f.Service.Get(ctx, key)
+	if s.State != v1.StateFailed || !strings.Contains(s.Message, "interrupted") || rep.Settled != 1 {
+		t.Errorf("after the grace period: %s %q (report %+v), want failed as interrupted", s.State, s.Message, rep)
+	}
+	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 0 {
+		t.Errorf("allocations %v, want the interrupted slice released", allocs)
+	}
+	f.Verify(t)
+}
+
+func TestReleasesSlicesThatNoSpawnHolds(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	if _, err := f.Store.Place(ctx, fleet.PlaceRequest{SliceID: "ghost", User: "nobody",
+		Slice: fleet.Slice{MemoryMiB: 2048, ComputePercent: 5, ComputeLimitPercent: 5}}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := newReconciler(f).Once(ctx)
+	if err != nil || rep.ReleasedSlices != 1 {
+		t.Fatalf("report %+v err %v, want 1 slice released", rep, err)
+	}
+	f.Verify(t)
+}
+
+func TestDeletesPodsOfFinishedSpawnsAfterGrace(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	s := runningServer(t, f, "eve", "nb", "10.0.0.5")
+	// The record finished but its pod stayed (a delete that never reached
+	// the API server).
+	if _, err := f.Store.Transition(ctx, s.ServerKey, s.SpawnID, v1.StateStopping, "stopping", fleet.ServerPatch{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Store.Transition(ctx, s.ServerKey, s.SpawnID, v1.StateStopped, "stopped", fleet.ServerPatch{}); err != nil {
+		t.Fatal(err)
+	}
+	r := newReconciler(f)
+	if rep, err := r.Once(ctx); err != nil || rep.DeletedPods != 0 {
+		t.Fatalf("within grace: report %+v err %v, want no pod deleted", rep, err)
+	}
+	// The slice stays held while the pod exists.
+	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 1 {
+		t.Fatalf("allocations %v, want the pod's slice kept", allocs)
+	}
+	f.Clock.Advance(grace + time.Second)
+	if rep, err := r.Once(ctx); err != nil || rep.DeletedPods != 1 {
+		t.Fatalf("after grace: report %+v err %v, want 1 pod deleted", rep, err)
+	}
+	if _, err := f.Kube.CoreV1().Pods(serverstest.Namespace).Get(ctx, spawner.PodName("eve", "nb"), metav1.GetOptions{}); err == nil {
+		t.Error("orphan pod still exists")
+	}
+}
+
+func TestSettlesRunningServerWhosePodVanishedUnseen(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "gus", Name: "nb"}
+	// A record that says running, with its slice, but no pod: the pod went
+	// away while no broker was watching.
+	now := f.Clock.Now()
+	if _, _, err := f.Store.CreateServer(ctx, fleet.Server{ServerKey: key, Profile: "small", SpawnID: "s9",
+		IdempotencyKey: "k", State: v1.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	alloc, err := f.Store.Place(ctx, fleet.PlaceRequest{SliceID: "s9", User: "gus",
+		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 10, ComputeLimitPercent: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []v1.ServerState{v1.StatePlacing, v1.StateCreating, v1.StateStarting, v1.StateRunning} {
+		if _, err := f.Store.Transition(ctx, key, "s9", st, string(st), fleet.ServerPatch{Allocation: &alloc}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Clock.Advance(grace + time.Second)
+	if _, err := newReconciler(f).Once(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := f.Service.Get(ctx, key)
+	if s.State != v1.StateStopped {
+		t.Errorf("state %s (%s), want stopped", s.State, s.Message)
+	}
+	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 0 {
+		t.Errorf("allocations %v, want released", allocs)
+	}
+}
+
+func TestNothingHappensBeforeThePodCacheSynced(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	if _, err := f.Store.Place(ctx, fleet.PlaceRequest{SliceID: "s1", User: "x",
+		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 1, ComputeLimitPercent: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	unsynced := spawner.New(fake.NewClientset(), spawner.Config{Namespace: "x"}.WithDefaults(), slog.New(slog.DiscardHandler))
+	r := reconcile.New(f.Store, unsynced, f.Service, f.Log, grace, time.Hour, f.Clock.Now)
+	if _, err := r.Once(ctx); !errors.Is(err, spawner.ErrNotSynced) {
+		t.Fatalf("Once = %v, want ErrNotSynced", err)
+	}
+	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 1 {
+		t.Errorf("allocations %v, want untouched", allocs)
+	}
+}
+
+func TestRunStopsWithItsContext(t *testing.T) {
+	f := serverstest.New(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	r := newReconciler(f)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	r.Trigger()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Run = %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context ended")
+	}
+}
