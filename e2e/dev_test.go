@@ -28,7 +28,8 @@ var (
 // TestDevModeReadyAndPrintedCommandWorks starts `gpubroker dev` on a free
 // port, requires /readyz within 10 s, then runs the printed "create a server"
 // curl command through bash and waits for that server to reach running.
-// It needs only the gpubroker binary (and curl), not the cluster tools.
+// It needs only the gpubroker binary (and curl), not the cluster tools; the
+// binary is built without -race, as `go tool task dev` runs it.
 func TestDevModeReadyAndPrintedCommandWorks(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -40,7 +41,7 @@ func TestDevModeReadyAndPrintedCommandWorks(t *testing.T) {
 		}
 		t.Skipf("curl not available: %v", err)
 	}
-	bin := brokerBinary(t)
+	bin := plainBrokerBinary(t)
 	ctx := t.Context()
 	port, err := harness.FreePort()
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,7 +29,7 @@ import (
 )
 
 // suite is the state TestMain sets up once for all tests; read-only while
-// tests run (the broker build is guarded by its own sync.Once).
+// tests run (the broker builds are guarded by their own sync.Once).
 var suite struct {
 	skipReason string // set: tools are missing or -short
 	startErr   error  // set: the cluster failed to start
@@ -36,9 +37,8 @@ var suite struct {
 	tools      harness.Tools
 	dir        string
 
-	brokerOnce sync.Once
-	brokerBin  string
-	brokerErr  error
+	race  binary // gpubroker built like this test binary (-race or not)
+	plain binary // gpubroker built without -race
 }
 
 func TestMain(m *testing.M) {
@@ -113,34 +113,59 @@ func needCluster(t *testing.T) *harness.Cluster {
 	return suite.cluster
 }
 
-// brokerBinary builds ./broker/cmd/gpubroker once per test process (with
-// -race when this test binary has it) and returns its path. The environment
-// variable E2E_GPUBROKER_BIN names a prebuilt binary to test instead.
+// brokerBinary returns the gpubroker binary the broker tests run: built
+// once per test process from ./broker/cmd/gpubroker, with -race when this
+// test binary has it, so the race detector also watches the broker.
 func brokerBinary(t *testing.T) string {
 	t.Helper()
-	suite.brokerOnce.Do(func() {
+	return suite.race.get(t, raceEnabled)
+}
+
+// plainBrokerBinary returns gpubroker built without -race: what `go tool task
+// dev` runs, for timing requirements (the race detector slows start-up, RSA
+// key generation above all, several-fold).
+func plainBrokerBinary(t *testing.T) string {
+	t.Helper()
+	return suite.plain.get(t, false)
+}
+
+// binary is one build of gpubroker, made at most once.
+type binary struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// get builds the binary on first use into the suite's dir, or takes the
+// prebuilt E2E_GPUBROKER_BIN, and fails t if that failed.
+func (b *binary) get(t *testing.T, race bool) string {
+	t.Helper()
+	b.once.Do(func() {
 		if bin := os.Getenv("E2E_GPUBROKER_BIN"); bin != "" {
-			suite.brokerBin, suite.brokerErr = filepath.Abs(bin)
+			b.path, b.err = filepath.Abs(bin)
 			return
 		}
 		out := filepath.Join(suite.dir, "gpubroker")
-		args := []string{"build", "-o", out}
-		if raceEnabled {
-			args = append(args, "-race")
+		args := []string{"build", "-o"}
+		if race {
+			out += "-race"
+			args = append(args, out, "-race")
+		} else {
+			args = append(args, out)
 		}
 		args = append(args, "./broker/cmd/gpubroker")
 		cmd := exec.Command("go", args...)
 		cmd.Dir = ".." // the module root
 		start := time.Now()
-		if b, err := cmd.CombinedOutput(); err != nil {
-			suite.brokerErr = fmt.Errorf("go %v: %w\n%s", args, err, b)
+		if outb, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, outb)
 			return
 		}
-		fmt.Fprintf(os.Stderr, "e2e: built gpubroker in %s\n", time.Since(start).Round(time.Millisecond))
-		suite.brokerBin = out
+		fmt.Fprintf(os.Stderr, "e2e: built %s in %s\n", filepath.Base(out), time.Since(start).Round(time.Millisecond))
+		b.path = out
 	})
-	if suite.brokerErr != nil {
-		t.Fatalf("e2e: build gpubroker: %v", suite.brokerErr)
+	if b.err != nil {
+		t.Fatalf("e2e: gpubroker binary: %v", b.err)
 	}
-	return suite.brokerBin
+	return b.path
 }
