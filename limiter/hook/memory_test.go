@@ -1,0 +1,242 @@
+package hook_test
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gpubroker/gpubroker/limiter/region"
+)
+
+// TestMemoryCapHoldsForEveryAllocationFamily fills a 64 MiB slice with each
+// allocation family, called directly and through cuGetProcAddress, and
+// checks that the refusal is CUDA_ERROR_OUT_OF_MEMORY, that the driver really
+// holds no more than the slice, that the slice was actually filled, and that
+// freeing gives everything back.
+func TestMemoryCapHoldsForEveryAllocationFamily(t *testing.T) {
+	t.Parallel()
+	const limit = 64 * mib
+	kinds := []string{"linear", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap"}
+	for _, path := range []string{"direct", "cuGetProcAddress"} {
+		for _, kind := range kinds {
+			t.Run(path+"/"+kind, func(t *testing.T) {
+				t.Parallel()
+				dev := newDevice(t)
+				f := dev.newSlice("s")
+				args := []string{}
+				if path == "cuGetProcAddress" {
+					args = append(args, "-p")
+				}
+				p := dev.start(f, slice{MemoryMiB: limit / mib, ComputePercent: 100}, args...)
+				fill := p.do(fmt.Sprintf("fill %s %d", kind, 4*mib))
+				if fill.Res != cudaOutOfMemory {
+					t.Fatalf("fill ended with CUresult %d, want %d (CUDA_ERROR_OUT_OF_MEMORY)", fill.Res, cudaOutOfMemory)
+				}
+				held := dev.stub().procMem(p.pid())
+				if held > limit {
+					t.Errorf("driver holds %d bytes for the process, more than the %d-byte slice", held, limit)
+				}
+				if held < limit-6*mib {
+					t.Errorf("driver holds %d bytes: the slice (%d) was refused long before it was full", held, limit)
+				}
+				usage, err := region.ReadUsage(f.Usage)
+				if err != nil {
+					t.Fatal(err)
+				}
+				st := dev.stub()
+				if got := usage.BytesInUse(st.UUID); got != held {
+					t.Errorf("usage region charges %d bytes, driver holds %d", got, held)
+				}
+				mi := p.do("meminfo")
+				if mi.Res != cudaSuccess || mi.Vals[1] != limit || mi.Vals[0] != limit-held {
+					t.Errorf("cuMemGetInfo = %v (CUresult %d), want free %d total %d", mi.Vals, mi.Res, limit-held, limit)
+				}
+				if r := p.do("freeall"); r.Res != cudaSuccess {
+					t.Fatalf("freeall: CUresult %d", r.Res)
+				}
+				if held := dev.stub().procMem(p.pid()); held != 0 {
+					t.Errorf("after freeing everything the driver still holds %d bytes", held)
+				}
+				usage, err = region.ReadUsage(f.Usage)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := usage.BytesInUse(st.UUID); got != 0 {
+					t.Errorf("after freeing everything the usage region still charges %d bytes", got)
+				}
+			})
+		}
+	}
+}
+
+// TestGraphMemoryNodesAreCapped: a graph memory node that fits is accepted
+// and charged once the graph runs; one that does not fit is refused.
+func TestGraphMemoryNodesAreCapped(t *testing.T) {
+	t.Parallel()
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 100})
+	if r := p.do(fmt.Sprintf("alloc graph %d", 40*mib)); r.Res != cudaSuccess {
+		t.Fatalf("40 MiB graph node in a 64 MiB slice: CUresult %d", r.Res)
+	}
+	if mi := p.do("meminfo"); mi.Vals[0] != 24*mib {
+		t.Errorf("free after graph launch = %d, want %d (graph reservation charged)", mi.Vals[0], 24*mib)
+	}
+	if r := p.do(fmt.Sprintf("alloc graph %d", 40*mib)); r.Res != cudaOutOfMemory {
+		t.Errorf("second 40 MiB graph node: CUresult %d, want %d", r.Res, cudaOutOfMemory)
+	}
+}
+
+// TestMemoryCapHoldsForTheSumOfProcesses runs three processes of one slice
+// filling it at the same time: together they never exceed it, and together
+// they fill it.
+func TestMemoryCapHoldsForTheSumOfProcesses(t *testing.T) {
+	t.Parallel()
+	const limit = 96 * mib
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	var procs []*proc
+	for range 3 {
+		procs = append(procs, dev.start(f, slice{MemoryMiB: limit / mib, ComputePercent: 100}))
+	}
+	var wg sync.WaitGroup
+	fills := make([]reply, len(procs))
+	for i, p := range procs {
+		wg.Go(func() {
+			if _, err := p.stdin.Write([]byte(fmt.Sprintf("fill linear %d\n", mib))); err != nil {
+				t.Errorf("send: %v", err)
+			}
+		})
+		_ = i
+	}
+	wg.Wait()
+	for i, p := range procs {
+		fills[i] = p.next(30e9)
+		if fills[i].Res != cudaOutOfMemory {
+			t.Errorf("process %d: fill ended with %d, want OOM", i, fills[i].Res)
+		}
+	}
+	st := dev.stub()
+	var sum uint64
+	for _, p := range procs {
+		sum += st.procMem(p.pid())
+	}
+	if sum > limit {
+		t.Errorf("three processes hold %d bytes together, more than the %d-byte slice", sum, limit)
+	}
+	if sum < limit-3*mib {
+		t.Errorf("three processes hold %d bytes together: the %d-byte slice was refused before it was full", sum, limit)
+	}
+	// Freed by one, usable by another.
+	if r := procs[0].do("freeall"); r.Res != cudaSuccess {
+		t.Fatal(r)
+	}
+	got := procs[1].do(fmt.Sprintf("fill linear %d", mib))
+	if want := st.procMem(procs[0].pid()) / mib; got.Vals[0] != want {
+		t.Errorf("after process 0 freed %d MiB, process 1 got %d MiB", want, got.Vals[0])
+	}
+}
+
+// TestAsyncAllocFreeCyclesReturnToBaseline runs 1,000 stream-ordered
+// alloc/free cycles: the slice's use goes back to where it started.
+func TestAsyncAllocFreeCyclesReturnToBaseline(t *testing.T) {
+	t.Parallel()
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 100})
+	if r := p.do(fmt.Sprintf("alloc linear %d", 8*mib)); r.Res != cudaSuccess {
+		t.Fatal(r)
+	}
+	before := p.do("meminfo")
+	if r := p.do(fmt.Sprintf("asyncloop 1000 %d", 3*mib)); r.Res != cudaSuccess {
+		t.Fatalf("asyncloop: CUresult %d", r.Res)
+	}
+	after := p.do("meminfo")
+	if before.Vals[0] != after.Vals[0] {
+		t.Errorf("free memory before %d, after 1000 async cycles %d", before.Vals[0], after.Vals[0])
+	}
+	st := dev.stub()
+	if st.Counters.Alloc < 1001 {
+		t.Errorf("driver saw %d allocations, want >= 1001: the cycles did not reach it", st.Counters.Alloc)
+	}
+	if held := st.procMem(p.pid()); held != 8*mib {
+		t.Errorf("driver holds %d bytes, want %d (pools trimmed back)", held, 8*mib)
+	}
+	usage, err := region.ReadUsage(f.Usage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := usage.BytesInUse(st.UUID); got != 8*mib {
+		t.Errorf("usage region charges %d bytes, want %d", got, 8*mib)
+	}
+}
+
+// TestUnknownPointerFreeReachesDriver: a free of an address the hook never
+// handed out is forwarded, and the driver's own result comes back.
+func TestUnknownPointerFreeReachesDriver(t *testing.T) {
+	t.Parallel()
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	r, _ := dev.run(f, slice{MemoryMiB: 64, ComputePercent: 100}, false, "freeunknown")
+	if r[0].Res != cudaInvalidValue {
+		t.Errorf("free of an unknown pointer: CUresult %d, want the driver's %d", r[0].Res, cudaInvalidValue)
+	}
+	if n := dev.stub().Counters.FreeUnknown; n != 1 {
+		t.Errorf("driver counted %d unknown frees, want 1", n)
+	}
+}
+
+// TestMemoryQueriesShowTheSlice: cuMemGetInfo, cuDeviceTotalMem and NVML
+// memory info (v1 and v2) report the slice, not the card.
+func TestMemoryQueriesShowTheSlice(t *testing.T) {
+	t.Parallel()
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	r, _ := dev.run(f, slice{MemoryMiB: 100, ComputePercent: 100}, false,
+		fmt.Sprintf("alloc linear %d", 30*mib), "meminfo", "totalmem", "nvmlmem")
+	want := []reply{
+		{Cmd: "alloc", Res: 0},
+		{Cmd: "meminfo", Res: 0, Vals: []uint64{70 * mib, 100 * mib}},
+		{Cmd: "totalmem", Res: 0, Vals: []uint64{100 * mib}},
+		{Cmd: "nvmlmem", Res: 0, Vals: []uint64{100 * mib, 30 * mib, 70 * mib, 100 * mib, 30 * mib, 70 * mib}},
+	}
+	for i := range want {
+		if fmt.Sprint(want[i]) != fmt.Sprint(r[i]) {
+			t.Errorf("%s = %+v, want %+v", want[i].Cmd, r[i], want[i])
+		}
+	}
+}
+
+// TestFullComputeStillCapsMemory: memory and compute are independent.
+func TestFullComputeStillCapsMemory(t *testing.T) {
+	t.Parallel()
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	r, _ := dev.run(f, slice{MemoryMiB: 16, ComputePercent: 100, ComputeLimitPercent: 100}, false,
+		fmt.Sprintf("fill linear %d", mib), "launch kernel busy_10us 132 10")
+	if r[0].Res != cudaOutOfMemory || r[0].Vals[1] != 16*mib {
+		t.Errorf("fill = %+v, want OOM after exactly 16 MiB", r[0])
+	}
+	if r[1].Res != cudaSuccess {
+		t.Errorf("launch with full compute: CUresult %d", r[1].Res)
+	}
+}
+
+// TestFailClosedWithoutQuota: no env and no file means no device memory,
+// with a clear message, never unlimited.
+func TestFailClosedWithoutQuota(t *testing.T) {
+	t.Parallel()
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	r, stderr := dev.run(f, slice{}, false, fmt.Sprintf("alloc linear %d", mib), "meminfo")
+	if r[0].Res != cudaOutOfMemory {
+		t.Errorf("alloc without any quota: CUresult %d, want OOM", r[0].Res)
+	}
+	if r[1].Vals[1] != 0 {
+		t.Errorf("cuMemGetInfo total without quota = %d, want 0", r[1].Vals[1])
+	}
+	if !strings.Contains(stderr, "failing closed") {
+		t.Errorf("stderr does not explain the refusal:\n%s", stderr)
+	}
+}

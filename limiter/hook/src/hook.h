@@ -1,0 +1,189 @@
+/*
+ * hook.h: internals shared by the files of libgpulimit. Everything mutable
+ * lives in struct hook_state, defined and owned by state.c and reached through
+ * hook_state(); every other file keeps only static functions and constants.
+ */
+#ifndef GPULIMIT_HOOK_H
+#define GPULIMIT_HOOK_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "cuda_subset.h"
+#include "gpulimit_region.h"
+#include "nvml_subset.h"
+#include "symbols.h"
+
+/* GPULIMIT_EXPORT marks the only symbols libgpulimit exports (built with -fvisibility=hidden). */
+#define GPULIMIT_EXPORT __attribute__((visibility("default")))
+
+/* Every hooked symbol is exported, straight from the list. */
+#define GPULIMIT_DECLARE_HOOK(lib, name, base, since, ptsz) extern GPULIMIT_EXPORT __typeof__(name) name;
+#define GPULIMIT_DECLARE_NONE(lib, name)
+GPULIMIT_SYMBOLS(GPULIMIT_DECLARE_HOOK, GPULIMIT_DECLARE_NONE)
+#undef GPULIMIT_DECLARE_HOOK
+#undef GPULIMIT_DECLARE_NONE
+
+/* struct real_table: the driver's functions, resolved from libcuda.so.1 and libnvidia-ml.so.1. NULL = absent. */
+#define GPULIMIT_REAL_HOOK(lib, name, base, since, ptsz) __typeof__(&name) name;
+#define GPULIMIT_REAL_CALL(lib, name) __typeof__(&name) name;
+struct real_table {
+	GPULIMIT_SYMBOLS(GPULIMIT_REAL_HOOK, GPULIMIT_REAL_CALL)
+};
+#undef GPULIMIT_REAL_HOOK
+#undef GPULIMIT_REAL_CALL
+
+enum { LIB_CUDA = 0, LIB_NVML = 1 };
+
+/* ---- logging (GPUBROKER_LIMITER_LOG=error|warn|info|debug, default warn) ---- */
+enum hook_log_level { HOOK_LOG_ERROR = 0, HOOK_LOG_WARN = 1, HOOK_LOG_INFO = 2, HOOK_LOG_DEBUG = 3 };
+void hook_log(enum hook_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- quota ---- */
+
+/* struct quota_values is one parsed quota (file or env). */
+struct quota_values {
+	uint64_t generation;
+	uint64_t memory_limit_bytes;
+	uint32_t compute_percent;
+	uint32_t compute_limit_percent;
+	char slice_id[GPULIMIT_SLICE_ID_LEN];
+};
+
+/*
+ * quota_parse validates a quota region image of n bytes (see
+ * gpulimit_region.h for the rules). Returns 0 and fills out, or -1 and sets
+ * *why to a static reason. Pure; safe on any input.
+ */
+int quota_parse(const void *buf, size_t n, struct quota_values *out, const char **why);
+
+/* ---- allocation and pool books (process-local) ---- */
+enum alloc_kind { AK_LINEAR = 1, AK_MANAGED, AK_POOL, AK_VMM, AK_ARRAY, AK_MIPMAP };
+
+struct alloc_rec {
+	uint64_t key;  /* device pointer or handle; 0 = empty, 1 = tombstone */
+	uint64_t bytes;
+	uint32_t kind; /* enum alloc_kind */
+	int32_t dev;   /* index into this process's usage slot devices */
+	CUmemoryPool pool;
+};
+
+struct pool_rec {
+	CUmemoryPool pool;
+	int32_t dev;
+	uint64_t charged; /* bytes of the pool's reservation charged to the slice */
+};
+
+#define HOOK_MAX_POOLS 64
+#define HOOK_MAX_ORDINALS 32
+
+/* struct hook_state: all mutable state of libgpulimit in this process. */
+struct hook_state {
+	/* configuration, read once in the constructor */
+	int log_level;
+	char quota_path[512];
+	char usage_path[512];
+	char gpu_uuid_env[96];
+	struct quota_values env_quota;
+	int env_valid;
+
+	/* effective quota; written by the poller, read lock-free on hot paths */
+	uint64_t q_generation;
+	uint64_t q_memory_limit_bytes;
+	uint32_t q_compute_percent;
+	uint32_t q_compute_limit_percent;
+	int q_fail_closed;
+	int q_from_file;
+	uint64_t q_poll_next_ns;   /* next time the quota file may be stat-ed */
+	uint64_t q_file_ino, q_file_dev, q_file_size, q_file_mtime_ns;
+	int q_file_seen;
+	char q_why[300];  /* why the hook fails closed */
+	int driver_seen;  /* the driver was resolved: fail-closed messages go out at once */
+
+	/* driver */
+	pthread_once_t real_once;
+	struct real_table real;
+	void *cuda_lib, *nvml_lib;
+	int nvml_inited;
+
+	/* devices: binary UUIDs by ordinal */
+	uint8_t ord_uuid[HOOK_MAX_ORDINALS][GPULIMIT_UUID_BYTES];
+	int ord_known[HOOK_MAX_ORDINALS];
+
+	/* usage region */
+	struct gpulimit_usage *usage;
+	int usage_shared; /* 0: private fallback, accounting is per process */
+	int slot;         /* claimed slot, -1 before */
+	pid_t slot_pid;
+	uint64_t slot_verified[GPULIMIT_USAGE_SLOTS][3]; /* pid, start_time, verified_at_ns */
+
+	/* books */
+	pthread_mutex_t books_lock;
+	struct alloc_rec *recs;
+	size_t recs_cap, recs_used;
+	struct pool_rec pools[HOOK_MAX_POOLS];
+	uint64_t graph_charged[GPULIMIT_USAGE_DEVICES]; /* graph memory reservation charged per device entry */
+
+	/* pacing (process-local part) */
+	nvmlDevice_t pace_nvml_dev;
+	uint32_t pace_sm_count;
+	int pace_ready; /* 1 = measured device known, -1 = unavailable */
+	pthread_mutex_t pace_lock;
+};
+
+/* hook_state returns the process's single state; initialized by the constructor. */
+struct hook_state *hook_state(void);
+/* hook_real returns the driver table, resolving it on first use. Fields may be NULL. */
+const struct real_table *hook_real(void);
+/* hook_in_init reports whether this thread is resolving the driver (dlsym must not hook then). */
+int hook_in_init(void);
+/* hook_real_dlsym is the C library's dlsym, bypassing the interposer. */
+void *hook_real_dlsym(void *handle, const char *name);
+
+/* quota_poll re-reads the quota file if it changed, at most every GPULIMIT_POLL_NS. Cheap otherwise. */
+void quota_poll(uint64_t now_ns);
+#define GPULIMIT_POLL_NS (10ull * 1000 * 1000)
+
+/* time */
+uint64_t hook_now_ns(void);    /* CLOCK_MONOTONIC */
+uint64_t hook_coarse_ns(void); /* CLOCK_MONOTONIC_COARSE: ~ns cost, few ms resolution */
+
+/* ---- usage region (usage.c) ---- */
+void usage_open(void);
+/* usage_dev returns this process's device entry index for uuid, claiming the slot and entry if needed; -1 if none. */
+int usage_dev(const uint8_t uuid[GPULIMIT_UUID_BYTES]);
+/* usage_charge adds bytes to entry dev if the slice's total on that device stays <= limit. 0 = charged, -1 = refused. */
+int usage_charge(int dev, uint64_t bytes, uint64_t limit);
+/* usage_adjust adds delta (may be negative) to entry dev without a limit check. */
+void usage_adjust(int dev, int64_t delta);
+/* usage_total sums the bytes of every live process of the slice on the device uuid. */
+uint64_t usage_total(const uint8_t uuid[GPULIMIT_UUID_BYTES]);
+/* usage_dev_uuid copies the uuid of this process's entry dev. */
+void usage_dev_uuid(int dev, uint8_t out[GPULIMIT_UUID_BYTES]);
+/* usage_note_launch records a launch in this process's slot. */
+void usage_note_launch(void);
+/* usage_pids lists the pids of the slice's live processes; returns the count (<= max). */
+int usage_pids(uint32_t *pids, int max);
+/* usage_reset_after_fork forgets the parent's slot in a forked child. */
+void usage_reset_after_fork(void);
+
+/* ---- devices (mem.c) ---- */
+/* device_uuid_of returns 0 and the binary UUID of ordinal dev. */
+int device_uuid_of(CUdevice dev, uint8_t out[GPULIMIT_UUID_BYTES]);
+
+/* graph_mem_settle charges each known device's graph memory reservation (after graph launches and trims). */
+void graph_mem_settle(void);
+
+/* ---- books (books.c) ---- */
+void books_put(uint64_t key, uint64_t bytes, enum alloc_kind kind, int dev, CUmemoryPool pool);
+/* books_take removes key and returns 1 with its record, or 0 if unknown. */
+int books_take(uint64_t key, struct alloc_rec *out);
+/* books_find copies key's record without removing it. */
+int books_find(uint64_t key, struct alloc_rec *out);
+void books_reset_after_fork(void);
+
+/* ---- pacing (pace.c) ---- */
+/* pace_admit charges blocks thread blocks to the slice's token bucket, waiting (bounded) while it is in debt. */
+void pace_admit(uint64_t blocks);
+
+#endif

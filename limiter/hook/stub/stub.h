@@ -1,0 +1,124 @@
+/*
+ * stub.h: the simulated device shared by the stub libcuda.so.1 and
+ * libnvidia-ml.so.1 (test-only). One device lives in one shared-memory file
+ * (GPUBROKER_STUB_STATE); every process that loads either library maps it, so
+ * memory, SM time and per-process figures are shared machine-wide, the way a
+ * real GPU is.
+ *
+ * Model:
+ *   - Memory: a byte budget (GPUBROKER_STUB_MEMORY_MIB). Every allocation is
+ *     recorded with its owner pid; when an owner dies, its allocations are
+ *     released, as the real driver does at context teardown.
+ *   - Compute: sm_count SMs. A kernel of B blocks whose function runs
+ *     block_ns per block is W = B * block_ns SM-nanoseconds of work. The device
+ *     drains work at sm_count SM-ns per ns (a fluid, work-conserving model);
+ *     a kernel takes at least ceil(B / sm_count) waves of block_ns, and kernels
+ *     on one stream run in order. Launches block while the device backlog is
+ *     more than queue_ns ahead of now, like a full launch queue.
+ *   - Utilization: SM-ns are charged to the launching process at launch; NVML
+ *     samples (nvmlDeviceGetProcessUtilization) are computed lazily over
+ *     windows of at least sample_ns.
+ */
+#ifndef GPUBROKER_STUB_H
+#define GPUBROKER_STUB_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define STUB_EXPORT __attribute__((visibility("default")))
+
+#define STUB_MAGIC 0x42555453u /* "STUB" */
+#define STUB_VERSION 3u
+#define STUB_MAX_PROCS 64
+#define STUB_MAX_ALLOCS 16384
+#define STUB_MAX_POOLS 256
+#define STUB_POOL_CHUNK (2ull << 20) /* pools and VMM reserve in 2 MiB granules */
+
+enum stub_kind {
+	STUB_KIND_FREE = 0,
+	STUB_KIND_LINEAR = 1,  /* cuMemAlloc, cuMemAllocPitch */
+	STUB_KIND_MANAGED = 2, /* cuMemAllocManaged */
+	STUB_KIND_POOL = 3,    /* stream-ordered, from a pool; size counts in the pool, not the device */
+	STUB_KIND_VMM = 4,     /* cuMemCreate */
+	STUB_KIND_ARRAY = 5,   /* cuArrayCreate, cuArray3DCreate */
+	STUB_KIND_MIPMAP = 6,  /* cuMipmappedArrayCreate */
+	STUB_KIND_GRAPH = 7    /* graph memory nodes */
+};
+
+struct stub_proc {
+	uint32_t pid; /* 0 = free */
+	uint32_t pad;
+	uint64_t start_time;   /* clock ticks after boot */
+	uint64_t mem_bytes;    /* device memory held, bytes */
+	uint64_t sm_ns_total;  /* SM-ns of work launched */
+	uint64_t launches;
+	uint64_t sample_prev_sm_ns; /* sm_ns_total at the last sample */
+	uint64_t sample_prev_ns;    /* CLOCK_MONOTONIC of the last sample */
+	uint64_t sample_ts_us;      /* CLOCK_REALTIME, microseconds, of the last sample */
+	uint32_t sample_sm_permille;
+	uint32_t pad2;
+	uint64_t graph_reserved; /* graph memory reserved for this process, bytes */
+};
+
+struct stub_alloc {
+	uint64_t handle; /* device address, array handle or VMM handle */
+	uint64_t size;   /* bytes charged */
+	uint32_t pid;
+	uint16_t kind; /* enum stub_kind */
+	uint16_t pool; /* pool index + 1 for STUB_KIND_POOL */
+};
+
+struct stub_pool {
+	uint32_t pid;       /* owner; 0 = free */
+	uint32_t is_default;
+	uint64_t reserved;  /* bytes taken from the device */
+	uint64_t used;      /* bytes handed out */
+	uint64_t release_threshold;
+	uint64_t reserved_high, used_high;
+};
+
+struct stub_device {
+	uint32_t magic, version;
+	pthread_mutex_t lock; /* robust, process-shared */
+	uint64_t total_bytes;
+	uint64_t used_bytes;
+	uint32_t sm_count;
+	uint32_t max_threads_per_sm;
+	uint8_t uuid[16];
+	char name[96];
+	uint64_t queue_ns;  /* launch queue horizon */
+	uint64_t sample_ns; /* minimum NVML sample window */
+	uint64_t next_handle;
+	uint64_t backlog_end_ns; /* CLOCK_MONOTONIC when queued work would finish at full occupancy */
+	uint64_t sm_ns_total;    /* device-wide SM-ns launched */
+	uint64_t dev_sample_prev_sm_ns, dev_sample_prev_ns;
+	uint32_t dev_sample_permille, pad;
+	/* Counters for tests (monotonic). */
+	uint64_t c_alloc, c_free, c_free_unknown, c_oom, c_launch, c_reaped, c_trim;
+	struct stub_proc procs[STUB_MAX_PROCS];
+	struct stub_pool pools[STUB_MAX_POOLS];
+	struct stub_alloc allocs[STUB_MAX_ALLOCS];
+};
+
+/* stub_dev maps the device (creating it if needed); NULL on failure, with a message on stderr. */
+struct stub_device *stub_dev(void);
+/* stub_lock takes the device lock, recovering it from a dead owner. */
+void stub_lock(struct stub_device *d);
+void stub_unlock(struct stub_device *d);
+/* stub_self returns this process's slot (registering it; lock held). NULL if the table is full. */
+struct stub_proc *stub_self_locked(struct stub_device *d);
+/* stub_self_cached returns this process's slot without locking, or NULL before registration. */
+struct stub_proc *stub_self_cached(struct stub_device *d);
+/* stub_reap_locked releases everything of processes that have died. */
+void stub_reap_locked(struct stub_device *d);
+uint64_t stub_now_ns(void);
+uint64_t stub_realtime_us(void);
+/* stub_sample_locked refreshes the NVML samples if a window has passed. */
+void stub_sample_locked(struct stub_device *d, uint64_t now);
+/* stub_proc_alive reports whether pid is alive, not a zombie, and started at start_time. */
+int stub_proc_alive(uint32_t pid, uint64_t start_time);
+uint64_t stub_proc_start_time(pid_t pid);
+void stub_format_uuid(const uint8_t uuid[16], char *out, size_t n);
+
+#endif

@@ -1,0 +1,134 @@
+/*
+ * bench: added cost of the hook per cuLaunchKernel and per cuMemAlloc,
+ * against the stub driver called directly, in the same process and run.
+ * Run with LD_PRELOAD=libgpulimit.so and LD_LIBRARY_PATH at the stub.
+ *
+ * The hooked functions come from dlsym on libcuda.so.1 (the interposer hands
+ * out the hooks); the direct ones from a second copy of the stub loaded with
+ * dlmopen into its own namespace, which the hook does not wrap. Both copies
+ * share the one simulated device. Launches use a 1-block, 1 ns kernel so the
+ * simulated device never pushes back; the slice is warmed up first so the
+ * pacer has settled and launches run under the share.
+ *
+ * Output (one line each): bench launch direct_ns=D hooked_ns=H added_ns=A ratio=R
+ *                         bench memalloc direct_ns=D hooked_ns=H added_ns=A ratio=R
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_subset.h"
+
+struct drv {
+	__typeof__(&cuInit) init;
+	__typeof__(&cuDevicePrimaryCtxRetain) retain;
+	__typeof__(&cuCtxSetCurrent) set;
+	__typeof__(&cuModuleLoadData) load;
+	__typeof__(&cuModuleGetFunction) get;
+	__typeof__(&cuLaunchKernel) launch;
+	__typeof__(&cuMemAlloc_v2) alloc;
+	__typeof__(&cuMemFree_v2) free;
+	__typeof__(&cuCtxSynchronize) sync;
+	CUfunction fn;
+};
+
+static double now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int open_drv(void *h, struct drv *d)
+{
+#define SYM(f, n)                                                                                           \
+	do {                                                                                                \
+		void *p_ = dlsym(h, n);                                                                     \
+		if (p_ == NULL)                                                                             \
+			return -1;                                                                          \
+		memcpy(&d->f, &p_, sizeof(p_));                                                             \
+	} while (0)
+	SYM(init, "cuInit");
+	SYM(retain, "cuDevicePrimaryCtxRetain");
+	SYM(set, "cuCtxSetCurrent");
+	SYM(load, "cuModuleLoadData");
+	SYM(get, "cuModuleGetFunction");
+	SYM(launch, "cuLaunchKernel");
+	SYM(alloc, "cuMemAlloc_v2");
+	SYM(free, "cuMemFree_v2");
+	SYM(sync, "cuCtxSynchronize");
+#undef SYM
+	CUcontext ctx;
+	CUmodule mod;
+	if (d->init(0) != CUDA_SUCCESS || d->retain(&ctx, 0) != CUDA_SUCCESS || d->set(ctx) != CUDA_SUCCESS ||
+	    d->load(&mod, "bench") != CUDA_SUCCESS || d->get(&d->fn, mod, "busy_1ns") != CUDA_SUCCESS)
+		return -1;
+	return 0;
+}
+
+static double per_launch(struct drv *d, int n)
+{
+	double t0 = now_ns();
+	for (int i = 0; i < n; i++)
+		d->launch(d->fn, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+	return (now_ns() - t0) / n;
+}
+
+static double per_alloc(struct drv *d, int n, CUdeviceptr *ptrs)
+{
+	double t = 0;
+	for (int round = 0; round < 5; round++) {
+		double t0 = now_ns();
+		for (int i = 0; i < n; i++)
+			d->alloc(&ptrs[i], 4096);
+		t += now_ns() - t0;
+		for (int i = 0; i < n; i++)
+			d->free(ptrs[i]);
+	}
+	return t / (5.0 * n);
+}
+
+static double best(double a, double b)
+{
+	return a < b ? a : b;
+}
+
+int main(int argc, char **argv)
+{
+	int launches = argc > 1 ? atoi(argv[1]) : 2000000;
+	int allocs = argc > 2 ? atoi(argv[2]) : 2000;
+	void *hooked_h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+	void *direct_h = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	struct drv hooked, direct;
+	if (hooked_h == NULL || direct_h == NULL || open_drv(hooked_h, &hooked) != 0 || open_drv(direct_h, &direct) != 0) {
+		fprintf(stderr, "bench: cannot load the driver twice: %s\n", dlerror());
+		return 1;
+	}
+	if (hooked.launch == direct.launch) {
+		fprintf(stderr, "bench: hooked and direct launch are the same function\n");
+		return 1;
+	}
+	/* Warm up: let the pacer's controller raise the rate above what the loop needs. */
+	double until = now_ns() + 1.5e9;
+	while (now_ns() < until)
+		per_launch(&hooked, 10000);
+	double dl = 1e18, hl = 1e18;
+	for (int rep = 0; rep < 5; rep++) {
+		dl = best(dl, per_launch(&direct, launches / 5));
+		hl = best(hl, per_launch(&hooked, launches / 5));
+	}
+	CUdeviceptr *ptrs = calloc((size_t)allocs, sizeof(*ptrs));
+	if (ptrs == NULL)
+		return 1;
+	double da = 1e18, ha = 1e18;
+	for (int rep = 0; rep < 3; rep++) {
+		da = best(da, per_alloc(&direct, allocs, ptrs));
+		ha = best(ha, per_alloc(&hooked, allocs, ptrs));
+	}
+	printf("bench launch direct_ns=%.1f hooked_ns=%.1f added_ns=%.1f ratio=%.2f\n", dl, hl, hl - dl, hl / dl);
+	printf("bench memalloc direct_ns=%.1f hooked_ns=%.1f added_ns=%.1f ratio=%.2f\n", da, ha, ha - da, ha / da);
+	return 0;
+}

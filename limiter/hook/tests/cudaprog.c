@@ -1,0 +1,510 @@
+/*
+ * cudaprog: a driver-API program for the limiter tests. It links against
+ * libcuda like a real program and is run with LD_PRELOAD=libgpulimit.so and
+ * LD_LIBRARY_PATH pointing at the stub driver.
+ *
+ *   cudaprog [-p] [-i] [command ...]
+ *     -p  reach every driver function through cuGetProcAddress_v2, obtained
+ *         with dlopen("libcuda.so.1") + dlsym, the way the CUDA runtime does
+ *     -i  after the argument commands, read commands from stdin, one a line
+ *
+ * Each command prints one line: its name, the CUresult as an integer, then
+ * values. Commands:
+ *   alloc KIND BYTES     KIND: linear pitch managed async pool vmm array array3d mipmap graph
+ *   free                 free the newest live allocation
+ *   freeall              free every live allocation, newest first
+ *   fill KIND CHUNK      allocate CHUNK-byte blocks until refused; prints count and bytes
+ *   churn N BYTES        N x (alloc BYTES linear; free), refusals allowed; prints ok count
+ *   asyncloop N BYTES    N x (cuMemAllocAsync; cuMemFreeAsync), then cuStreamSynchronize
+ *   freeunknown          cuMemFree of an address nobody allocated
+ *   meminfo              cuMemGetInfo: free total
+ *   totalmem             cuDeviceTotalMem: bytes
+ *   nvmlmem              nvmlDeviceGetMemoryInfo v1 and v2: total used free total2 used2 free2
+ *   waitalloc BYTES MS   retry alloc+free of BYTES until it succeeds or MS pass; prints elapsed us
+ *   waitoom BYTES MS     retry alloc+free of BYTES until it is refused or MS pass; prints elapsed us
+ *   launch KIND FN GRID N  KIND: kernel ex coop graph; N launches of function FN, then synchronize
+ *   saturate FN GRID MS  launch FN back to back for MS milliseconds; prints launches
+ *   loop CHUNK           forever: fill with CHUNK blocks, free all (for kill tests); prints "looping" once
+ *   sync                 cuCtxSynchronize
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_subset.h"
+#include "nvml_subset.h"
+
+#define MAX_LIVE 65536
+
+struct api {
+	__typeof__(&cuInit) init;
+	__typeof__(&cuDeviceGet) deviceGet;
+	__typeof__(&cuDevicePrimaryCtxRetain) ctxRetain;
+	__typeof__(&cuCtxSetCurrent) ctxSetCurrent;
+	__typeof__(&cuCtxSynchronize) ctxSynchronize;
+	__typeof__(&cuModuleLoadData) moduleLoad;
+	__typeof__(&cuModuleGetFunction) getFunction;
+	__typeof__(&cuStreamSynchronize) streamSynchronize;
+	__typeof__(&cuMemGetInfo_v2) memGetInfo;
+	__typeof__(&cuDeviceTotalMem_v2) totalMem;
+	__typeof__(&cuMemAlloc_v2) memAlloc;
+	__typeof__(&cuMemAllocPitch_v2) memAllocPitch;
+	__typeof__(&cuMemAllocManaged) memAllocManaged;
+	__typeof__(&cuMemFree_v2) memFree;
+	__typeof__(&cuMemAllocAsync) memAllocAsync;
+	__typeof__(&cuMemAllocFromPoolAsync) memAllocFromPoolAsync;
+	__typeof__(&cuMemFreeAsync) memFreeAsync;
+	__typeof__(&cuMemPoolCreate) poolCreate;
+	__typeof__(&cuMemCreate) memCreate;
+	__typeof__(&cuMemRelease) memRelease;
+	__typeof__(&cuArrayCreate_v2) arrayCreate;
+	__typeof__(&cuArray3DCreate_v2) array3DCreate;
+	__typeof__(&cuArrayDestroy) arrayDestroy;
+	__typeof__(&cuMipmappedArrayCreate) mipmapCreate;
+	__typeof__(&cuMipmappedArrayDestroy) mipmapDestroy;
+	__typeof__(&cuGraphCreate) graphCreate;
+	__typeof__(&cuGraphAddMemAllocNode) graphAddMemAllocNode;
+	__typeof__(&cuGraphAddKernelNode_v2) graphAddKernelNode;
+	__typeof__(&cuGraphInstantiateWithFlags) graphInstantiate;
+	__typeof__(&cuGraphLaunch) graphLaunch;
+	__typeof__(&cuLaunchKernel) launchKernel;
+	__typeof__(&cuLaunchKernelEx) launchKernelEx;
+	__typeof__(&cuLaunchCooperativeKernel) launchCoop;
+};
+
+static struct api A;
+static CUmemoryPool g_pool;
+static CUstream g_stream;
+
+struct live {
+	int kind;
+	uint64_t h;
+};
+static struct live live[MAX_LIVE];
+static int nlive;
+
+enum { K_LINEAR, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_ARRAY3D, K_MIPMAP, K_GRAPH, K_N };
+static const char *kinds[K_N] = {"linear", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap", "graph"};
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000ull + (uint64_t)ts.tv_nsec / 1000;
+}
+
+static void fill_direct(void)
+{
+	A = (struct api){cuInit, cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuCtxSynchronize,
+	                 cuModuleLoadData, cuModuleGetFunction, cuStreamSynchronize, cuMemGetInfo_v2,
+	                 cuDeviceTotalMem_v2, cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemFree_v2,
+	                 cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemFreeAsync, cuMemPoolCreate, cuMemCreate,
+	                 cuMemRelease, cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy, cuMipmappedArrayCreate,
+	                 cuMipmappedArrayDestroy, cuGraphCreate, cuGraphAddMemAllocNode, cuGraphAddKernelNode_v2,
+	                 cuGraphInstantiateWithFlags, cuGraphLaunch, cuLaunchKernel, cuLaunchKernelEx,
+	                 cuLaunchCooperativeKernel};
+}
+
+static int fill_procaddr(void)
+{
+	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (lib == NULL) {
+		fprintf(stderr, "dlopen libcuda.so.1: %s\n", dlerror());
+		return -1;
+	}
+	__typeof__(&cuGetProcAddress_v2) gpa = (__typeof__(&cuGetProcAddress_v2))dlsym(lib, "cuGetProcAddress_v2");
+	if (gpa == NULL)
+		return -1;
+	/* The runtime also asks the driver for cuGetProcAddress itself. */
+	void *self = NULL;
+	if (gpa("cuGetProcAddress", &self, 12040, 0, NULL) != CUDA_SUCCESS || self == NULL)
+		return -1;
+	gpa = (__typeof__(&cuGetProcAddress_v2))self;
+#define GET(field, name)                                                                                    \
+	do {                                                                                                \
+		void *p_ = NULL;                                                                            \
+		if (gpa(name, &p_, 12040, 0, NULL) != CUDA_SUCCESS || p_ == NULL) {                         \
+			fprintf(stderr, "cuGetProcAddress(%s) failed\n", name);                                 \
+			return -1;                                                                          \
+		}                                                                                           \
+		memcpy(&A.field, &p_, sizeof(p_));                                                         \
+	} while (0)
+	GET(init, "cuInit");
+	GET(deviceGet, "cuDeviceGet");
+	GET(ctxRetain, "cuDevicePrimaryCtxRetain");
+	GET(ctxSetCurrent, "cuCtxSetCurrent");
+	GET(ctxSynchronize, "cuCtxSynchronize");
+	GET(moduleLoad, "cuModuleLoadData");
+	GET(getFunction, "cuModuleGetFunction");
+	GET(streamSynchronize, "cuStreamSynchronize");
+	GET(memGetInfo, "cuMemGetInfo");
+	GET(totalMem, "cuDeviceTotalMem");
+	GET(memAlloc, "cuMemAlloc");
+	GET(memAllocPitch, "cuMemAllocPitch");
+	GET(memAllocManaged, "cuMemAllocManaged");
+	GET(memFree, "cuMemFree");
+	GET(memAllocAsync, "cuMemAllocAsync");
+	GET(memAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
+	GET(memFreeAsync, "cuMemFreeAsync");
+	GET(poolCreate, "cuMemPoolCreate");
+	GET(memCreate, "cuMemCreate");
+	GET(memRelease, "cuMemRelease");
+	GET(arrayCreate, "cuArrayCreate");
+	GET(array3DCreate, "cuArray3DCreate");
+	GET(arrayDestroy, "cuArrayDestroy");
+	GET(mipmapCreate, "cuMipmappedArrayCreate");
+	GET(mipmapDestroy, "cuMipmappedArrayDestroy");
+	GET(graphCreate, "cuGraphCreate");
+	GET(graphAddMemAllocNode, "cuGraphAddMemAllocNode");
+	GET(graphAddKernelNode, "cuGraphAddKernelNode");
+	GET(graphInstantiate, "cuGraphInstantiateWithFlags");
+	GET(graphLaunch, "cuGraphLaunch");
+	GET(launchKernel, "cuLaunchKernel");
+	GET(launchKernelEx, "cuLaunchKernelEx");
+	GET(launchCoop, "cuLaunchCooperativeKernel");
+#undef GET
+	return 0;
+}
+
+static int kind_of(const char *s)
+{
+	for (int k = 0; k < K_N; k++)
+		if (strcmp(s, kinds[k]) == 0)
+			return k;
+	return -1;
+}
+
+static CUresult do_alloc(int kind, uint64_t bytes)
+{
+	uint64_t h = 0;
+	CUresult r;
+	switch (kind) {
+	case K_LINEAR:
+		r = A.memAlloc((CUdeviceptr *)&h, bytes);
+		break;
+	case K_PITCH: {
+		size_t pitch;
+		r = A.memAllocPitch((CUdeviceptr *)&h, &pitch, bytes / 64, 64, 4);
+		break;
+	}
+	case K_MANAGED:
+		r = A.memAllocManaged((CUdeviceptr *)&h, bytes, 1);
+		break;
+	case K_ASYNC:
+		r = A.memAllocAsync((CUdeviceptr *)&h, bytes, g_stream);
+		break;
+	case K_POOL:
+		r = A.memAllocFromPoolAsync((CUdeviceptr *)&h, bytes, g_pool, g_stream);
+		break;
+	case K_VMM: {
+		CUmemAllocationProp p = {0};
+		p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+		p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		p.location.id = 0;
+		r = A.memCreate((CUmemGenericAllocationHandle *)&h, (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20), &p, 0);
+		break;
+	}
+	case K_ARRAY: {
+		CUDA_ARRAY_DESCRIPTOR d = {bytes / 4, 0, CU_AD_FORMAT_FLOAT, 1};
+		r = A.arrayCreate((CUarray *)&h, &d);
+		break;
+	}
+	case K_ARRAY3D: {
+		CUDA_ARRAY3D_DESCRIPTOR d = {bytes / 4 / 16 / 16, 16, 16, CU_AD_FORMAT_UNSIGNED_INT8, 4, 0};
+		r = A.array3DCreate((CUarray *)&h, &d);
+		break;
+	}
+	case K_MIPMAP: {
+		/* Two levels, 64w + 16w bytes: bytes is the total. */
+		CUDA_ARRAY3D_DESCRIPTOR d = {bytes / 80, 16, 0, CU_AD_FORMAT_UNSIGNED_INT8, 4, 0};
+		r = A.mipmapCreate((CUmipmappedArray *)&h, &d, 2);
+		break;
+	}
+	case K_GRAPH: {
+		CUgraph g;
+		CUgraphNode node;
+		r = A.graphCreate(&g, 0);
+		if (r != CUDA_SUCCESS)
+			return r;
+		CUDA_MEM_ALLOC_NODE_PARAMS p;
+		memset(&p, 0, sizeof(p));
+		p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+		p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		p.poolProps.location.id = 0;
+		p.bytesize = bytes;
+		r = A.graphAddMemAllocNode(&node, g, NULL, 0, &p);
+		if (r != CUDA_SUCCESS)
+			return r;
+		CUgraphExec e;
+		r = A.graphInstantiate(&e, g, 0);
+		if (r == CUDA_SUCCESS)
+			r = A.graphLaunch(e, g_stream);
+		return r; /* graph memory stays with the graph; not freed by this program */
+	}
+	default:
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+	if (r == CUDA_SUCCESS && nlive < MAX_LIVE)
+		live[nlive++] = (struct live){kind, h};
+	return r;
+}
+
+static CUresult do_free(void)
+{
+	if (nlive == 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	struct live l = live[--nlive];
+	switch (l.kind) {
+	case K_ASYNC:
+	case K_POOL:
+		return A.memFreeAsync(l.h, g_stream);
+	case K_VMM:
+		return A.memRelease(l.h);
+	case K_ARRAY:
+	case K_ARRAY3D:
+		return A.arrayDestroy((CUarray)(uintptr_t)l.h);
+	case K_MIPMAP:
+		return A.mipmapDestroy((CUmipmappedArray)(uintptr_t)l.h);
+	default:
+		return A.memFree(l.h);
+	}
+}
+
+static CUresult free_all(void)
+{
+	CUresult worst = CUDA_SUCCESS;
+	while (nlive > 0) {
+		CUresult r = do_free();
+		if (r != CUDA_SUCCESS)
+			worst = r;
+	}
+	A.streamSynchronize(g_stream);
+	return worst;
+}
+
+static CUfunction function(const char *name)
+{
+	static CUmodule mod;
+	CUfunction f = NULL;
+	if (mod == NULL && A.moduleLoad(&mod, "stub-image") != CUDA_SUCCESS)
+		return NULL;
+	if (A.getFunction(&f, mod, name) != CUDA_SUCCESS)
+		return NULL;
+	return f;
+}
+
+static CUresult launch_one(const char *kind, CUfunction f, unsigned grid)
+{
+	if (strcmp(kind, "ex") == 0) {
+		CUlaunchConfig c = {grid, 1, 1, 128, 1, 1, 0, g_stream, NULL, 0};
+		return A.launchKernelEx(&c, f, NULL, NULL);
+	}
+	if (strcmp(kind, "coop") == 0)
+		return A.launchCoop(f, grid, 1, 1, 128, 1, 1, 0, g_stream, NULL);
+	if (strcmp(kind, "graph") == 0) {
+		static CUgraphExec exec;
+		static CUfunction exec_f;
+		if (exec == NULL || exec_f != f) {
+			CUgraph g;
+			CUgraphNode n;
+			CUDA_KERNEL_NODE_PARAMS_v2 p;
+			memset(&p, 0, sizeof(p));
+			p.func = f;
+			p.gridDimX = grid;
+			p.gridDimY = p.gridDimZ = 1;
+			p.blockDimX = 128;
+			p.blockDimY = p.blockDimZ = 1;
+			CUresult r = A.graphCreate(&g, 0);
+			if (r == CUDA_SUCCESS)
+				r = A.graphAddKernelNode(&n, g, NULL, 0, &p);
+			if (r == CUDA_SUCCESS)
+				r = A.graphInstantiate(&exec, g, 0);
+			if (r != CUDA_SUCCESS)
+				return r;
+			exec_f = f;
+		}
+		return A.graphLaunch(exec, g_stream);
+	}
+	return A.launchKernel(f, grid, 1, 1, 128, 1, 1, 0, g_stream, NULL, NULL);
+}
+
+static int run(char **argv, int argc)
+{
+	const char *cmd = argv[0];
+#define ARG(i) (argc > (i) ? strtoull(argv[i], NULL, 0) : 0)
+	if (strcmp(cmd, "alloc") == 0 && argc >= 3) {
+		int k = kind_of(argv[1]);
+		CUresult r = k < 0 ? CUDA_ERROR_INVALID_VALUE : do_alloc(k, ARG(2));
+		printf("alloc %d\n", r);
+	} else if (strcmp(cmd, "free") == 0) {
+		printf("free %d\n", do_free());
+	} else if (strcmp(cmd, "freeall") == 0) {
+		printf("freeall %d\n", free_all());
+	} else if (strcmp(cmd, "fill") == 0 && argc >= 3) {
+		int k = kind_of(argv[1]);
+		uint64_t n = 0;
+		CUresult r = CUDA_ERROR_INVALID_VALUE;
+		while (k >= 0 && (r = do_alloc(k, ARG(2))) == CUDA_SUCCESS)
+			n++;
+		printf("fill %d %llu %llu\n", r, (unsigned long long)n, (unsigned long long)(n * ARG(2)));
+	} else if (strcmp(cmd, "churn") == 0 && argc >= 3) {
+		uint64_t ok = 0;
+		for (uint64_t i = 0; i < ARG(1); i++) {
+			CUdeviceptr p;
+			if (A.memAlloc(&p, ARG(2)) == CUDA_SUCCESS) {
+				ok++;
+				A.memFree(p);
+			}
+		}
+		printf("churn 0 %llu\n", (unsigned long long)ok);
+	} else if (strcmp(cmd, "asyncloop") == 0 && argc >= 3) {
+		CUresult worst = CUDA_SUCCESS;
+		for (uint64_t i = 0; i < ARG(1); i++) {
+			CUdeviceptr p;
+			CUresult r = A.memAllocAsync(&p, ARG(2), g_stream);
+			if (r == CUDA_SUCCESS)
+				r = A.memFreeAsync(p, g_stream);
+			if (r != CUDA_SUCCESS)
+				worst = r;
+			if (i % 100 == 99)
+				A.streamSynchronize(g_stream);
+		}
+		A.streamSynchronize(g_stream);
+		printf("asyncloop %d\n", worst);
+	} else if (strcmp(cmd, "freeunknown") == 0) {
+		printf("freeunknown %d\n", A.memFree(0x1234567000ull));
+	} else if (strcmp(cmd, "meminfo") == 0) {
+		size_t f = 0, t = 0;
+		CUresult r = A.memGetInfo(&f, &t);
+		printf("meminfo %d %zu %zu\n", r, f, t);
+	} else if (strcmp(cmd, "totalmem") == 0) {
+		size_t t = 0;
+		CUresult r = A.totalMem(&t, 0);
+		printf("totalmem %d %zu\n", r, t);
+	} else if (strcmp(cmd, "nvmlmem") == 0) {
+		nvmlDevice_t d;
+		nvmlMemory_t m = {0};
+		nvmlMemory_v2_t m2 = {0};
+		m2.version = nvmlMemory_v2;
+		nvmlReturn_t r = nvmlInit_v2();
+		if (r == NVML_SUCCESS)
+			r = nvmlDeviceGetHandleByIndex_v2(0, &d);
+		if (r == NVML_SUCCESS)
+			r = nvmlDeviceGetMemoryInfo(d, &m);
+		if (r == NVML_SUCCESS)
+			r = nvmlDeviceGetMemoryInfo_v2(d, &m2);
+		printf("nvmlmem %d %llu %llu %llu %llu %llu %llu\n", r, m.total, m.used, m.free, m2.total, m2.used,
+		       m2.free);
+	} else if ((strcmp(cmd, "waitalloc") == 0 || strcmp(cmd, "waitoom") == 0) && argc >= 3) {
+		int want_ok = strcmp(cmd, "waitalloc") == 0;
+		uint64_t t0 = now_us(), deadline = t0 + ARG(2) * 1000;
+		CUresult r;
+		for (;;) {
+			CUdeviceptr p;
+			r = A.memAlloc(&p, ARG(1));
+			if (r == CUDA_SUCCESS)
+				A.memFree(p);
+			if ((r == CUDA_SUCCESS) == want_ok || now_us() > deadline)
+				break;
+			struct timespec ts = {0, 200000};
+			nanosleep(&ts, NULL);
+		}
+		printf("%s %d %llu\n", cmd, r, (unsigned long long)(now_us() - t0));
+	} else if (strcmp(cmd, "launch") == 0 && argc >= 5) {
+		CUfunction f = function(argv[2]);
+		CUresult r = f ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+		for (uint64_t i = 0; r == CUDA_SUCCESS && i < ARG(4); i++)
+			r = launch_one(argv[1], f, (unsigned)ARG(3));
+		if (r == CUDA_SUCCESS)
+			r = A.ctxSynchronize();
+		printf("launch %d\n", r);
+	} else if (strcmp(cmd, "saturate") == 0 && argc >= 4) {
+		CUfunction f = function(argv[1]);
+		CUresult r = f ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+		uint64_t end = now_us() + ARG(3) * 1000, n = 0;
+		while (r == CUDA_SUCCESS && now_us() < end) {
+			r = A.launchKernel(f, (unsigned)ARG(2), 1, 1, 128, 1, 1, 0, g_stream, NULL, NULL);
+			n++;
+		}
+		printf("saturate %d %llu\n", r, (unsigned long long)n);
+	} else if (strcmp(cmd, "loop") == 0 && argc >= 2) {
+		printf("looping 0\n");
+		fflush(stdout);
+		for (;;) {
+			while (do_alloc(K_LINEAR, ARG(1)) == CUDA_SUCCESS) {
+			}
+			free_all();
+		}
+	} else if (strcmp(cmd, "sync") == 0) {
+		printf("sync %d\n", A.ctxSynchronize());
+	} else {
+		printf("%s %d unknown-command\n", cmd, CUDA_ERROR_INVALID_VALUE);
+	}
+#undef ARG
+	fflush(stdout);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	int procaddr = 0, interactive = 0, i = 1;
+	for (; i < argc && argv[i][0] == '-'; i++) {
+		if (strcmp(argv[i], "-p") == 0)
+			procaddr = 1;
+		else if (strcmp(argv[i], "-i") == 0)
+			interactive = 1;
+	}
+	if (procaddr ? fill_procaddr() != 0 : (fill_direct(), 0)) {
+		printf("setup %d\n", CUDA_ERROR_NOT_FOUND);
+		return 1;
+	}
+	CUdevice dev;
+	CUcontext ctx;
+	CUresult r = A.init(0);
+	if (r == CUDA_SUCCESS)
+		r = A.deviceGet(&dev, 0);
+	if (r == CUDA_SUCCESS)
+		r = A.ctxRetain(&ctx, dev);
+	if (r == CUDA_SUCCESS)
+		r = A.ctxSetCurrent(ctx);
+	if (r == CUDA_SUCCESS) {
+		CUmemPoolProps pp;
+		memset(&pp, 0, sizeof(pp));
+		pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+		pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+		pp.location.id = 0;
+		r = A.poolCreate(&g_pool, &pp);
+	}
+	if (r != CUDA_SUCCESS) {
+		printf("setup %d\n", r);
+		return 1;
+	}
+	/* Commands: argv words split at "," so one invocation can run several. */
+	char *words[16];
+	int n = 0;
+	for (; i <= argc; i++) {
+		if (i == argc || strcmp(argv[i], ",") == 0) {
+			if (n > 0)
+				run(words, n);
+			n = 0;
+			continue;
+		}
+		if (n < 16)
+			words[n++] = argv[i];
+	}
+	if (interactive) {
+		char line[512];
+		while (fgets(line, sizeof(line), stdin) != NULL) {
+			n = 0;
+			for (char *tok = strtok(line, " \t\r\n"); tok && n < 16; tok = strtok(NULL, " \t\r\n"))
+				words[n++] = tok;
+			if (n > 0)
+				run(words, n);
+		}
+	}
+	return 0;
+}
