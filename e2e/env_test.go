@@ -65,6 +65,8 @@ type env struct {
 	broker  *harness.Broker
 	// admin calls the API as a member of adminGroup.
 	admin *harness.Client
+	// hubToken is the JupyterHub service token the broker accepts.
+	hubToken string
 }
 
 // envOptions size an env. Zero values take the defaults.
@@ -104,6 +106,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 	e.redis = redistest.Start(t)
 	e.issuer = devissuer.StartTest(t)
 
+	e.hubToken = "hub-" + harness.UniqueName("token")
 	dir := t.TempDir()
 	start := time.Now()
 	b, err := harness.StartBroker(t.Context(), harness.BrokerOptions{
@@ -115,7 +118,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 		IssuerURL:         e.issuer.URL(),
 		Audience:          audience,
 		ProfilesYAML:      testProfiles,
-		HubToken:          "hub-" + harness.UniqueName("token"),
+		HubToken:          e.hubToken,
 		ReconcileInterval: time.Second,
 		OrphanGrace:       2 * time.Second,
 	})

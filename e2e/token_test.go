@@ -23,8 +23,8 @@ type me struct {
 // TestTokenMatrix sends tokens that must be refused to the running broker
 // and checks each gets 401 with a JSON {code, message} and a
 // WWW-Authenticate challenge, next to a valid token that must pass (so the
-// refusals mean something) and a non-admin token that an admin route must
-// refuse with 403.
+// refusals mean something), the hub service token acting for a named user,
+// and a non-admin token that an admin route must refuse with 403.
 func TestTokenMatrix(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOptions{})
@@ -83,8 +83,23 @@ func TestTokenMatrix(t *testing.T) {
 		})
 	}
 
+	// The hub service token acts for a named user with the groups it passes;
+	// that user then owns the server, and others still get 404.
+	hub := &harness.Client{BaseURL: e.broker.URL, Token: e.hubToken}
+	var created v1.Server
+	status, err := hub.Do(ctx, http.MethodPut, harness.ServerPath("carol", "nb"), v1.CreateServerRequest{Profile: "small"},
+		http.Header{"Idempotency-Key": {"hub-1"}, "X-Gpubroker-Groups": {"ml"}}, &created)
+	if err != nil || status != http.StatusCreated || created.User != "carol" {
+		t.Fatalf("hub creates carol/nb: status %d, server %+v, %v; want 201 for carol", status, created, err)
+	}
+	if s, err := e.client("carol", "ml").GetServer(ctx, "carol", "nb"); err != nil || s.SpawnID != created.SpawnID {
+		t.Errorf("carol gets the server the hub created: %+v, %v", s, err)
+	}
+	_, err = e.client("dave", "ml").GetServer(ctx, "carol", "nb")
+	wantAPIError(t, "dave gets carol's server", err, http.StatusNotFound, v1.CodeNotFound)
+
 	// A valid non-admin token on an admin route: 403, not 401.
-	_, err := (&harness.Client{BaseURL: e.broker.URL, Token: valid}).GPUs(ctx)
+	_, err = (&harness.Client{BaseURL: e.broker.URL, Token: valid}).GPUs(ctx)
 	wantAPIError(t, "non-admin lists GPUs", err, http.StatusForbidden, v1.CodeForbidden)
 }
 
