@@ -37,7 +37,7 @@ var suite struct {
 	tools      harness.Tools
 	dir        string
 
-	race  binary // gpubroker built like this test binary (-race or not)
+	race  binary // gpubroker built with -race (used when this binary has it)
 	plain binary // gpubroker built without -race
 }
 
@@ -118,7 +118,10 @@ func needCluster(t *testing.T) *harness.Cluster {
 // test binary has it, so the race detector also watches the broker.
 func brokerBinary(t *testing.T) string {
 	t.Helper()
-	return suite.race.get(t, raceEnabled)
+	if !raceEnabled {
+		return plainBrokerBinary(t)
+	}
+	return suite.race.get(t, true)
 }
 
 // plainBrokerBinary returns gpubroker built without -race: what `go tool task
