@@ -11,13 +11,18 @@
 //     script (scripts/place.lua); Release un-charges in one. Only Restore,
 //     which records what pods prove exists, may exceed a GPU, and it says so
 //     with an error wrapping fleet.ErrConflict.
+//   - No quota is exceeded: Place checks the user's and every group's caps
+//     (servers, memory, compute) and charges them in the same script.
 //   - GPU, user and group counters always equal the sums over the stored
-//     allocations; counters are deleted when they reach zero. Store.Verify
-//     checks this and the invariant above on an atomic snapshot.
-//   - The free-memory indexes (sorted sets, score = free MiB) hold exactly
-//     the healthy GPUs (and, for the "available" ones, those with compute
-//     left); every script that changes a GPU reindexes it in the same step,
-//     so placement walks O(log N + skipped) entries instead of all GPUs.
+//     allocations; user and group counters are deleted when they reach
+//     zero. Store.Verify checks this and the invariants above on an atomic
+//     snapshot.
+//   - Every healthy GPU is in exactly one free-memory index class (sorted
+//     sets, score = free MiB): "avail" when it has compute left, "full"
+//     otherwise; unhealthy GPUs are in none. Every script that changes a
+//     GPU reindexes it in the same step, so placement walks O(log N +
+//     skipped) entries from the smallest fitting score (binpack) or the
+//     top (spread) instead of scanning all GPUs.
 //   - Placement is refused with fleet.ErrNotReady while the reconcile marker
 //     is missing: a flushed or restarted Redis has lost allocations that
 //     pods still hold, and no slice may be placed before the reconciler has
@@ -28,6 +33,8 @@
 //     event to the server's stream in the same step.
 //   - All keys are built in keys.go under one prefix and the hash tag
 //     {gpubroker}, so every multi-key script runs on one Cluster slot.
+//   - Scripts check nothing they do not need to: requests are validated in
+//     Go first (fleet.ErrInvalid) and every script reply is type-checked.
 //
 // # Time
 //

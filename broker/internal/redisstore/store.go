@@ -67,8 +67,10 @@ func WithRetention(d time.Duration) Option {
 	}
 }
 
-// New returns a Store on client with every key under prefix (which may be
-// ""; it must be the same for every broker replica sharing the fleet).
+// New returns a Store on client with every key under prefix, followed by
+// the hash tag {gpubroker}. prefix may be ""; it must be the same for every
+// broker replica sharing the fleet and must not contain '{' or '}' (they
+// would change which part of a key Redis Cluster hashes). New does no I/O.
 func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 	s := &Store{
 		rdb:       client,
