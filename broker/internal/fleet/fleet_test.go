@@ -196,11 +196,11 @@ func TestLifecycleTable(t *testing.T) {
 		{v1.StatePending, v1.StatePlacing}: true, {v1.StatePlacing, v1.StateCreating}: true,
 		{v1.StateCreating, v1.StateStarting}: true, {v1.StateStarting, v1.StateRunning}: true,
 		{v1.StateRunning, v1.StateStopping}: true, {v1.StateStopping, v1.StateStopped}: true,
-		{v1.StateRunning, v1.StateStopped}: true,
+		{v1.StateRunning, v1.StateStopped}:  true,
 		{v1.StatePending, v1.StateStopping}: true, {v1.StatePlacing, v1.StateStopping}: true,
 		{v1.StateCreating, v1.StateStopping}: true, {v1.StateStarting, v1.StateStopping}: true,
 		{v1.StateFailed, v1.StateStopping}: true,
-		{v1.StatePending, v1.StateFailed}: true, {v1.StatePlacing, v1.StateFailed}: true,
+		{v1.StatePending, v1.StateFailed}:  true, {v1.StatePlacing, v1.StateFailed}: true,
 		{v1.StateCreating, v1.StateFailed}: true, {v1.StateStarting, v1.StateFailed}: true,
 	}
 	for _, from := range all {
