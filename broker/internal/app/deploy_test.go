@@ -1,0 +1,103 @@
+package app
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/gpubroker/gpubroker/broker/internal/catalog"
+	"github.com/gpubroker/gpubroker/broker/internal/config"
+)
+
+// deployObjects decodes every manifest of deploy/broker.
+func deployObjects(t *testing.T) []runtime.Object {
+	t.Helper()
+	files, err := filepath.Glob("../../../deploy/broker/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("deploy manifests: %v (found %d)", err, len(files))
+	}
+	var out []runtime.Object
+	for _, f := range files {
+		if filepath.Base(f) == "kustomization.yaml" {
+			continue
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, doc := range bytes.Split(data, []byte("\n---\n")) {
+			obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+			if err != nil {
+				t.Fatalf("%s document %d: %v", f, i, err)
+			}
+			out = append(out, obj)
+		}
+	}
+	return out
+}
+
+// TestDeployManifestsMatchTheBroker keeps deploy/broker true to the code: the
+// Deployment's environment loads as a serve config, the example profiles
+// parse, and the Role grants what the spawner does in the notebooks namespace.
+func TestDeployManifestsMatchTheBroker(t *testing.T) {
+	var dep *appsv1.Deployment
+	var role *rbacv1.Role
+	var profiles *corev1.ConfigMap
+	for _, o := range deployObjects(t) {
+		switch v := o.(type) {
+		case *appsv1.Deployment:
+			dep = v
+		case *rbacv1.Role:
+			role = v
+		case *corev1.ConfigMap:
+			profiles = v
+		}
+	}
+	if dep == nil || role == nil || profiles == nil {
+		t.Fatalf("want a Deployment, a Role and a ConfigMap; got %v %v %v", dep != nil, role != nil, profiles != nil)
+	}
+
+	env := map[string]string{}
+	usage := config.Usage(config.ModeServe)
+	for _, e := range dep.Spec.Template.Spec.Containers[0].Env {
+		if !strings.Contains(usage, e.Name) {
+			t.Errorf("the Deployment sets %s, which gpubroker serve does not read", e.Name)
+		}
+		env[e.Name] = e.Value
+	}
+	cfg, err := config.Load(config.ModeServe, nil, func(k string) string { return env[k] }, nil)
+	if err != nil {
+		t.Fatalf("the Deployment's environment does not load: %v", err)
+	}
+	if role.Namespace != cfg.Namespace {
+		t.Errorf("the Role is in namespace %q, the broker's pods in %q", role.Namespace, cfg.Namespace)
+	}
+
+	if _, err := catalog.Parse([]byte(profiles.Data["profiles.yaml"])); err != nil {
+		t.Errorf("the example profiles do not parse: %v", err)
+	}
+
+	need := map[string][]string{
+		"pods":    {"get", "list", "watch", "create", "delete"},
+		"secrets": {"get", "create", "update", "delete"},
+	}
+	for resource, verbs := range need {
+		for _, verb := range verbs {
+			granted := slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool {
+				return slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb)
+			})
+			if !granted {
+				t.Errorf("the Role does not grant %s on %s", verb, resource)
+			}
+		}
+	}
+}
