@@ -141,26 +141,32 @@ func newEnv(t *testing.T, o envOptions) *env {
 	return e
 }
 
-// keepLog copies a log file of a failed test next to the test binary's
-// artifacts dir ($E2E_ARTIFACTS, if set), because t.TempDir is removed.
+// keepLog keeps a log of a failed test in $E2E_ARTIFACTS, because
+// t.TempDir is removed when the test ends.
 func keepLog(t *testing.T, path string) {
+	if err := keepArtifact(path, harness.UniqueName(t.Name())+"-"+filepath.Base(path)); err != nil {
+		t.Logf("keep log: %v", err)
+	}
+}
+
+// keepArtifact copies the file at path to $E2E_ARTIFACTS/name; it does
+// nothing when E2E_ARTIFACTS is unset.
+func keepArtifact(path, name string) error {
 	dir := os.Getenv("E2E_ARTIFACTS")
 	if dir == "" {
-		return
+		return nil
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		t.Logf("keep log: %v", err)
-		return
+		return fmt.Errorf("keep %s: %w", path, err)
 	}
-	dst := filepath.Join(dir, harness.UniqueName(t.Name())+"-"+filepath.Base(path))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Logf("keep log: %v", err)
-		return
+		return fmt.Errorf("keep %s: %w", path, err)
 	}
-	if err := os.WriteFile(dst, b, 0o644); err != nil {
-		t.Logf("keep log: %v", err)
+	if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+		return fmt.Errorf("keep %s: %w", path, err)
 	}
+	return nil
 }
 
 // token mints a valid token for user in groups.

@@ -7,8 +7,13 @@
 //
 // The tools come from `go tool task e2e:tools` (e2e/.bin). Without them, or
 // without redis-server, the tests skip, unless CI=true, where they fail.
-// `go test -short` skips them too. E2E_GPUBROKER_BIN=<path> tests a prebuilt
-// gpubroker binary instead of building ./broker/cmd/gpubroker.
+// `go test -short` skips them too.
+//
+// Environment:
+//   - E2E_GPUBROKER_BIN=<path> tests a prebuilt gpubroker binary instead of
+//     building ./broker/cmd/gpubroker.
+//   - E2E_ARTIFACTS=<dir> receives the logs of failed runs (broker logs of
+//     failed tests, the cluster's logs when the package failed).
 package e2e
 
 import (
@@ -75,6 +80,11 @@ func runMain(m *testing.M) int {
 	if suite.cluster != nil {
 		if code != 0 {
 			fmt.Fprintf(os.Stderr, "e2e: failed; cluster logs:\n%s", suite.cluster.LogTails(40))
+			for _, name := range []string{"etcd.log", "kube-apiserver.log", "kwok.log"} {
+				if err := keepArtifact(filepath.Join(dir, name), "cluster-"+name); err != nil {
+					fmt.Fprintf(os.Stderr, "e2e: %s\n", err)
+				}
+			}
 		}
 		if err := suite.cluster.Stop(); err != nil {
 			fmt.Fprintf(os.Stderr, "e2e: stop cluster: %s\n", err)
@@ -103,9 +113,9 @@ func needCluster(t *testing.T) *harness.Cluster {
 	t.Helper()
 	if suite.skipReason != "" {
 		if os.Getenv("CI") == "true" && !testing.Short() {
-			t.Fatalf("e2e: %s", suite.skipReason)
+			t.Fatalf("%s (CI=true: missing tools fail the run)", suite.skipReason)
 		}
-		t.Skipf("e2e: %s", suite.skipReason)
+		t.Skipf("%s", suite.skipReason)
 	}
 	if suite.startErr != nil {
 		t.Fatalf("e2e: cluster did not start: %v", suite.startErr)
