@@ -81,8 +81,7 @@ func asInt(v any) (int64, error) {
 	return n, nil
 }
 
-// tagged splits a {"tag", ...} reply and checks it has at least n elements
-// after the tag, all strings unless they are tables.
+// tagged splits a {"tag", ...} reply into its tag and the rest.
 func tagged(v any) (string, []any, error) {
 	l, err := asList(v)
 	if err != nil {
@@ -98,7 +97,7 @@ func tagged(v any) (string, []any, error) {
 	return tag, l[1:], nil
 }
 
-// strings returns the first n elements of rest as strings.
+// stringsN returns the first n elements of rest, which must be strings.
 func stringsN(rest []any, n int) ([]string, error) {
 	if len(rest) < n {
 		return nil, fmt.Errorf("script reply has %d fields, want %d", len(rest), n)
