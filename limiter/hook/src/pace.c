@@ -27,10 +27,13 @@
  *     per-process samples newer than the last it consumed, sums smUtil over
  *     the slice's live pids (slice share u) and over all pids (device use U),
  *     and sets the target
- *       T = g                                    if limit == guarantee g
- *       T = clamp(1000 - (U - u) - MARGIN, g, L) otherwise (burst into room
- *                                                 the others leave, minus a margin)
- *     in per mille. If the slice was held back by the bucket (it waited) or
+ *       T = g                                 if limit L == guarantee g
+ *       T = clamp(u + (1000 - U) - MARGIN, g, L) otherwise
+ *     in per mille: a slice may burst into the room the card leaves, and
+ *     backs off toward its guarantee by MARGIN per period while the card is
+ *     full, so a slice below its own guarantee gets room back (the burster
+ *     cannot know the others' guarantees; it yields until the card has
+ *     MARGIN free). If the slice was held back by the bucket (it waited) or
  *     is above T, rate *= 1 + GAIN * (clamp(T/u, RATIO_MIN, RATIO_MAX) - 1).
  *     A slice that did not wait and is under T keeps its rate (no wind-up).
  *   - Start: rate = T x SMs x (1 block per PACE_INIT_BLOCK_NS per SM): it
@@ -133,10 +136,9 @@ static uint32_t target_permille(uint32_t slice_pm, uint32_t device_pm)
 	uint32_t l = __atomic_load_n(&s->q_compute_limit_percent, __ATOMIC_ACQUIRE) * 10;
 	if (l <= g)
 		return g;
-	uint32_t others = device_pm > slice_pm ? device_pm - slice_pm : 0;
-	uint32_t room = 1000 - others;
-	uint32_t t = room > PACE_MARGIN_PERMILLE ? room - PACE_MARGIN_PERMILLE : 0;
-	return t < g ? g : (t > l ? l : t);
+	int64_t room = 1000 - (int64_t)(device_pm < 1000 ? device_pm : 1000);
+	int64_t t = (int64_t)slice_pm + room - PACE_MARGIN_PERMILLE;
+	return t < (int64_t)g ? g : (t > (int64_t)l ? l : (uint32_t)t);
 }
 
 static uint64_t start_rate(uint32_t target_pm)

@@ -1,0 +1,75 @@
+package hook_test
+
+import (
+	"fmt"
+	"math"
+	"testing"
+	"time"
+)
+
+// TestComputeShareTracksTarget runs slices that launch back to back
+// (saturating) for 10 s after a 1 s warm-up and measures each slice's share
+// of the device's SM time from the stub's counters. Every case has its own
+// simulated device and runs in parallel with the others.
+func TestComputeShareTracksTarget(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("10 s measurement; skipped with -short")
+	}
+	const (
+		warmup    = time.Second
+		window    = 10 * time.Second
+		tolerance = 5.0 // percentage points
+	)
+	type member struct {
+		guarantee, limit int
+		want             float64 // expected share, percent; < 0 = not checked
+	}
+	tests := []struct {
+		name    string
+		members []member
+	}{
+		{name: "25 alone", members: []member{{25, 25, 25}}},
+		{name: "50 alone", members: []member{{50, 50, 50}}},
+		{name: "75 alone", members: []member{{75, 75, 75}}},
+		{name: "25 next to a bursting 75", members: []member{{25, 25, 25}, {75, 100, 75}}},
+		{name: "50 next to a bursting 50", members: []member{{50, 50, 50}, {50, 100, 50}}},
+		{name: "75 next to a bursting 25", members: []member{{75, 75, 75}, {25, 100, 25}}},
+		{name: "30/70 pair", members: []member{{30, 30, 30}, {70, 70, 70}}},
+		{name: "25 bursts to its 75 limit on an idle card", members: []member{{25, 75, 75}}},
+	}
+	// All cases run at once, each on its own simulated device, so the suite
+	// spends one window, not one per case.
+	ms := int((warmup + window + 2*time.Second).Milliseconds())
+	devs := make([]*device, len(tests))
+	procs := make([][]*proc, len(tests))
+	for c, tc := range tests {
+		devs[c] = newDevice(t)
+		for i, m := range tc.members {
+			f := devs[c].newSlice(fmt.Sprintf("case%d-slice%d", c, i))
+			procs[c] = append(procs[c], devs[c].start(f, slice{MemoryMiB: 64, ComputePercent: m.guarantee, ComputeLimitPercent: m.limit},
+				"saturate", "busy_200us", "132", fmt.Sprint(ms)))
+		}
+	}
+	time.Sleep(warmup) // the processes run on their own; sleeping only places the window
+	before := make([]stubState, len(tests))
+	for c := range tests {
+		before[c] = devs[c].stub()
+	}
+	time.Sleep(window)
+	for c, tc := range tests {
+		a, b := before[c], devs[c].stub()
+		t.Run(tc.name, func(t *testing.T) {
+			span := float64(b.NowNs-a.NowNs) * float64(b.SMCount)
+			for i, m := range tc.members {
+				pid := procs[c][i].pid()
+				got := float64(b.procSMNs(pid)-a.procSMNs(pid)) / span * 100
+				t.Logf("slice %d (guarantee %d%%, limit %d%%): %.1f%% of the device", i, m.guarantee, m.limit, got)
+				if m.want >= 0 && math.Abs(got-m.want) > tolerance {
+					t.Errorf("slice %d (guarantee %d%%, limit %d%%) got %.1f%% of the SMs, want %.0f ± %.0f",
+						i, m.guarantee, m.limit, got, m.want, tolerance)
+				}
+			}
+		})
+	}
+}
