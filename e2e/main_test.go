@@ -91,7 +91,8 @@ func runMain(m *testing.M) int {
 			code = 1
 		}
 	}
-	if code == 0 {
+	// Keep the cluster's logs of a failed run; nothing else in dir is worth it.
+	if code == 0 || (suite.cluster == nil && suite.startErr == nil) {
 		_ = os.RemoveAll(dir)
 	} else {
 		fmt.Fprintf(os.Stderr, "e2e: logs kept in %s\n", dir)
