@@ -15,9 +15,15 @@
 //   - Lifecycle: Serve(ctx, l) blocks until ctx is done and then shuts the
 //     HTTP server down, so the caller owns the goroutine (errgroup). StartTest
 //     uses httptest and closes the server in tb.Cleanup. New starts nothing.
-//   - Handler serves /.well-known/openid-configuration and /keys, plus
-//     placeholder /authorize and /token endpoints that answer 501 until the
-//     web-login work adds the authorization-code flow.
+//   - Handler serves /.well-known/openid-configuration and /keys, and the
+//     authorization-code flow (login.go): /authorize signs in a configured
+//     user without a password (the auto-approved one, the one a login_hint
+//     names, or the one picked on its form), /token exchanges codes (PKCE
+//     S256 required, codes single use: a replayed code is refused and the
+//     refresh token issued from it revoked) and rotates refresh tokens
+//     (each one works once; a refresh picks up the user's current groups),
+//     and /logout is the end-session endpoint. Clients must be registered
+//     (WithClient) and redirect URIs match exactly.
 //   - Mint builds the "token matrix" used by the auth tests: Expired,
 //     WithIssuer, WithAudience, SignedByOtherKey (same key id, other key) and
 //     AlgNone (an unsigned token with alg "none").

@@ -33,8 +33,9 @@ const rsaBits = 2048
 const (
 	DiscoveryPath = "/.well-known/openid-configuration"
 	KeysPath      = "/keys"
-	AuthorizePath = "/authorize" // placeholder: 501 until the web login lands
-	TokenPath     = "/token"     // placeholder: 501 until the web login lands
+	AuthorizePath  = "/authorize" // authorization-code flow (see login.go)
+	TokenPath      = "/token"     // code and refresh-token grants
+	EndSessionPath = "/logout"    // RP-initiated logout
 )
 
 // Issuer is an in-process OIDC issuer for dev mode and tests. Create it with
@@ -50,6 +51,9 @@ type Issuer struct {
 	otherOnce sync.Once
 	otherKey  *rsa.PrivateKey
 	otherErr  error
+
+	// login is the authorization-code flow's state (login.go).
+	login loginState
 }
 
 // Option configures New.
@@ -72,6 +76,7 @@ func WithClock(now func() time.Time) Option {
 // given with WithURL is not an absolute http(s) URL or key generation fails.
 func New(opts ...Option) (*Issuer, error) {
 	i := &Issuer{now: time.Now}
+	i.login.init()
 	for _, o := range opts {
 		o(i)
 	}
@@ -148,21 +153,18 @@ func (i *Issuer) Serve(ctx context.Context, l net.Listener) error {
 	return nil
 }
 
-// Handler serves the discovery document, the JWKS and the placeholder
-// endpoints. Mount it at the root of the issuer URL (or behind
-// http.StripPrefix when the URL has a path).
+// Handler serves the discovery document, the JWKS and the
+// authorization-code flow's endpoints (authorize, token, end session).
+// Mount it at the root of the issuer URL (or behind http.StripPrefix when
+// the URL has a path).
 func (i *Issuer) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+DiscoveryPath, i.serveDiscovery)
 	mux.HandleFunc("GET "+KeysPath, i.serveKeys)
-	notYet := func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusNotImplemented, map[string]string{
-			"error":             "unsupported",
-			"error_description": "the dev issuer does not implement this endpoint yet",
-		})
-	}
-	mux.HandleFunc(AuthorizePath, notYet)
-	mux.HandleFunc(TokenPath, notYet)
+	mux.HandleFunc("GET "+AuthorizePath, i.serveAuthorize)
+	mux.HandleFunc("POST "+AuthorizePath, i.serveAuthorize)
+	mux.HandleFunc("POST "+TokenPath, i.serveToken)
+	mux.HandleFunc("GET "+EndSessionPath, i.serveEndSession)
 	return mux
 }
 
@@ -171,6 +173,7 @@ type discovery struct {
 	Issuer                string   `json:"issuer"`
 	AuthorizationEndpoint string   `json:"authorization_endpoint"`
 	TokenEndpoint         string   `json:"token_endpoint"`
+	EndSessionEndpoint    string   `json:"end_session_endpoint"`
 	JWKSURI               string   `json:"jwks_uri"`
 	ResponseTypes         []string `json:"response_types_supported"`
 	SubjectTypes          []string `json:"subject_types_supported"`
@@ -178,6 +181,8 @@ type discovery struct {
 	Scopes                []string `json:"scopes_supported"`
 	Claims                []string `json:"claims_supported"`
 	CodeChallengeMethods  []string `json:"code_challenge_methods_supported"`
+	GrantTypes            []string `json:"grant_types_supported"`
+	TokenAuthMethods      []string `json:"token_endpoint_auth_methods_supported"`
 }
 
 func (i *Issuer) serveDiscovery(w http.ResponseWriter, _ *http.Request) {
@@ -190,13 +195,16 @@ func (i *Issuer) serveDiscovery(w http.ResponseWriter, _ *http.Request) {
 		Issuer:                u,
 		AuthorizationEndpoint: u + AuthorizePath,
 		TokenEndpoint:         u + TokenPath,
+		EndSessionEndpoint:    u + EndSessionPath,
 		JWKSURI:               u + KeysPath,
 		ResponseTypes:         []string{"code"},
 		SubjectTypes:          []string{"public"},
 		SigningAlgs:           []string{string(jose.RS256)},
 		Scopes:                []string{"openid", "profile", "email", "groups"},
-		Claims:                []string{"iss", "sub", "aud", "exp", "iat", "preferred_username", "email", "groups"},
+		Claims:                []string{"iss", "sub", "aud", "exp", "iat", "nonce", "preferred_username", "email", "groups"},
 		CodeChallengeMethods:  []string{"S256"},
+		GrantTypes:            []string{"authorization_code", "refresh_token"},
+		TokenAuthMethods:      []string{"client_secret_basic", "client_secret_post", "none"},
 	})
 }
 

@@ -67,15 +67,6 @@ func TestDiscoveryDocument(t *testing.T) {
 	}
 }
 
-func TestPlaceholderEndpointsAnswer501(t *testing.T) {
-	iss := devissuer.StartTest(t)
-	for _, p := range []string{devissuer.AuthorizePath, devissuer.TokenPath} {
-		if code := getJSON(t, iss.URL()+p, nil); code != http.StatusNotImplemented {
-			t.Errorf("GET %s: status %d, want 501", p, code)
-		}
-	}
-}
-
 // decode returns the header and payload of a compact JWS without verifying it.
 func decode(t *testing.T, tok string) (header, payload map[string]any) {
 	t.Helper()
