@@ -31,8 +31,8 @@ const rsaBits = 2048
 
 // Paths served by Handler, relative to the issuer URL.
 const (
-	DiscoveryPath = "/.well-known/openid-configuration"
-	KeysPath      = "/keys"
+	DiscoveryPath  = "/.well-known/openid-configuration"
+	KeysPath       = "/keys"
 	AuthorizePath  = "/authorize" // authorization-code flow (see login.go)
 	TokenPath      = "/token"     // code and refresh-token grants
 	EndSessionPath = "/logout"    // RP-initiated logout
