@@ -124,6 +124,9 @@ type Allocation struct {
 	Slice   Slice
 	GPUUUID string
 	Node    string
+	// Model is the GPU's model as registered; set by the store, ignored by
+	// Restore.
+	Model string
 }
 
 // SortedGroups returns the names of m sorted, for deterministic charging.

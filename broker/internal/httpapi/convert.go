@@ -26,7 +26,7 @@ func toServer(s fleet.Server) v1.Server {
 		UpdatedAt: s.UpdatedAt,
 	}
 	if s.Allocation != nil && s.Allocation.GPUUUID != "" {
-		out.GPU = &v1.GPURef{UUID: s.Allocation.GPUUUID, Node: s.Allocation.Node}
+		out.GPU = &v1.GPURef{UUID: s.Allocation.GPUUUID, Node: s.Allocation.Node, Model: s.Allocation.Model}
 	}
 	return out
 }

@@ -205,7 +205,7 @@ func (r *Reconciler) Once(ctx context.Context) (Report, error) {
 		if _, held := allocBySlice[p.SpawnID]; !held {
 			restored, err := r.store.Restore(ctx, alloc)
 			switch {
-			case errors.Is(err, fleet.ErrConflict):
+			case errors.Is(err, fleet.ErrConflict) && restored:
 				// Recorded, but the GPU is now overcommitted: the pod is the truth.
 				r.log.ErrorContext(ctx, "restored slice overcommits its GPU", "pod", p.Name, "gpu_uuid", alloc.GPUUUID, "err", err)
 				rep.RestoredSlices++

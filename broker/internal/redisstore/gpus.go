@@ -42,7 +42,7 @@ func (s *Store) RegisterGPU(ctx context.Context, g fleet.GPU) error {
 		s.k.allAvail(), s.k.allFull(),
 		s.k.availIndex(g.Model), s.k.fullIndex(g.Model),
 	}
-	ref, err := allocRef(g.UUID, g.Node)
+	ref, err := allocRef(g.UUID, g.Node, g.Model)
 	if err != nil {
 		return fmt.Errorf("register gpu %s: %w", g.UUID, err)
 	}

@@ -23,6 +23,7 @@ type allocRecord struct {
 	ComputeLimitPercent int      `json:"computeLimitPercent"`
 	GPU                 string   `json:"gpu"`
 	Node                string   `json:"node"`
+	Model               string   `json:"model"`
 }
 
 func decodeAlloc(raw string) (fleet.Allocation, error) {
@@ -40,6 +41,7 @@ func decodeAlloc(raw string) (fleet.Allocation, error) {
 		},
 		GPUUUID: r.GPU,
 		Node:    r.Node,
+		Model:   r.Model,
 	}
 	if len(r.Groups) > 0 {
 		a.Groups = r.Groups
@@ -73,12 +75,14 @@ func recordHead(a fleet.Allocation) (string, error) {
 	return string(b[:len(b)-1]) + ",", nil
 }
 
-// allocRef returns the JSON members "gpu":…,"node":… that end a record.
-func allocRef(gpu, node string) (string, error) {
+// allocRef returns the JSON members "gpu":…,"node":…,"model":… that end a
+// record.
+func allocRef(gpu, node, model string) (string, error) {
 	b, err := json.Marshal(struct {
-		GPU  string `json:"gpu"`
-		Node string `json:"node"`
-	}{gpu, node})
+		GPU   string `json:"gpu"`
+		Node  string `json:"node"`
+		Model string `json:"model"`
+	}{gpu, node, model})
 	if err != nil {
 		return "", fmt.Errorf("encode gpu ref: %w", err)
 	}
@@ -285,7 +289,7 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 	}
 	ref := "" // the GPU's own node
 	if a.Node != "" {
-		if ref, err = allocRef(a.GPUUUID, a.Node); err != nil {
+		if ref, err = allocRef(a.GPUUUID, a.Node, a.Model); err != nil {
 			return false, err
 		}
 	}

@@ -115,7 +115,7 @@ func TestPlaceReturnsAllocationAndIsIdempotent(t *testing.T) {
 	}
 	want := fleet.Allocation{
 		SliceID: "spawn-1", User: "alice", Groups: []string{"ai", "ml"},
-		Slice: req.Slice, GPUUUID: "GPU-1", Node: "gpu-1",
+		Slice: req.Slice, GPUUUID: "GPU-1", Node: "gpu-1", Model: "NVIDIA H200",
 	}
 	got := mustPlace(t, s, req)
 	if diff := cmp.Diff(want, got); diff != "" {

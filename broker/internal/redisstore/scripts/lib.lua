@@ -7,7 +7,7 @@
 --   amem acp n           allocated MiB, allocated guaranteed compute percent,
 --                        number of slices
 --   aidx fidx            the keys of its model's avail and full indexes
---   ref                  the JSON members "gpu":…,"node":… that end an
+--   ref                  the JSON members "gpu":…,"node":…,"model":… that end an
 --                        allocation record on this GPU (built in Go)
 --
 -- Every healthy GPU is in exactly one class, with score = free MiB
