@@ -47,7 +47,7 @@ func buildDir() string { return filepath.Join(hookDir(), "build") }
 
 // needBuild builds the C artifacts once per test binary (make is a no-op when
 // they are up to date). Without gcc or make it skips, or fails when CI=true.
-func needBuild(t *testing.T) {
+func needBuild(t testing.TB) {
 	t.Helper()
 	for _, tool := range []string{"gcc", "make"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -77,13 +77,13 @@ type slice struct {
 
 // device is one simulated GPU (one stub state file) shared by the processes a test starts.
 type device struct {
-	t     *testing.T
+	t     testing.TB
 	dir   string
 	state string
 	extra []string // additional env for every process, e.g. stub settings
 }
 
-func newDevice(t *testing.T, extra ...string) *device {
+func newDevice(t testing.TB, extra ...string) *device {
 	t.Helper()
 	needBuild(t)
 	dir := t.TempDir()
@@ -201,7 +201,7 @@ func (d *device) run(f sliceFiles, s slice, procAddr bool, cmds ...string) ([]re
 
 // proc is an interactive cudaprog (-i): commands go to stdin, replies come from stdout.
 type proc struct {
-	t       *testing.T
+	t       testing.TB
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
 	lines   chan string
@@ -210,11 +210,22 @@ type proc struct {
 	waitErr error
 }
 
-// start launches an interactive cudaprog; it is killed and reaped at cleanup.
+// start launches an interactive cudaprog with the hook; it is killed and reaped at cleanup.
 func (d *device) start(f sliceFiles, s slice, args ...string) *proc {
 	d.t.Helper()
+	return d.startProc(true, f, s, args...)
+}
+
+// startBare launches an interactive cudaprog on the stub without the hook.
+func (d *device) startBare(args ...string) *proc {
+	d.t.Helper()
+	return d.startProc(false, sliceFiles{}, slice{}, args...)
+}
+
+func (d *device) startProc(hooked bool, f sliceFiles, s slice, args ...string) *proc {
+	d.t.Helper()
 	cmd := exec.Command(filepath.Join(buildDir(), "cudaprog"), append([]string{"-i"}, args...)...)
-	cmd.Env = d.env(f, s, true)
+	cmd.Env = d.env(f, s, hooked)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		d.t.Fatal(err)

@@ -72,7 +72,14 @@ static void *next_after(const void *caller, const char *name)
 	if (dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) == 0 || lm == NULL)
 		return hook_real_dlsym(RTLD_NEXT, name);
 	for (struct link_map *l = lm->l_next; l != NULL; l = l->l_next) {
-		void *p = hook_real_dlsym(l, name);
+		if (l->l_name == NULL || l->l_name[0] == '\0')
+			continue;
+		/* A link_map is not a valid handle for every object (the vDSO): get a real one. */
+		void *h = dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
+		if (h == NULL)
+			continue;
+		void *p = hook_real_dlsym(h, name);
+		dlclose(h);
 		if (p == NULL)
 			continue;
 		struct link_map *owner = NULL;

@@ -457,10 +457,12 @@ static CUresult record_locked(struct stub_device *d, uint64_t size, int kind, in
 		d->c_oom++;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	for (int i = 0; i < STUB_MAX_ALLOCS; i++) {
+	for (int n = 0; n < STUB_MAX_ALLOCS; n++) {
+		int i = (int)((d->alloc_hint + (uint32_t)n) % STUB_MAX_ALLOCS);
 		struct stub_alloc *a = &d->allocs[i];
 		if (a->kind != STUB_KIND_FREE)
 			continue;
+		d->alloc_hint = (uint32_t)(i + 1) % STUB_MAX_ALLOCS;
 		a->handle = d->next_handle;
 		d->next_handle += round_up(size ? size : 1, 512);
 		a->size = size;
@@ -486,7 +488,7 @@ static CUresult alloc_kind(uint64_t size, int kind, uint64_t *handle)
 	if (handle == NULL || size == 0)
 		return CUDA_ERROR_INVALID_VALUE;
 	stub_lock(d);
-	stub_reap_locked(d);
+	stub_reap_soon_locked(d);
 	CUresult r = record_locked(d, size, kind, 0, 1, handle);
 	stub_unlock(d);
 	return r;
@@ -530,7 +532,7 @@ STUB_EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
 	if (free_b == NULL || total == NULL)
 		return CUDA_ERROR_INVALID_VALUE;
 	stub_lock(d);
-	stub_reap_locked(d);
+	stub_reap_soon_locked(d);
 	*total = d->total_bytes;
 	*free_b = d->total_bytes - d->used_bytes;
 	stub_unlock(d);
@@ -738,7 +740,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool
 	if (dptr == NULL || bytesize == 0 || stream_of(h) == NULL)
 		return CUDA_ERROR_INVALID_VALUE;
 	stub_lock(d);
-	stub_reap_locked(d);
+	stub_reap_soon_locked(d);
 	int i = use_default ? default_pool_locked(d) : pool_index(d, pool);
 	if (i < 0) {
 		stub_unlock(d);
@@ -1099,7 +1101,7 @@ STUB_EXPORT CUresult cuGraphLaunch(CUgraphExec h, CUstream s)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (e->graph_bytes && !e->allocated) {
 		stub_lock(d);
-		stub_reap_locked(d);
+		stub_reap_soon_locked(d);
 		struct stub_proc *me = stub_self_locked(d);
 		if (me == NULL || d->used_bytes + e->graph_bytes > d->total_bytes) {
 			d->c_oom++;

@@ -242,6 +242,15 @@ void stub_reap_locked(struct stub_device *d)
 	}
 }
 
+void stub_reap_soon_locked(struct stub_device *d)
+{
+	uint64_t now = stub_now_ns();
+	if (now - d->last_reap_ns < 1000000)
+		return;
+	d->last_reap_ns = now;
+	stub_reap_locked(d);
+}
+
 struct stub_proc *stub_self_cached(struct stub_device *d)
 {
 	int idx = __atomic_load_n(&g_proc_idx, __ATOMIC_ACQUIRE);

@@ -29,7 +29,7 @@
 #define STUB_EXPORT __attribute__((visibility("default")))
 
 #define STUB_MAGIC 0x42555453u /* "STUB" */
-#define STUB_VERSION 3u
+#define STUB_VERSION 4u
 #define STUB_MAX_PROCS 64
 #define STUB_MAX_ALLOCS 16384
 #define STUB_MAX_POOLS 256
@@ -90,6 +90,9 @@ struct stub_device {
 	uint64_t queue_ns;  /* launch queue horizon */
 	uint64_t sample_ns; /* minimum NVML sample window */
 	uint64_t next_handle;
+	uint32_t alloc_hint; /* where the search for a free allocation record starts */
+	uint64_t last_reap_ns;
+	uint32_t pad3;
 	uint64_t backlog_end_ns; /* CLOCK_MONOTONIC when queued work would finish at full occupancy */
 	uint64_t sm_ns_total;    /* device-wide SM-ns launched */
 	uint64_t dev_sample_prev_sm_ns, dev_sample_prev_ns;
@@ -112,6 +115,8 @@ struct stub_proc *stub_self_locked(struct stub_device *d);
 struct stub_proc *stub_self_cached(struct stub_device *d);
 /* stub_reap_locked releases everything of processes that have died. */
 void stub_reap_locked(struct stub_device *d);
+/* stub_reap_soon_locked does the same at most every millisecond (allocation paths). */
+void stub_reap_soon_locked(struct stub_device *d);
 uint64_t stub_now_ns(void);
 uint64_t stub_realtime_us(void);
 /* stub_sample_locked refreshes the NVML samples if a window has passed. */

@@ -26,6 +26,8 @@
  *   saturate FN GRID MS  launch FN back to back for MS milliseconds; prints launches
  *   loop CHUNK           forever: fill with CHUNK blocks, free all (for kill tests); prints "looping" once
  *   sync                 cuCtxSynchronize
+ *   dlcheck              dlsym interposition: prints 1/0 for (hooked symbol -> libgpulimit,
+ *                        unhooked symbol -> libcuda, RTLD_NEXT malloc == libc malloc)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -439,6 +441,16 @@ static int run(char **argv, int argc)
 			}
 			free_all();
 		}
+	} else if (strcmp(cmd, "dlcheck") == 0) {
+		void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+		Dl_info a, b;
+		void *hooked = lib ? dlsym(lib, "cuMemAlloc_v2") : NULL;
+		void *plain = lib ? dlsym(lib, "cuInit") : NULL;
+		int hook_ok = hooked && dladdr(hooked, &a) && strstr(a.dli_fname, "libgpulimit") != NULL;
+		int plain_ok = plain && dladdr(plain, &b) && strstr(b.dli_fname, "libcuda") != NULL;
+		void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+		int next_ok = libc && dlsym(RTLD_NEXT, "malloc") == dlsym(libc, "malloc");
+		printf("dlcheck 0 %d %d %d\n", hook_ok, plain_ok, next_ok);
 	} else if (strcmp(cmd, "sync") == 0) {
 		printf("sync %d\n", A.ctxSynchronize());
 	} else {
