@@ -66,8 +66,8 @@ func TestServerLifecycle(t *testing.T) {
 	if !ok {
 		t.Fatalf("server placed on unknown GPU %q", running.GPU.UUID)
 	}
-	if running.GPU.Node != gpu.Node {
-		t.Errorf("server GPU node %q, want %q (the GPU's node)", running.GPU.Node, gpu.Node)
+	if diff := cmp.Diff(v1.GPURef{UUID: gpu.UUID, Node: gpu.Node, Model: gpu.Model}, *running.GPU); diff != "" {
+		t.Errorf("server's GPU (-registered +reported):\n%s", diff)
 	}
 
 	pod, err := e.cluster.Client.CoreV1().Pods(e.ns).Get(ctx, running.Pod, metav1.GetOptions{})
@@ -81,7 +81,7 @@ func TestServerLifecycle(t *testing.T) {
 	if got := pod.Spec.Containers[0].Env; !hasEnv(got, "E2E_PLAIN", "plain-value") {
 		t.Errorf("pod env lacks E2E_PLAIN=plain-value: %v", envNames(got))
 	}
-	checkSecretEnv(t, pod, "JUPYTERHUB_API_TOKEN")
+	secrets := e.checkSecretEnv(t, pod, "JUPYTERHUB_API_TOKEN", secretValue)
 	if b, _ := json.Marshal(pod); strings.Contains(string(b), secretValue) {
 		t.Errorf("secret value appears in the pod object")
 	}
@@ -127,6 +127,7 @@ func TestServerLifecycle(t *testing.T) {
 	if _, err := alice.WaitServer(ctx, "alice", "nb", v1.StateStopped, 30*time.Second); err != nil {
 		t.Errorf("%v", err)
 	}
+	e.checkSecretsGone(t, pod, secrets)
 	err = harness.Poll(ctx, 100*time.Millisecond, 30*time.Second, func(ctx context.Context) (bool, string, error) {
 		got := e.allocated(t)
 		want := map[string]gpuUse{}
@@ -226,26 +227,70 @@ func checkPodContract(t *testing.T, pod *corev1.Pod, w podWant) {
 	}
 }
 
-// checkSecretEnv checks that the pod takes name from a Secret, not a literal.
-func checkSecretEnv(t *testing.T, pod *corev1.Pod, name string) {
+// checkSecretEnv checks that the pod takes the variable name from a Secret
+// (a secretKeyRef, or envFrom of a whole Secret) and not from a literal, and
+// that the Secret holds value under name. It returns the Secrets the pod
+// reads its environment from.
+func (e *env) checkSecretEnv(t *testing.T, pod *corev1.Pod, name, value string) []string {
 	t.Helper()
+	var refs []string
 	for _, c := range pod.Spec.Containers {
 		for _, ev := range c.Env {
-			if ev.Name != name {
-				continue
+			if ev.Name == name && (ev.Value != "" || ev.ValueFrom == nil) {
+				t.Errorf("pod %s env %s is a literal, not taken from a Secret", pod.Name, name)
 			}
-			if ev.Value != "" || ev.ValueFrom == nil || ev.ValueFrom.SecretKeyRef == nil {
-				t.Errorf("pod %s env %s is not taken from a Secret: %+v", pod.Name, name, ev)
+			if ev.ValueFrom != nil && ev.ValueFrom.SecretKeyRef != nil {
+				refs = append(refs, ev.ValueFrom.SecretKeyRef.Name)
 			}
-			return
 		}
 		for _, ef := range c.EnvFrom {
 			if ef.SecretRef != nil {
-				return // the whole Secret is imported
+				refs = append(refs, ef.SecretRef.Name)
 			}
 		}
 	}
-	t.Errorf("pod %s has no env %s from a Secret (env: %v)", pod.Name, name, envNames(pod.Spec.Containers[0].Env))
+	found := false
+	for _, ref := range refs {
+		sec, err := e.cluster.Client.CoreV1().Secrets(e.ns).Get(t.Context(), ref, metav1.GetOptions{})
+		if err != nil {
+			t.Errorf("pod %s reads Secret %s: %v", pod.Name, ref, err)
+			continue
+		}
+		if string(sec.Data[name]) == value {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no Secret the pod %s reads (%v) holds %s with the value sent", pod.Name, refs, name)
+	}
+	return refs
+}
+
+// checkSecretsGone waits until every named Secret is deleted or owned by the
+// (deleted) pod, so that no credential outlives its server in a real cluster
+// (this cluster runs no garbage collector).
+func (e *env) checkSecretsGone(t *testing.T, pod *corev1.Pod, names []string) {
+	t.Helper()
+	for _, n := range names {
+		err := harness.Poll(t.Context(), 100*time.Millisecond, 30*time.Second, func(ctx context.Context) (bool, string, error) {
+			sec, err := e.cluster.Client.CoreV1().Secrets(e.ns).Get(ctx, n, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return true, "", nil
+			}
+			if err != nil {
+				return false, err.Error(), nil
+			}
+			for _, o := range sec.OwnerReferences {
+				if o.UID == pod.UID {
+					return true, "", nil
+				}
+			}
+			return false, "still there, not owned by the pod", nil
+		})
+		if err != nil {
+			t.Errorf("Secret %s outlives its server: %v", n, err)
+		}
+	}
 }
 
 func subset(m, keys map[string]string) map[string]string {
