@@ -74,7 +74,7 @@ func TestQuotaFileOlderGenerationIgnored(t *testing.T) {
 	t.Parallel()
 	dev := newDevice(t)
 	f := dev.newSlice("s")
-	if err := region.WriteQuota(f.Quota, region.Quota{Generation: 5, MemoryLimitBytes: 64 * mib, ComputePercent: 100, ComputeLimitPercent: 100}); err != nil {
+	if err := region.WriteQuota(f.Quota, region.Quota{Generation: 5, SliceID: "test-slice", MemoryLimitBytes: 64 * mib, ComputePercent: 100, ComputeLimitPercent: 100}); err != nil {
 		t.Fatal(err)
 	}
 	p := dev.start(f, slice{MemoryMiB: 8, ComputePercent: 100})
@@ -82,7 +82,7 @@ func TestQuotaFileOlderGenerationIgnored(t *testing.T) {
 		t.Fatalf("file generation 5 (64 MiB) should beat env (8 MiB): CUresult %d", r.Res)
 	}
 	// Replace the file by hand with generation 3 and a tiny limit: ignored.
-	b, err := region.EncodeQuota(region.Quota{Generation: 3, MemoryLimitBytes: mib, ComputePercent: 100, ComputeLimitPercent: 100})
+	b, err := region.EncodeQuota(region.Quota{Generation: 3, SliceID: "test-slice", MemoryLimitBytes: mib, ComputePercent: 100, ComputeLimitPercent: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,35 +98,61 @@ func TestQuotaFileOlderGenerationIgnored(t *testing.T) {
 	}
 }
 
-// TestCorruptQuotaFileFailsClosed: a quota file that exists but is invalid
-// refuses new allocations with a message; a valid file lifts that.
-func TestCorruptQuotaFileFailsClosed(t *testing.T) {
+// TestInvalidQuotaFileFailsClosed: a quota file that exists but is invalid
+// refuses new allocations within 100 ms with a message on stderr, frees keep
+// working, and the next valid file lifts the refusal.
+func TestInvalidQuotaFileFailsClosed(t *testing.T) {
 	t.Parallel()
-	dev := newDevice(t)
-	f := dev.newSlice("s")
-	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 100})
-	if r := p.do(fmt.Sprintf("alloc linear %d", mib)); r.Res != cudaSuccess {
-		t.Fatal(r)
+	valid := func(t *testing.T, sliceID string) []byte {
+		b, err := region.EncodeQuota(region.Quota{Generation: 7, SliceID: sliceID, MemoryLimitBytes: 64 * mib, ComputePercent: 100, ComputeLimitPercent: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
 	}
-	tmp := f.Quota + ".new"
-	if err := os.WriteFile(tmp, []byte("this is not a quota region"), 0o644); err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name    string
+		content func(t *testing.T) []byte
+		why     string // expected in the stderr message
+	}{
+		{name: "not a quota region", content: func(*testing.T) []byte { return []byte("this is not a quota region") }, why: "wrong size"},
+		{name: "empty file", content: func(*testing.T) []byte { return nil }, why: "wrong size"},
+		{name: "flipped bit", content: func(t *testing.T) []byte { b := valid(t, "test-slice"); b[81] ^= 0x40; return b }, why: "checksum mismatch"},
+		{name: "future layout", content: func(t *testing.T) []byte { b := valid(t, "test-slice"); b[4] = 9; return b }, why: "unknown layout version"},
+		{name: "another slice's quota", content: func(t *testing.T) []byte { return valid(t, "other-slice") }, why: "is for slice other-slice"},
 	}
-	if err := os.Rename(tmp, f.Quota); err != nil {
-		t.Fatal(err)
-	}
-	if d := waitFor(t, p, "waitoom", mib, cudaOutOfMemory); d > applyWithin {
-		t.Errorf("corrupt file took %v to close, want <= %v", d, applyWithin)
-	}
-	if r := p.do("free"); r.Res != cudaSuccess {
-		t.Errorf("frees must keep working when failing closed: CUresult %d", r.Res)
-	}
-	writeQuota(t, f.Quota, 64)
-	if d := waitFor(t, p, "waitalloc", mib, cudaSuccess); d > applyWithin {
-		t.Errorf("valid file took %v to reopen, want <= %v", d, applyWithin)
-	}
-	p.kill()
-	if !strings.Contains(p.stderr.String(), "is invalid: wrong size") || !strings.Contains(p.stderr.String(), "failing closed") {
-		t.Errorf("stderr does not explain the fail-closed state:\n%s", p.stderr.String())
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dev := newDevice(t)
+			f := dev.newSlice("s")
+			p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 100})
+			if r := p.do(fmt.Sprintf("alloc linear %d", mib)); r.Res != cudaSuccess {
+				t.Fatal(r)
+			}
+			tmp := f.Quota + ".new"
+			if err := os.WriteFile(tmp, tc.content(t), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, f.Quota); err != nil {
+				t.Fatal(err)
+			}
+			if d := waitFor(t, p, "waitoom", mib, cudaOutOfMemory); d > applyWithin {
+				t.Errorf("invalid file took %v to close, want <= %v", d, applyWithin)
+			}
+			if r := p.do("free"); r.Res != cudaSuccess {
+				t.Errorf("frees must keep working when failing closed: CUresult %d", r.Res)
+			}
+			if err := region.WriteQuota(f.Quota, region.Quota{Generation: 8, SliceID: "test-slice", MemoryLimitBytes: 64 * mib, ComputePercent: 100, ComputeLimitPercent: 100}); err != nil {
+				t.Fatal(err)
+			}
+			if d := waitFor(t, p, "waitalloc", mib, cudaSuccess); d > applyWithin {
+				t.Errorf("valid file took %v to reopen, want <= %v", d, applyWithin)
+			}
+			p.kill()
+			if msg := p.stderr.String(); !strings.Contains(msg, tc.why) || !strings.Contains(msg, "failing closed") {
+				t.Errorf("stderr does not say %q and \"failing closed\":\n%s", tc.why, msg)
+			}
+		})
 	}
 }

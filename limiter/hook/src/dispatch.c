@@ -56,6 +56,7 @@ static void *hook_for(const char *name, void *p)
 		return NULL;
 	if (!(name[0] == 'c' && name[1] == 'u') && strncmp(name, "nvml", 4) != 0)
 		return NULL;
+	/* Only a hooked name resolves the driver: other programs' "cu..." lookups load nothing. */
 	for (size_t i = 0; i < N_ENTRIES; i++) {
 		if (strcmp(entries[i].name, name) != 0)
 			continue;

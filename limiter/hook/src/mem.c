@@ -24,7 +24,9 @@
  * The cap applies to every device the process uses, each on its own.
  */
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "hook.h"
 
@@ -46,6 +48,16 @@ int device_uuid_of(CUdevice dev, uint8_t out[GPULIMIT_UUID_BYTES])
 	if (r->cuDeviceGetUuid == NULL || r->cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS)
 		return -1;
 	memcpy(out, u.bytes, GPULIMIT_UUID_BYTES);
+	if (s->gpu_uuid_env[0] != '\0') {
+		char name[48];
+		const uint8_t *b = out;
+		snprintf(name, sizeof(name), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+		         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+		         b[15]);
+		if (strcasecmp(name, s->gpu_uuid_env) != 0)
+			hook_log(HOOK_LOG_WARN, "device %d is %s, not the slice's GPU %s: capped all the same", dev, name,
+			         s->gpu_uuid_env);
+	}
 	if (dev >= 0 && dev < HOOK_MAX_ORDINALS) {
 		memcpy(s->ord_uuid[dev], u.bytes, GPULIMIT_UUID_BYTES);
 		__atomic_store_n(&s->ord_known[dev], 1, __ATOMIC_RELEASE);

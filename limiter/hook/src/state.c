@@ -10,7 +10,7 @@
  *   - A missing quota file changes nothing: the values in force stay.
  *   - No valid values at all (env absent or invalid, no valid file yet), or a
  *     quota file that exists but is invalid (size, magic, layout, checksum,
- *     ranges): FAIL CLOSED. The memory limit becomes 0, so every new device
+ *     ranges, or a slice id other than GPUBROKER_SLICE_ID): FAIL CLOSED. The memory limit becomes 0, so every new device
  *     allocation fails with CUDA_ERROR_OUT_OF_MEMORY and memory queries show
  *     0 total and 0 free; compute is paced at 1 %. Frees, launches and all
  *     other calls keep working; a message saying why goes to stderr at level
@@ -121,8 +121,10 @@ static void resolve_real(void)
 		hook_log(HOOK_LOG_WARN, "libcuda.so.1 not loadable: %s", dlerror());
 	void *libs[2] = {s->cuda_lib, s->nvml_lib};
 #define RESOLVE_HOOK(lib, name, base, since, ptsz)                                                          \
-	if (libs[LIB_##lib])                                                                                   \
-		s->real.name = (__typeof__(&name))hook_real_dlsym(libs[LIB_##lib], #name);
+	do {                                                                                                   \
+		if (libs[LIB_##lib])                                                                           \
+			s->real.name = (__typeof__(&name))hook_real_dlsym(libs[LIB_##lib], #name);              \
+	} while (0);
 #define RESOLVE_CALL(lib, name) RESOLVE_HOOK(lib, name, "", 0, 0)
 	GPULIMIT_SYMBOLS(RESOLVE_HOOK, RESOLVE_CALL)
 #undef RESOLVE_HOOK
@@ -261,6 +263,12 @@ static int read_quota_file(const struct stat *st)
 		return -1;
 	}
 	(void)st;
+	if (s->env_quota.slice_id[0] != '\0' && strcmp(q.slice_id, s->env_quota.slice_id) != 0) {
+		snprintf(why_buf, sizeof(why_buf), "quota file %.180s is for slice %.40s, not %.40s", s->quota_path,
+		         q.slice_id, s->env_quota.slice_id);
+		fail_closed(why_buf);
+		return -1;
+	}
 	uint64_t cur = __atomic_load_n(&s->q_generation, __ATOMIC_ACQUIRE);
 	int closed = __atomic_load_n(&s->q_fail_closed, __ATOMIC_ACQUIRE);
 	if (q.generation > cur || (closed && q.generation >= cur)) {
