@@ -95,6 +95,10 @@ func runMain(m *testing.M) int {
 	if code == 0 || (suite.cluster == nil && suite.startErr == nil) {
 		_ = os.RemoveAll(dir)
 	} else {
+		// The etcd data and the binaries are large (about 200 MB); drop them.
+		for _, big := range []string{"etcd-data", "gpubroker", "gpubroker-race"} {
+			_ = os.RemoveAll(filepath.Join(dir, big))
+		}
 		fmt.Fprintf(os.Stderr, "e2e: logs kept in %s\n", dir)
 	}
 	if code == 0 {
