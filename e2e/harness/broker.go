@@ -18,8 +18,9 @@ type BrokerOptions struct {
 	Binary string
 	// Dir receives the profiles file, the hub token file and broker.log.
 	Dir string
-	// RedisURL, Kubeconfig, Namespace, IssuerURL and Audience map to the flags
-	// of the same names.
+	// RedisURL, Kubeconfig, Namespace, IssuerURL and Audience map to
+	// --redis-url, --kubeconfig, --namespace, --oidc-issuer and
+	// --oidc-audience.
 	RedisURL   string
 	Kubeconfig string
 	Namespace  string
