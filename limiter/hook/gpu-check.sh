@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# gpu-check.sh: checks libgpulimit on a real NVIDIA H100/H200 with nvcc.
+# It is not part of CI (no GPU there); run it by hand on a GPU machine:
+#
+#   limiter/hook/gpu-check.sh            # from the repository root or anywhere
+#
+# Needs: an NVIDIA GPU and driver (libcuda.so.1, libnvidia-ml.so.1,
+# nvidia-smi), nvcc (CUDA 12.x), gcc and make. Optional: python3 with torch
+# for the torch.cuda.mem_get_info check.
+#
+# It prints, in order:
+#   1. the memory cap under cudaMalloc, cudaMallocAsync and cudaMalloc3DArray,
+#      and cudaMemGetInfo showing the slice            (slice of MEM_MIB, default 4096)
+#   2. torch.cuda.mem_get_info showing the slice        (skipped without torch)
+#   3. the achieved SM share at 25 % and 50 %: spin-kernel throughput with the
+#      hook divided by the throughput without it       (RUN_SECONDS each, default 10)
+#   4. launch overhead: host ns per empty launch, native and hooked (50 % slice,
+#      under its share), the difference and the ratio
+# and exits 1 if a cap is broken or a share misses its target by more than
+# 5 points. Run it on an otherwise idle GPU: other work skews the shares.
+set -euo pipefail
+
+MEM_MIB=${MEM_MIB:-4096}
+SECONDS_PER_RUN=${RUN_SECONDS:-10}
+BLOCK_US=${BLOCK_US:-200}
+GPU_INDEX=${GPU_INDEX:-0}
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failed=0
+
+section() { printf '\n== %s\n' "$*"; }
+fail() { printf 'FAIL %s\n' "$*"; failed=1; }
+
+require() {
+	for tool in "$@"; do
+		command -v "$tool" >/dev/null || { echo "gpu-check: $tool not found" >&2; exit 2; }
+	done
+}
+
+build() {
+	section "build"
+	make -C "$here" -s build/libgpulimit.so
+	local arch
+	arch=$(nvidia-smi -i "$GPU_INDEX" --query-gpu=compute_cap --format=csv,noheader | tr -d '.')
+	nvcc -O2 -arch="sm_${arch}" -o "$work/gpu_check" "$here/tests/gpu_check.cu"
+	nvidia-smi -i "$GPU_INDEX" --query-gpu=name,uuid,memory.total,driver_version --format=csv,noheader
+}
+
+# hooked PERCENT LIMIT_PERCENT CMD...: run CMD with the hook and a fresh slice.
+hooked() {
+	local pct=$1 lim=$2
+	shift 2
+	local slice="$work/slice-$pct-$lim-$RANDOM"
+	mkdir -p "$slice"
+	env CUDA_VISIBLE_DEVICES="$GPU_INDEX" \
+		GPUBROKER_SLICE_ID=gpu-check GPUBROKER_GPU_UUID="$GPU_UUID" \
+		GPUBROKER_MEMORY_LIMIT_MIB="$MEM_MIB" GPUBROKER_COMPUTE_PERCENT="$pct" GPUBROKER_COMPUTE_LIMIT_PERCENT="$lim" \
+		GPUBROKER_QUOTA_FILE="$slice/quota.bin" GPUBROKER_USAGE_FILE="$slice/usage.bin" \
+		GPUBROKER_LIMITER_LOG=warn LD_PRELOAD="$here/build/libgpulimit.so" "$@"
+}
+
+native() {
+	env CUDA_VISIBLE_DEVICES="$GPU_INDEX" "$@"
+}
+
+check_memory() {
+	section "1. memory cap (slice ${MEM_MIB} MiB)"
+	hooked 100 100 "$work/gpu_check" mem "$MEM_MIB" || failed=1
+}
+
+check_torch() {
+	section "2. torch.cuda.mem_get_info"
+	if ! python3 -c 'import torch' 2>/dev/null; then
+		echo "skipped: python3 with torch not available"
+		return
+	fi
+	local out
+	out=$(hooked 100 100 python3 -c 'import torch; f, t = torch.cuda.mem_get_info(); print(f, t)')
+	echo "torch.cuda.mem_get_info() = $out (free, total bytes)"
+	[ "${out#* }" = "$((MEM_MIB * 1024 * 1024))" ] || fail "torch sees total ${out#* }, want $((MEM_MIB * 1024 * 1024))"
+}
+
+kernels_per_s() {
+	sed -n 's/^spin kernels_per_s=\([0-9.]*\).*/\1/p'
+}
+
+check_share() {
+	section "3. SM share (${SECONDS_PER_RUN} s of saturating ${BLOCK_US} us one-wave kernels per run)"
+	local base
+	base=$(native "$work/gpu_check" spin "$SECONDS_PER_RUN" "$BLOCK_US" | kernels_per_s)
+	echo "native: $base kernels/s (100 %)"
+	for pct in 25 50; do
+		local got share
+		got=$(hooked "$pct" "$pct" "$work/gpu_check" spin "$SECONDS_PER_RUN" "$BLOCK_US" | kernels_per_s)
+		share=$(awk -v g="$got" -v b="$base" 'BEGIN { printf "%.1f", 100 * g / b }')
+		echo "slice ${pct} %: $got kernels/s = ${share} % of native"
+		awk -v s="$share" -v p="$pct" 'BEGIN { exit (s - p > 5 || p - s > 5) }' ||
+			fail "share at ${pct} % is ${share} %, outside ±5 points"
+	done
+}
+
+ns_per_launch() {
+	sed -n 's/^launch ns_per_launch=\([0-9.]*\).*/\1/p'
+}
+
+check_launch() {
+	section "4. launch overhead (empty kernels, host time)"
+	local n=200000 nat hk
+	nat=$(native "$work/gpu_check" launch "$n" | ns_per_launch)
+	hk=$(hooked 50 50 "$work/gpu_check" launch "$n" | ns_per_launch)
+	awk -v n="$nat" -v h="$hk" 'BEGIN { printf "native %.1f ns, hooked %.1f ns, added %.1f ns, ratio %.2f\n", n, h, h - n, h / n }'
+}
+
+main() {
+	require nvidia-smi nvcc make gcc awk
+	GPU_UUID=$(nvidia-smi -i "$GPU_INDEX" --query-gpu=uuid --format=csv,noheader)
+	build
+	check_memory
+	check_torch
+	check_share
+	check_launch
+	section "result"
+	if [ "$failed" -ne 0 ]; then
+		echo "FAILED"
+		exit 1
+	fi
+	echo "all checks passed"
+}
+
+main "$@"
