@@ -59,6 +59,15 @@ func TestStubThroughGoNVML(t *testing.T) {
 	if ret != nvml.SUCCESS || uint64(attrs.MultiprocessorCount) != st.SMCount || attrs.MemorySizeMB != st.TotalBytes/mib {
 		t.Errorf("GetAttributes = %+v, %v; want %d SMs, %d MiB", attrs, ret, st.SMCount, st.TotalBytes/mib)
 	}
+	if pci, ret := d.GetPciInfo(); ret != nvml.SUCCESS || pci.PciDeviceId == 0 {
+		t.Errorf("GetPciInfo = %+v, %v", pci, ret)
+	}
+	if major, minor, ret := d.GetCudaComputeCapability(); ret != nvml.SUCCESS || major != 9 || minor != 0 {
+		t.Errorf("GetCudaComputeCapability = %d.%d, %v; want 9.0", major, minor, ret)
+	}
+	if _, _, ret := d.GetMigMode(); ret != nvml.ERROR_NOT_SUPPORTED {
+		t.Errorf("GetMigMode: %v, want ERROR_NOT_SUPPORTED", ret)
+	}
 	mem, ret := d.GetMemoryInfo()
 	if diff := cmp.Diff(nvml.Memory{Total: st.TotalBytes, Used: 100 * mib, Free: st.TotalBytes - 100*mib}, mem); ret != nvml.SUCCESS || diff != "" {
 		t.Errorf("GetMemoryInfo (%v) (-want +got):\n%s", ret, diff)

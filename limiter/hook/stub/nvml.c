@@ -375,3 +375,41 @@ STUB_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlP
 	stub_unlock(d);
 	return k ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
 }
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t dev, nvmlPciInfo_t *pci)
+{
+	nvmlReturn_t r;
+	if (ready(dev, &r) == NULL)
+		return r;
+	if (pci == NULL)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	memset(pci, 0, sizeof(*pci));
+	pci->bus = 0x1b;
+	pci->pciDeviceId = 0x233010de; /* H100 SXM5 80GB, NVIDIA vendor id */
+	pci->pciSubSystemId = 0x16c110de;
+	snprintf(pci->busIdLegacy, sizeof(pci->busIdLegacy), "0000:1B:00.0");
+	snprintf(pci->busId, sizeof(pci->busId), "00000000:1B:00.0");
+	return NVML_SUCCESS;
+}
+
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t dev, int *major, int *minor)
+{
+	nvmlReturn_t r;
+	if (ready(dev, &r) == NULL)
+		return r;
+	if (major == NULL || minor == NULL)
+		return NVML_ERROR_INVALID_ARGUMENT;
+	*major = 9;
+	*minor = 0;
+	return NVML_SUCCESS;
+}
+
+/* The simulated device has no MIG. */
+STUB_EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t dev, unsigned int *current, unsigned int *pending)
+{
+	nvmlReturn_t r;
+	if (ready(dev, &r) == NULL)
+		return r;
+	(void)current, (void)pending;
+	return NVML_ERROR_NOT_SUPPORTED;
+}
