@@ -1,0 +1,75 @@
+package agentstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// AuditRecord is one enforcement decision of an agent (DESIGN.md invariant
+// 6: actor, target, action, reason, policy and the inputs).
+type AuditRecord struct {
+	At   time.Time `json:"at"`
+	Node string    `json:"node"` // the actor: gpubroker-agent on this node
+	// Action is "report", "kill" or "kill-failed".
+	Action string `json:"action"`
+	// Reason is "over-memory" (a slice's processes use more than its cap
+	// beyond the tolerance) or "no-slice" (a GPU process of no slice).
+	Reason string `json:"reason"`
+	// Policy names the configured policy, e.g. "kill tolerance=5% samples=3".
+	Policy    string `json:"policy"`
+	Slice     string `json:"slice,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	Container string `json:"container,omitempty"`
+	PID       uint32 `json:"pid"`
+	GPU       string `json:"gpu"`
+	// MemoryUsedMiB is the target's memory as NVML reported it (the
+	// process's for no-slice, the slice's for over-memory).
+	MemoryUsedMiB int64 `json:"memoryUsedMiB"`
+	// MemoryLimitMiB is the slice's cap; 0 for no-slice.
+	MemoryLimitMiB int64 `json:"memoryLimitMiB"`
+	// Samples is how many consecutive samples the condition held.
+	Samples int    `json:"samples"`
+	Error   string `json:"error,omitempty"`
+}
+
+// AddAudit appends r to the audit stream (trimmed to about 10,000 records).
+func (st *Store) AddAudit(ctx context.Context, r AuditRecord) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return fmt.Errorf("audit: %w", err)
+	}
+	ctx, cancel := st.op(ctx)
+	defer cancel()
+	err = st.rdb.XAdd(ctx, &redis.XAddArgs{
+		Stream: st.k.Audit(), MaxLen: auditMaxLen, Approx: true, ID: "*", Values: []any{"r", b},
+	}).Err()
+	if err != nil {
+		return fmt.Errorf("audit %s %s pid %d: %w", r.Action, r.Reason, r.PID, err)
+	}
+	return nil
+}
+
+// RecentAudit returns up to n of the newest audit records, newest first.
+func (st *Store) RecentAudit(ctx context.Context, n int64) ([]AuditRecord, error) {
+	ctx, cancel := st.op(ctx)
+	defer cancel()
+	msgs, err := st.rdb.XRevRangeN(ctx, st.k.Audit(), "+", "-", n).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read audit: %w", err)
+	}
+	out := make([]AuditRecord, 0, len(msgs))
+	for _, m := range msgs {
+		v, _ := m.Values["r"].(string)
+		var r AuditRecord
+		if err := json.Unmarshal([]byte(v), &r); err != nil {
+			return nil, fmt.Errorf("%w: audit %s: %w", ErrCorrupt, m.ID, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}

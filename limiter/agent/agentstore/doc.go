@@ -1,0 +1,49 @@
+// Package agentstore is the Redis contract between gpubroker-agent (one per
+// GPU node) and the broker: node reports with a heartbeat, per-slice usage
+// samples, desired and applied quotas, and the agent's audit records. Both
+// sides use this package, so every key they share is built in one place
+// (keys.go) and both sides encode and decode the same records.
+//
+// # Why a public package here
+//
+// The broker's own keys live in broker/internal/redisstore, which the agent
+// may not import (limiter/* shares only broker/api/v1 with the broker), and
+// broker/api/v1 is std-only, so it cannot hold Redis code. The agent owns
+// most of these records (it writes samples, reports, applied quotas and
+// audit records; the broker only writes desired quotas), so the contract
+// lives next to the agent, in limiter/agent/agentstore, and the broker
+// imports it. redisstore takes its hash tag from HashTag, so all gpubroker
+// keys share one prefix and one tag.
+//
+// # Keys
+//
+// Every key is <prefix>{gpubroker}:agent:<kind>[:<id>]; see keys.go for the
+// table of key, type, TTL and writer.
+//
+// # Invariants
+//
+//   - Samples are bounded: each slice's stream is trimmed to about
+//     MaxLen entries on every write (XADD MAXLEN ~), and a stream that stops
+//     receiving samples expires after SampleTTL.
+//   - Missing data is recorded as missing, never as zero: a Sample field
+//     that NVML could not provide is absent from the stream entry and nil in
+//     the decoded Sample, with the reason in Sample.Missing.
+//   - Staleness is decided by the reader from the sample's own time and
+//     interval against the reader's clock (Sample.Stale): a sample older than
+//     StaleAfter intervals is stale, so an agent that stops is noticed within
+//     three intervals even though its last sample is still stored.
+//   - A node report expires StaleAfter heartbeat intervals after its last
+//     write; a node listed in the node index without a report is stale
+//     ("unknown", DESIGN.md invariant 4), never healthy.
+//   - Desired quota generations are assigned by Redis (HINCRBY) so they grow
+//     monotonically across broker replicas; the agent records the generation
+//     it applied, so the broker can tell when a resize took effect.
+//
+// # Time
+//
+// Record times come from the writer's injected clock and are stored as
+// Unix milliseconds; Redis's clock is never read. TTLs only collect garbage.
+//
+// A Store is safe for concurrent use. The caller owns the Redis client; build
+// it with ContextTimeoutEnabled so per-operation deadlines reach the socket.
+package agentstore

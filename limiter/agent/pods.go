@@ -1,0 +1,227 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+)
+
+// SliceInfo is one slice on this node, as its pod's annotations describe it
+// (DESIGN.md invariant 2: pods are the durable record).
+type SliceInfo struct {
+	// ID is the slice id, the server's spawn id; it names the slice's
+	// directory under the host root.
+	ID        string
+	PodUID    string
+	Pod       string
+	Namespace string
+	// GPU is the UUID of the slice's GPU.
+	GPU string
+	// Initial is the slice as placed; the pod env carries it to the hook.
+	Initial v1.Slice
+}
+
+// sliceIDPattern is what a slice id must look like to be used as a
+// directory name: no '/', no leading '.', at most 63 bytes.
+var sliceIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// ErrBadPod is returned (wrapped) for a managed pod whose annotations do not
+// describe a usable slice.
+var ErrBadPod = errors.New("agent: pod does not describe a slice")
+
+// SliceFromPod reads a notebook pod's slice annotations. Every problem is
+// reported at once, wrapping ErrBadPod.
+func SliceFromPod(p *corev1.Pod) (SliceInfo, error) {
+	a := p.Annotations
+	var errs []error
+	num := func(key string) int64 {
+		n, err := strconv.ParseInt(a[key], 10, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("annotation %s: %w", key, err))
+		}
+		return n
+	}
+	s := SliceInfo{
+		ID:        a[v1.AnnotationSpawnID],
+		PodUID:    string(p.UID),
+		Pod:       p.Name,
+		Namespace: p.Namespace,
+		GPU:       a[v1.AnnotationGPUUUID],
+		Initial: v1.Slice{
+			MemoryMiB:           num(v1.AnnotationMemoryMiB),
+			ComputePercent:      int(num(v1.AnnotationComputePercent)),
+			ComputeLimitPercent: int(num(v1.AnnotationComputeLimitPercent)),
+		},
+	}
+	if !sliceIDPattern.MatchString(s.ID) {
+		errs = append(errs, fmt.Errorf("annotation %s %q is not a usable slice id", v1.AnnotationSpawnID, s.ID))
+	}
+	if s.GPU == "" {
+		errs = append(errs, fmt.Errorf("annotation %s is empty", v1.AnnotationGPUUUID))
+	}
+	if s.PodUID == "" {
+		errs = append(errs, errors.New("pod has no uid"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return SliceInfo{}, fmt.Errorf("%w: pod %s/%s: %w", ErrBadPod, p.Namespace, p.Name, err)
+	}
+	return s, nil
+}
+
+// StaticPods is a fixed PodIndex, for tests and for running the agent
+// without Kubernetes. The zero value is empty. Not safe for concurrent
+// modification; build it before use.
+type StaticPods []SliceInfo
+
+// Slices returns the slices.
+func (s StaticPods) Slices() []SliceInfo { return slices.Clone(s) }
+
+// ByPodUID returns the slice of the pod with uid.
+func (s StaticPods) ByPodUID(uid string) (SliceInfo, bool) {
+	for _, x := range s {
+		if x.PodUID == uid {
+			return x, true
+		}
+	}
+	return SliceInfo{}, false
+}
+
+// PodWatcher keeps the slices of the gpubroker pods on one node, from a
+// client-go informer restricted to spec.nodeName=<node> and the managed-by
+// label. Its methods are safe for concurrent use; until Run has synced its
+// cache they report no slices.
+type PodWatcher struct {
+	client kubernetes.Interface
+	node   string
+	resync time.Duration
+	log    func(err error)
+
+	mu     sync.RWMutex
+	byUID  map[string]SliceInfo
+	synced bool
+}
+
+// NewPodWatcher returns a watcher of node's gpubroker pods. bad is called
+// for each pod whose annotations are unusable (nil: ignored). It does no I/O.
+func NewPodWatcher(client kubernetes.Interface, node string, bad func(err error)) *PodWatcher {
+	if bad == nil {
+		bad = func(error) {}
+	}
+	return &PodWatcher{client: client, node: node, resync: 10 * time.Minute, log: bad, byUID: map[string]SliceInfo{}}
+}
+
+// Run runs the informer until ctx ends; it returns an error when the cache
+// cannot sync, and nil after ctx ends.
+func (w *PodWatcher) Run(ctx context.Context) error {
+	f := informers.NewSharedInformerFactoryWithOptions(w.client, w.resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", w.node).String()
+			o.LabelSelector = labels.SelectorFromSet(labels.Set{v1.LabelManagedBy: v1.ManagedByValue}).String()
+		}))
+	inf := f.Core().V1().Pods().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { w.upsert(obj) },
+		UpdateFunc: func(_, obj any) { w.upsert(obj) },
+		DeleteFunc: w.remove,
+	}); err != nil {
+		return fmt.Errorf("pod watcher: %w", err)
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("pod watcher: cache did not sync")
+	}
+	w.mu.Lock()
+	w.synced = true
+	w.mu.Unlock()
+	<-ctx.Done()
+	return nil
+}
+
+// Synced reports whether the informer cache has synced.
+func (w *PodWatcher) Synced() bool {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	return w.synced
+}
+
+func (w *PodWatcher) upsert(obj any) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		w.removeUID(string(p.UID))
+		return
+	}
+	s, err := SliceFromPod(p)
+	if err != nil {
+		w.log(err)
+		w.removeUID(string(p.UID))
+		return
+	}
+	w.mu.Lock()
+	w.byUID[s.PodUID] = s
+	w.mu.Unlock()
+}
+
+func (w *PodWatcher) remove(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if p, ok := obj.(*corev1.Pod); ok {
+		w.removeUID(string(p.UID))
+	}
+}
+
+func (w *PodWatcher) removeUID(uid string) {
+	w.mu.Lock()
+	delete(w.byUID, uid)
+	w.mu.Unlock()
+}
+
+// Slices returns the node's slices, sorted by id.
+func (w *PodWatcher) Slices() []SliceInfo {
+	w.mu.RLock()
+	out := make([]SliceInfo, 0, len(w.byUID))
+	for _, s := range w.byUID {
+		out = append(out, s)
+	}
+	w.mu.RUnlock()
+	slices.SortFunc(out, func(a, b SliceInfo) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// ByPodUID returns the slice of the pod with uid.
+func (w *PodWatcher) ByPodUID(uid string) (SliceInfo, bool) {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	s, ok := w.byUID[uid]
+	return s, ok
+}

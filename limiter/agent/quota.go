@@ -1,0 +1,113 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	"github.com/gpubroker/gpubroker/limiter/region"
+)
+
+// QuotaStore is where desired quotas come from and applied ones go.
+type QuotaStore interface {
+	DesiredQuota(ctx context.Context, slice string) (agentstore.DesiredQuota, error)
+	SetAppliedQuota(ctx context.Context, slice string, a agentstore.AppliedQuota) error
+	WatchQuotaChanges(ctx context.Context, fn func(slice string)) error
+}
+
+// applyQuota brings slice s's quota file to its desired quota, if the
+// broker set one, and records the applied generation. It is level-based
+// and idempotent: a file that already holds the desired values is not
+// rewritten (the hook sees no new generation), but the applied generation
+// is still recorded once. Without a desired quota the pod env's initial
+// values stay in force and nothing is written.
+func (a *Agent) applyQuota(ctx context.Context, s SliceInfo) error {
+	d, err := a.quotas.DesiredQuota(ctx, s.ID)
+	if errors.Is(err, agentstore.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("slice %s: %w", s.ID, err)
+	}
+	a.quotaMu.Lock()
+	done := a.applied[s.ID] >= d.Generation && d.Generation > 0
+	a.quotaMu.Unlock()
+	path := a.slicePath(s.ID, "quota", v1.QuotaFileName)
+	want := region.Quota{
+		SliceID:             s.ID,
+		MemoryLimitBytes:    uint64(max(d.MemoryMiB, 0)) * mib,
+		ComputePercent:      uint32(max(d.ComputePercent, 0)),
+		ComputeLimitPercent: uint32(max(d.ComputeLimitPercent, 0)),
+	}
+	if err := want.Validate(); err != nil {
+		return fmt.Errorf("slice %s: desired quota generation %d: %w", s.ID, d.Generation, err)
+	}
+	cur, err := region.ReadQuota(path)
+	same := err == nil && cur.SliceID == want.SliceID && cur.MemoryLimitBytes == want.MemoryLimitBytes &&
+		cur.ComputePercent == want.ComputePercent && cur.ComputeLimitPercent == want.ComputeLimitPercent
+	if same && done {
+		return nil
+	}
+	fileGen := cur.Generation
+	if !same {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return fmt.Errorf("slice %s: quota dir: %w", s.ID, err)
+		}
+		if err := region.WriteQuota(path, want); err != nil {
+			return fmt.Errorf("slice %s: %w", s.ID, err)
+		}
+		q, err := region.ReadQuota(path)
+		if err != nil {
+			return fmt.Errorf("slice %s: reread quota: %w", s.ID, err)
+		}
+		fileGen = q.Generation
+		a.log.InfoContext(ctx, "quota applied", "slice_id", s.ID, "generation", d.Generation,
+			"file_generation", fileGen, "mem_mib", d.MemoryMiB, "sm_percent", d.ComputePercent)
+	}
+	err = a.quotas.SetAppliedQuota(ctx, s.ID, agentstore.AppliedQuota{
+		Generation: d.Generation, FileGeneration: fileGen, Node: a.cfg.Node, At: a.clock.Now(),
+	})
+	if err != nil {
+		return fmt.Errorf("slice %s: %w", s.ID, err)
+	}
+	a.quotaMu.Lock()
+	a.applied[s.ID] = d.Generation
+	a.quotaMu.Unlock()
+	return nil
+}
+
+// applyQuotas applies every local slice's desired quota; errors are joined.
+// It also forgets slices that left the node.
+func (a *Agent) applyQuotas(ctx context.Context) error {
+	var errs []error
+	local := a.pods.Slices()
+	ids := make(map[string]bool, len(local))
+	for _, s := range local {
+		ids[s.ID] = true
+		if err := a.applyQuota(ctx, s); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	a.quotaMu.Lock()
+	for id := range a.applied {
+		if !ids[id] {
+			delete(a.applied, id)
+		}
+	}
+	a.quotaMu.Unlock()
+	return errors.Join(errs...)
+}
+
+// applyQuotaByID applies the quota of one slice if it is on this node.
+func (a *Agent) applyQuotaByID(ctx context.Context, id string) error {
+	for _, s := range a.pods.Slices() {
+		if s.ID == id {
+			return a.applyQuota(ctx, s)
+		}
+	}
+	return nil
+}

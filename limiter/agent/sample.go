@@ -1,0 +1,353 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"math"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	"github.com/gpubroker/gpubroker/limiter/region"
+)
+
+const mib = 1 << 20
+
+// gpuProcess is one process on one GPU in one sampling round.
+type gpuProcess struct {
+	Process
+	GPU string
+	// MemoryBytes is the device memory NVML reports for the process;
+	// valid when MemoryKnown.
+	MemoryBytes uint64
+	MemoryKnown bool
+	// SMPercent is the mean of the process's utilization samples in the
+	// round, percent of the device; 0 when it had none.
+	SMPercent int
+	// Slice is the process's slice; nil when it belongs to none.
+	Slice *SliceInfo
+}
+
+// sliceRound is one slice's figures in one sampling round.
+type sliceRound struct {
+	Info SliceInfo
+	// LimitBytes is the memory cap in effect: the quota file's when it is
+	// valid, else the pod's initial slice.
+	LimitBytes uint64
+	// UsedBytes is Σ memory of its processes; valid when MemoryKnown.
+	UsedBytes   uint64
+	MemoryKnown bool
+	Processes   []gpuProcess
+	Sample      agentstore.Sample
+}
+
+// round is the result of one sampling pass over every device.
+type round struct {
+	At     time.Time
+	Slices []*sliceRound
+	// Orphans are GPU processes that belong to no slice.
+	Orphans []gpuProcess
+}
+
+// deviceRound is what one device reported in a round.
+type deviceRound struct {
+	missing   []string // reasons why figures of its slices are missing
+	memKnown  bool     // the running-process list (pids and memory) is known
+	smKnown   bool     // per-process utilization is known
+	processes []gpuProcess
+}
+
+// sampleRound queries NVML for every device, maps processes to slices and
+// builds one sample per local slice. It never fails as a whole: what it
+// cannot read is recorded as missing in the samples.
+func (a *Agent) sampleRound(ctx context.Context) round {
+	now := a.clock.Now()
+	r := round{At: now}
+	local := a.pods.Slices()
+	usagePIDs := map[nsKey]string{} // (ns pid, start) → slice id, from usage regions
+	usage := make(map[string]usageView, len(local))
+	for _, s := range local {
+		u := a.readUsage(s.ID)
+		usage[s.ID] = u
+		if a.cfg.TrustUsagePIDs {
+			for _, p := range u.pids {
+				usagePIDs[p] = s.ID
+			}
+		}
+	}
+	byID := make(map[string]*SliceInfo, len(local))
+	for i := range local {
+		byID[local[i].ID] = &local[i]
+	}
+
+	seen := map[uint32]bool{}
+	devRounds := make(map[string]*deviceRound, len(a.devs.list))
+	for _, d := range a.devs.list {
+		dr := a.sampleDevice(ctx, d, now, byID, usagePIDs, seen)
+		devRounds[d.report.UUID] = dr
+		for _, p := range dr.processes {
+			if p.Slice == nil {
+				r.Orphans = append(r.Orphans, p)
+			}
+		}
+	}
+	for pid := range a.procCache {
+		if !seen[pid] {
+			delete(a.procCache, pid)
+		}
+	}
+
+	for i := range local {
+		s := &local[i]
+		sr := &sliceRound{Info: *s, LimitBytes: a.limitBytes(*s)}
+		sample := agentstore.Sample{
+			Slice:          s.ID,
+			At:             now,
+			Interval:       a.cfg.SampleInterval,
+			MemoryLimitMiB: int64(sr.LimitBytes / mib),
+		}
+		var missing []string
+		dr, ok := devRounds[s.GPU]
+		if !ok {
+			missing = append(missing, "gpu "+s.GPU+" is not on this node")
+			dr = &deviceRound{}
+		}
+		missing = append(missing, dr.missing...)
+		sm := 0
+		sr.MemoryKnown = dr.memKnown
+		for _, p := range dr.processes {
+			if p.Slice == nil || p.Slice.ID != s.ID {
+				continue
+			}
+			sr.Processes = append(sr.Processes, p)
+			sm += p.SMPercent
+			if p.MemoryKnown {
+				sr.UsedBytes += p.MemoryBytes
+			} else {
+				sr.MemoryKnown = false
+			}
+		}
+		if dr.smKnown {
+			sm = min(sm, 100)
+			sample.SMPercent = &sm
+		}
+		if dr.memKnown {
+			n := len(sr.Processes)
+			sample.Processes = &n
+			if sr.MemoryKnown {
+				used := int64((sr.UsedBytes + mib - 1) / mib)
+				sample.MemoryUsedMiB = &used
+			} else {
+				missing = append(missing, "process memory not available")
+			}
+		}
+		u := usage[s.ID]
+		if u.err != "" {
+			missing = append(missing, u.err)
+		} else {
+			lk := u.lastKernel
+			sample.LastKernel = &lk
+		}
+		sample.Missing = strings.Join(missing, "; ")
+		sr.Sample = sample
+		r.Slices = append(r.Slices, sr)
+	}
+	return r
+}
+
+// sampleDevice reads one device's processes and utilization.
+func (a *Agent) sampleDevice(ctx context.Context, d *device, now time.Time, byID map[string]*SliceInfo,
+	usagePIDs map[nsKey]string, seen map[uint32]bool) *deviceRound {
+	dr := &deviceRound{}
+	uuid := d.report.UUID
+	if ok, reason := a.devs.healthy(d); !ok {
+		dr.missing = append(dr.missing, "gpu unhealthy: "+reason)
+		return dr
+	}
+	procs, ret := d.handle.GetComputeRunningProcesses()
+	switch {
+	case ret == nvml.SUCCESS:
+		dr.memKnown = true
+	case lostReturn(ret):
+		a.lose(ctx, d, "gpu lost: running processes: "+ret.Error(), now)
+		dr.missing = append(dr.missing, "gpu lost: running processes: "+ret.Error())
+		return dr
+	default:
+		a.metrics.errors.WithLabelValues("nvml").Inc()
+		dr.missing = append(dr.missing, "running processes: "+ret.Error())
+	}
+	utils, ret := d.handle.GetProcessUtilization(d.lastSeenUs)
+	switch {
+	case ret == nvml.SUCCESS, ret == nvml.ERROR_NOT_FOUND,
+		ret == nvml.ERROR_INSUFFICIENT_SIZE && len(utils) == 0:
+		// NOT_FOUND (and the empty size probe) mean no process ran kernels
+		// since lastSeen: a measured 0 %, not missing data.
+		dr.smKnown = true
+	case lostReturn(ret):
+		a.lose(ctx, d, "gpu lost: process utilization: "+ret.Error(), now)
+		return &deviceRound{missing: []string{"gpu lost: process utilization: " + ret.Error()}}
+	default:
+		if ret != nvml.ERROR_NOT_SUPPORTED {
+			a.metrics.errors.WithLabelValues("nvml").Inc()
+		}
+		dr.missing = append(dr.missing, "process utilization: "+ret.Error())
+	}
+	smSum := map[uint32]uint64{}
+	smN := map[uint32]uint64{}
+	if dr.smKnown {
+		for _, u := range utils {
+			smSum[u.Pid] += uint64(u.SmUtil)
+			smN[u.Pid]++
+			d.lastSeenUs = max(d.lastSeenUs, u.TimeStamp)
+		}
+	}
+	pids := make([]uint32, 0, len(procs)+len(smN))
+	mem := map[uint32]uint64{}
+	for _, p := range procs {
+		if _, dup := mem[p.Pid]; !dup {
+			pids = append(pids, p.Pid)
+		}
+		mem[p.Pid] += p.UsedGpuMemory
+		if p.UsedGpuMemory == math.MaxUint64 {
+			mem[p.Pid] = math.MaxUint64
+		}
+	}
+	if !dr.memKnown {
+		// Without the process list, the processes that ran kernels are all
+		// the agent knows about.
+		for pid := range smN {
+			pids = append(pids, pid)
+		}
+	}
+	var gpuSM, gpuMem uint64
+	for _, pid := range pids {
+		info, err := a.process(pid)
+		if errors.Is(err, ErrNoProcess) {
+			continue // exited since NVML listed it
+		}
+		if err != nil {
+			a.metrics.errors.WithLabelValues("proc").Inc()
+			a.log.DebugContext(ctx, "process unreadable", "pid", pid, "err", err)
+		}
+		seen[pid] = true
+		gp := gpuProcess{Process: info, GPU: uuid}
+		if m, ok := mem[pid]; ok && m != math.MaxUint64 {
+			gp.MemoryBytes, gp.MemoryKnown = m, true
+			gpuMem += m
+		}
+		if n := smN[pid]; n > 0 {
+			gp.SMPercent = int(smSum[pid] / n)
+			gpuSM += smSum[pid] / n
+		}
+		gp.Slice = a.sliceOf(info, byID, usagePIDs)
+		dr.processes = append(dr.processes, gp)
+	}
+	if dr.smKnown {
+		a.metrics.gpuSM.WithLabelValues(uuid).Set(float64(min(gpuSM, 100)))
+	}
+	if dr.memKnown {
+		a.metrics.gpuMemUsed.WithLabelValues(uuid).Set(float64(gpuMem))
+	}
+	return dr
+}
+
+// lose marks d unhealthy and logs it once.
+func (a *Agent) lose(ctx context.Context, d *device, reason string, now time.Time) {
+	if a.devs.markLost(d, reason, now) {
+		a.log.WarnContext(ctx, "gpu marked unhealthy", "gpu_uuid", d.report.UUID, "reason", reason)
+		a.metrics.healthy.WithLabelValues(d.report.UUID).Set(0)
+	}
+}
+
+// process returns what /proc says about pid, from a cache keyed by pid and
+// validated by the start time, so a reused pid is never confused with its
+// previous owner.
+func (a *Agent) process(pid uint32) (Process, error) {
+	start, err := a.proc.StartTime(pid)
+	if err != nil {
+		return Process{PID: pid, NSPid: pid}, err
+	}
+	if p, ok := a.procCache[pid]; ok && p.StartTimeTicks == start {
+		return p, nil
+	}
+	p, err := a.proc.Process(pid)
+	if err != nil {
+		return p, err
+	}
+	a.procCache[pid] = p
+	return p, nil
+}
+
+// sliceOf maps a process to its slice: by its pod's UID when its cgroup
+// names a pod (authoritative; a pod that is not gpubroker's gives no
+// slice), else, only with TrustUsagePIDs, by the usage regions' (pid,
+// start time) entries, which the tenant's hooks write.
+func (a *Agent) sliceOf(p Process, byID map[string]*SliceInfo, usagePIDs map[nsKey]string) *SliceInfo {
+	if p.PodUID != "" {
+		s, ok := a.pods.ByPodUID(p.PodUID)
+		if !ok {
+			return nil
+		}
+		if local, ok := byID[s.ID]; ok {
+			return local
+		}
+		return &s
+	}
+	if id, ok := usagePIDs[nsKey{pid: p.NSPid, start: p.StartTimeTicks}]; ok {
+		return byID[id]
+	}
+	return nil
+}
+
+// nsKey names a process as the usage region does: its pid in its own
+// namespace and its start time.
+type nsKey struct {
+	pid   uint32
+	start uint64
+}
+
+// usageView is what the agent takes from a slice's usage region.
+type usageView struct {
+	lastKernel time.Time // zero: no launch recorded
+	pids       []nsKey
+	err        string // why the region could not be read; "" when it could
+}
+
+func (a *Agent) slicePath(id, sub, file string) string {
+	return filepath.Join(a.cfg.HostRoot, v1.HostSlicesSubdir, id, sub, file)
+}
+
+// readUsage reads slice id's usage region. A missing file means no hooked
+// process has started yet: no launch recorded.
+func (a *Agent) readUsage(id string) usageView {
+	u, err := region.ReadUsage(a.slicePath(id, "usage", v1.UsageFileName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return usageView{}
+	}
+	if err != nil {
+		return usageView{err: "usage region unreadable"}
+	}
+	var v usageView
+	for _, p := range u.Processes {
+		if p.LastLaunch.After(v.lastKernel) {
+			v.lastKernel = p.LastLaunch
+		}
+		v.pids = append(v.pids, nsKey{pid: p.PID, start: p.StartTimeTicks})
+	}
+	return v
+}
+
+// limitBytes is the memory cap in effect for s: the quota file's when it
+// is valid and names s, else the pod's initial slice.
+func (a *Agent) limitBytes(s SliceInfo) uint64 {
+	q, err := region.ReadQuota(a.slicePath(s.ID, "quota", v1.QuotaFileName))
+	if err == nil && q.SliceID == s.ID {
+		return q.MemoryLimitBytes
+	}
+	return uint64(max(s.Initial.MemoryMiB, 0)) * mib
+}
