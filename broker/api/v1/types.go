@@ -106,6 +106,9 @@ type Error struct {
 	Code string `json:"code"`
 	// Message is a sentence a person understands.
 	Message string `json:"message"`
+	// Fields lists each invalid field of the request body, when the broker
+	// can tell (400 only); Message then sums them up.
+	Fields []FieldProblem `json:"fields,omitempty"`
 }
 
 // Error codes.

@@ -1,0 +1,86 @@
+package v1
+
+import "time"
+
+// ReclaimAction is what the reclaimer does with a server that counts as idle.
+type ReclaimAction string
+
+// The reclaim actions.
+const (
+	// ReclaimWarn only tells the user (and the audit log).
+	ReclaimWarn ReclaimAction = "warn"
+	// ReclaimShrink lowers the slice's guaranteed compute to
+	// ShrinkComputePercent while the notebook keeps running.
+	ReclaimShrink ReclaimAction = "shrink"
+	// ReclaimStop stops the server (its data stays).
+	ReclaimStop ReclaimAction = "stop"
+)
+
+// ReclaimPolicy is the idle-reclaim policy document, the body of GET and
+// PUT /api/v1/admin/reclaim-policy.
+type ReclaimPolicy struct {
+	// Version counts saved versions; 0 means never saved (the defaults). A
+	// PUT sends the version its edit started from; if another version was
+	// saved since, the answer is 409 and says who changed what.
+	Version int64 `json:"version"`
+	// Enabled turns acting on idle servers on; when false they are only
+	// reported.
+	Enabled bool `json:"enabled"`
+	// IdleComputePercent: a server whose SM utilization stays at or below
+	// this share of its GPU is idle; 0..100.
+	IdleComputePercent int `json:"idleComputePercent"`
+	// IdleAfterSeconds is how long a server must stay idle before the
+	// action applies; 60..604800 (1 minute to 7 days).
+	IdleAfterSeconds int64 `json:"idleAfterSeconds"`
+	// Action is warn, shrink or stop.
+	Action ReclaimAction `json:"action"`
+	// WarnSeconds is the notice given before shrink or stop; 0..86400, and
+	// less than IdleAfterSeconds.
+	WarnSeconds int64 `json:"warnSeconds"`
+	// ShrinkComputePercent is the guaranteed compute after a shrink, 1..100;
+	// required when Action is shrink, else 0.
+	ShrinkComputePercent int `json:"shrinkComputePercent,omitempty"`
+	// ExemptGroups: servers of members of these groups are never reclaimed.
+	ExemptGroups []string `json:"exemptGroups,omitempty"`
+	// Reason is the admin's note on the change; it goes to the audit log.
+	Reason string `json:"reason,omitempty"`
+	// UpdatedBy and UpdatedAt name who saved this version and when;
+	// read-only (ignored in a PUT).
+	UpdatedBy string     `json:"updatedBy,omitempty"`
+	UpdatedAt *time.Time `json:"updatedAt,omitempty"`
+}
+
+// FieldProblem is one invalid field of a request body, in Error.Fields.
+type FieldProblem struct {
+	// Field is the JSON name of the field, e.g. "idleAfterSeconds".
+	Field string `json:"field"`
+	// Message says what is wrong in words, e.g. "must be between 60 and 604800".
+	Message string `json:"message"`
+}
+
+// AuditEntry is one admin or automatic action, as GET /api/v1/admin/audit
+// lists it.
+type AuditEntry struct {
+	// ID orders entries (newest first in a page) and is the page cursor.
+	ID   string    `json:"id"`
+	Time time.Time `json:"time"`
+	// Actor is the user who acted, or "gpubroker" for automatic actions.
+	Actor string `json:"actor"`
+	// Action names what was done, e.g. "reclaim-policy.update".
+	Action string `json:"action"`
+	// Target names what it was done to, e.g. "reclaim-policy".
+	Target string `json:"target"`
+	Reason string `json:"reason,omitempty"`
+	// PolicyVersion is the reclaim policy version in force (or saved).
+	PolicyVersion int64 `json:"policyVersion,omitempty"`
+	// Inputs are the inputs to the decision; for a policy change, each
+	// changed field as "old → new".
+	Inputs map[string]string `json:"inputs,omitempty"`
+}
+
+// AuditPage is the body of GET /api/v1/admin/audit.
+type AuditPage struct {
+	Entries []AuditEntry `json:"entries"`
+	// Next is the cursor (?before=) of the following page; "" on the last.
+	Next string `json:"next,omitempty"`
+}
