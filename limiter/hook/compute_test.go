@@ -1,10 +1,16 @@
 package hook_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpubroker/gpubroker/limiter/region"
 )
 
 // TestComputeShareTracksTarget runs slices that launch back to back
@@ -28,6 +34,10 @@ func TestComputeShareTracksTarget(t *testing.T) {
 	tests := []struct {
 		name    string
 		members []member
+		// hidden makes the stub's NVML report other pids than the processes'
+		// own, as inside a pid namespace; a fake agent then publishes the
+		// slices' utilization into their usage regions.
+		hidden bool
 	}{
 		{name: "25 alone", members: []member{{25, 25, 25}}},
 		{name: "50 alone", members: []member{{50, 50, 50}}},
@@ -37,18 +47,32 @@ func TestComputeShareTracksTarget(t *testing.T) {
 		{name: "75 next to a bursting 25", members: []member{{75, 75, 75}, {25, 100, 25}}},
 		{name: "30/70 pair", members: []member{{30, 30, 30}, {70, 70, 70}}},
 		{name: "25 bursts to its 75 limit on an idle card", members: []member{{25, 75, 75}}},
+		{name: "25 in a pid namespace, steered by the agent's samples", members: []member{{25, 25, 25}}, hidden: true},
 	}
 	// All cases run at once, each on its own simulated device, so the suite
 	// spends one window, not one per case.
 	ms := int((warmup + window + 2*time.Second).Milliseconds())
 	devs := make([]*device, len(tests))
 	procs := make([][]*proc, len(tests))
+	ctx, cancel := context.WithCancel(t.Context())
+	var agents sync.WaitGroup
+	defer agents.Wait()
+	defer cancel()
 	for c, tc := range tests {
-		devs[c] = newDevice(t)
+		var extra []string
+		if tc.hidden {
+			extra = append(extra, "GPUBROKER_STUB_NVML_PID_OFFSET=1000000")
+		}
+		devs[c] = newDevice(t, extra...)
+		var files []sliceFiles
 		for i, m := range tc.members {
 			f := devs[c].newSlice(fmt.Sprintf("case%d-slice%d", c, i))
+			files = append(files, f)
 			procs[c] = append(procs[c], devs[c].start(f, slice{MemoryMiB: 64, ComputePercent: m.guarantee, ComputeLimitPercent: m.limit},
 				"saturate", "busy_200us", "132", fmt.Sprint(ms)))
+		}
+		if tc.hidden {
+			agents.Go(func() { fakeAgent(ctx, t, devs[c], procs[c], files) })
 		}
 	}
 	time.Sleep(warmup) // the processes run on their own; sleeping only places the window
@@ -71,5 +95,42 @@ func TestComputeShareTracksTarget(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// fakeAgent plays the node agent for a device whose NVML pids do not match
+// the processes' own: every 50 ms it measures each process's SM use from the
+// stub's counters and publishes it into the process's usage region, until
+// ctx ends.
+func fakeAgent(ctx context.Context, t *testing.T, dev *device, procs []*proc, files []sliceFiles) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	prev, err := dev.readStub()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if err != nil {
+			t.Errorf("agent: %v", err)
+			return
+		}
+		cur, err2 := dev.readStub()
+		if err2 != nil {
+			err = err2
+			continue
+		}
+		span := float64(cur.NowNs-prev.NowNs) * float64(cur.SMCount)
+		devicePm := uint32(float64(cur.SMNsTotal-prev.SMNsTotal) / span * 1000)
+		for i, p := range procs {
+			slicePm := uint32(float64(cur.procSMNs(p.pid())-prev.procSMNs(p.pid())) / span * 1000)
+			s := region.AgentSample{Time: time.Now(), SliceUtilPermille: slicePm, DeviceUtilPermille: devicePm}
+			if werr := region.WriteAgentSample(files[i].Usage, s); werr != nil && !errors.Is(werr, fs.ErrNotExist) {
+				t.Errorf("agent: %v", werr)
+				return
+			}
+		}
+		prev = cur
 	}
 }

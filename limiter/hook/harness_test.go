@@ -330,20 +330,29 @@ type stubState struct {
 	} `json:"procs"`
 }
 
-// stub reads the device state through stubctl.
+// stub reads the device state through stubctl, failing the test on error.
 func (d *device) stub() stubState {
 	d.t.Helper()
+	s, err := d.readStub()
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return s
+}
+
+// readStub reads the device state through stubctl; safe from any goroutine.
+func (d *device) readStub() (stubState, error) {
 	cmd := exec.Command(filepath.Join(buildDir(), "stubctl"))
 	cmd.Env = append(os.Environ(), "GPUBROKER_STUB_STATE="+d.state)
 	out, err := cmd.Output()
 	if err != nil {
-		d.t.Fatalf("stubctl: %v", err)
+		return stubState{}, fmt.Errorf("stubctl: %w", err)
 	}
 	var s stubState
 	if err := json.Unmarshal(out, &s); err != nil {
-		d.t.Fatalf("stubctl output %q: %v", out, err)
+		return stubState{}, fmt.Errorf("stubctl output %q: %w", out, err)
 	}
-	return s
+	return s, nil
 }
 
 // procMem returns the device memory the stub charges to pid.

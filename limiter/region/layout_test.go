@@ -173,6 +173,12 @@ func TestLayoutMatchesHeader(t *testing.T) {
 	if diff := cmp.Diff(wantMacros, macros); diff != "" {
 		t.Errorf("constants differ from gpulimit_region.h (-go +c):\n%s", diff)
 	}
+	if got["gpulimit_usage.agent_sample_ns"].Offset != agentSampleOffset || got["gpulimit_usage.agent_util_permille"].Offset != agentUtilOffset ||
+		got["gpulimit_usage.agent_device_util_permille"].Offset != agentUtilOffset+4 {
+		t.Errorf("agent field offsets in C: %+v %+v %+v; WriteAgentSample uses %d and %d",
+			got["gpulimit_usage.agent_sample_ns"], got["gpulimit_usage.agent_util_permille"], got["gpulimit_usage.agent_device_util_permille"],
+			agentSampleOffset, agentUtilOffset)
+	}
 	if got["gpulimit_quota."].Size != QuotaSize || got["gpulimit_usage."].Size != UsageSize {
 		t.Errorf("sizes: quota %d usage %d, want %d and %d", got["gpulimit_quota."].Size, got["gpulimit_usage."].Size, QuotaSize, UsageSize)
 	}

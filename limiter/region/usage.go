@@ -12,26 +12,30 @@ import (
 
 // usageHeaderRaw mirrors the first 256 bytes of struct gpulimit_usage.
 type usageHeaderRaw struct {
-	Magic                  uint32   `c:"magic"`
-	LayoutVersion          uint32   `c:"layout_version"`
-	SlotCount              uint32   `c:"slot_count"`
-	DeviceCount            uint32   `c:"device_count"`
-	Reserved0              [48]byte `c:"reserved0"`
-	PaceTokensQ10          int64    `c:"pace_tokens_q10"`
-	PaceRefillNs           uint64   `c:"pace_refill_ns"`
-	PaceRateQ10PerMs       uint64   `c:"pace_rate_q10_per_ms"`
-	PaceBlocksTotal        uint64   `c:"pace_blocks_total"`
-	PaceWaitNsTotal        uint64   `c:"pace_wait_ns_total"`
-	PaceNextControlNs      uint64   `c:"pace_next_control_ns"`
-	PaceTargetPermille     uint32   `c:"pace_target_permille"`
-	PaceUtilPermille       uint32   `c:"pace_util_permille"`
-	PaceDeviceUtilPermille uint32   `c:"pace_device_util_permille"`
-	PaceSMCount            uint32   `c:"pace_sm_count"`
-	CtlBlocksPrev          uint64   `c:"ctl_blocks_prev"`
-	CtlWaitNsPrev          uint64   `c:"ctl_wait_ns_prev"`
-	CtlRunNsPrev           uint64   `c:"ctl_run_ns_prev"`
-	CtlNvmlSeenUs          uint64   `c:"ctl_nvml_seen_us"`
-	Reserved1              [96]byte `c:"reserved1"`
+	Magic                   uint32   `c:"magic"`
+	LayoutVersion           uint32   `c:"layout_version"`
+	SlotCount               uint32   `c:"slot_count"`
+	DeviceCount             uint32   `c:"device_count"`
+	AgentSampleNs           uint64   `c:"agent_sample_ns"`
+	AgentUtilPermille       uint32   `c:"agent_util_permille"`
+	AgentDeviceUtilPermille uint32   `c:"agent_device_util_permille"`
+	Reserved0               [32]byte `c:"reserved0"`
+	PaceTokensQ10           int64    `c:"pace_tokens_q10"`
+	PaceRefillNs            uint64   `c:"pace_refill_ns"`
+	PaceRateQ10PerMs        uint64   `c:"pace_rate_q10_per_ms"`
+	PaceBlocksTotal         uint64   `c:"pace_blocks_total"`
+	PaceWaitNsTotal         uint64   `c:"pace_wait_ns_total"`
+	PaceNextControlNs       uint64   `c:"pace_next_control_ns"`
+	PaceTargetPermille      uint32   `c:"pace_target_permille"`
+	PaceUtilPermille        uint32   `c:"pace_util_permille"`
+	PaceDeviceUtilPermille  uint32   `c:"pace_device_util_permille"`
+	PaceSMCount             uint32   `c:"pace_sm_count"`
+	CtlBlocksPrev           uint64   `c:"ctl_blocks_prev"`
+	CtlWaitNsPrev           uint64   `c:"ctl_wait_ns_prev"`
+	CtlRunNsPrev            uint64   `c:"ctl_run_ns_prev"`
+	CtlNvmlSeenUs           uint64   `c:"ctl_nvml_seen_us"`
+	CtlAgentSeenNs          uint64   `c:"ctl_agent_seen_ns"`
+	Reserved1               [88]byte `c:"reserved1"`
 }
 
 // usageDeviceRaw mirrors struct gpulimit_usage_device.
@@ -63,6 +67,21 @@ type Usage struct {
 	Processes []ProcessUsage
 	// Pace is the slice-wide compute pacing state.
 	Pace Pace
+	// Agent is the agent's latest utilization sample; zero if none.
+	Agent AgentSample
+}
+
+// AgentSample is the node agent's measurement of a slice's SM use, which it
+// writes into the usage region for the hooks (WriteAgentSample). The agent
+// sees host pids, so its view works where the hook's own NVML query cannot
+// match pids (inside a pid namespace).
+type AgentSample struct {
+	// Time is when the agent measured; hooks ignore samples older than 500 ms.
+	Time time.Time
+	// SliceUtilPermille is the slice's SM use in per mille of the device, 0..1000.
+	SliceUtilPermille uint32
+	// DeviceUtilPermille is the device's SM use (all processes), per mille, 0..1000.
+	DeviceUtilPermille uint32
 }
 
 // ProcessUsage is one claimed slot of the usage region.
@@ -87,12 +106,12 @@ type DeviceUsage struct {
 
 // Pace is the slice-wide compute pacing state written by the hooks.
 type Pace struct {
-	TargetPermille     uint32 // effective SM share target, per mille of the device
-	UtilPermille       uint32 // last measured SM share of the slice, per mille
-	DeviceUtilPermille uint32 // last measured SM use of the device, per mille
-	SMCount            uint32 // SMs of the device; 0 = not measured yet
-	BlocksTotal        uint64 // thread blocks launched by the slice
-	Wait               time.Duration
+	TargetPermille     uint32        // effective SM share target, per mille of the device
+	UtilPermille       uint32        // last measured SM share of the slice, per mille
+	DeviceUtilPermille uint32        // last measured SM use of the device, per mille
+	SMCount            uint32        // SMs of the device; 0 = not measured yet
+	BlocksTotal        uint64        // thread blocks launched by the slice
+	Wait               time.Duration // total time the slice's launches waited for tokens
 }
 
 // BytesInUse sums the bytes charged on the device with the given NVML UUID
@@ -140,6 +159,13 @@ func DecodeUsage(b []byte) (Usage, error) {
 		BlocksTotal:        h.PaceBlocksTotal,
 		Wait:               time.Duration(min(h.PaceWaitNsTotal, uint64(1<<63-1))),
 	}}
+	if h.AgentSampleNs != 0 && h.AgentSampleNs <= 1<<63-1 {
+		u.Agent = AgentSample{
+			Time:               time.Unix(0, int64(h.AgentSampleNs)).UTC(),
+			SliceUtilPermille:  h.AgentUtilPermille,
+			DeviceUtilPermille: h.AgentDeviceUtilPermille,
+		}
+	}
 	for i, s := range raw.Slots {
 		if s.PID == 0 {
 			continue
@@ -242,4 +268,44 @@ func hexVal(c byte) (byte, bool) {
 		return c - 'A' + 10, true
 	}
 	return 0, false
+}
+
+// Offsets of the agent's fields in the usage region (gpulimit_region.h; tested).
+const (
+	agentSampleOffset = 16
+	agentUtilOffset   = 24
+)
+
+// WriteAgentSample publishes the agent's measurement of a slice's SM use into
+// its usage file at path, in place (hooks have the file mapped): first the
+// two utilizations in one 8-byte write, then the time stamp, so a hook that
+// reads the stamp before and after the values never mixes two samples'
+// stamps. Utilizations above 1000 are clamped. The file must exist with
+// UsageSize bytes (CreateUsage); a missing file yields an error wrapping
+// fs.ErrNotExist. Not safe for concurrent use on the same path.
+func WriteAgentSample(path string, s AgentSample) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("write agent sample: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("write agent sample: %w", err)
+	}
+	if st.Size() != UsageSize {
+		return fmt.Errorf("write agent sample %s: %w: %d bytes, want %d", path, ErrCorrupt, st.Size(), UsageSize)
+	}
+	var util [8]byte
+	binary.LittleEndian.PutUint32(util[0:], min(s.SliceUtilPermille, 1000))
+	binary.LittleEndian.PutUint32(util[4:], min(s.DeviceUtilPermille, 1000))
+	if _, err := f.WriteAt(util[:], agentUtilOffset); err != nil {
+		return fmt.Errorf("write agent sample %s: %w", path, err)
+	}
+	var stamp [8]byte
+	binary.LittleEndian.PutUint64(stamp[:], uint64(s.Time.UnixNano()))
+	if _, err := f.WriteAt(stamp[:], agentSampleOffset); err != nil {
+		return fmt.Errorf("write agent sample %s: %w", path, err)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -150,4 +151,36 @@ func FuzzDecodeUsage(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestWriteAgentSample(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "usage.bin")
+	if err := os.WriteFile(path, encodeUsage(t, sampleUsageRaw()), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1_800_000_000, 123).UTC()
+	if err := WriteAgentSample(path, AgentSample{Time: at, SliceUtilPermille: 250, DeviceUtilPermille: 1200}); err != nil {
+		t.Fatalf("WriteAgentSample: %v", err)
+	}
+	u, err := ReadUsage(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := AgentSample{Time: at, SliceUtilPermille: 250, DeviceUtilPermille: 1000}
+	if diff := cmp.Diff(want, u.Agent); diff != "" {
+		t.Errorf("agent sample (-want +got):\n%s", diff)
+	}
+	if len(u.Processes) != 2 {
+		t.Errorf("WriteAgentSample disturbed the slots: %+v", u.Processes)
+	}
+	if err := WriteAgentSample(filepath.Join(t.TempDir(), "absent"), want); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("missing file: error = %v, want fs.ErrNotExist", err)
+	}
+	short := filepath.Join(t.TempDir(), "short")
+	if err := os.WriteFile(short, []byte("x"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteAgentSample(short, want); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("short file: error = %v, want ErrCorrupt", err)
+	}
 }

@@ -85,7 +85,18 @@ struct gpulimit_usage {
 	uint32_t layout_version; /* GPULIMIT_LAYOUT_VERSION */
 	uint32_t slot_count;     /* GPULIMIT_USAGE_SLOTS */
 	uint32_t device_count;   /* GPULIMIT_USAGE_DEVICES */
-	uint8_t reserved0[48];   /* zero */
+
+	/*
+	 * Written by the node agent, which sees host pids: the slice's measured SM
+	 * use. The agent writes the two utilizations, then agent_sample_ns; the
+	 * hook reads agent_sample_ns before and after them and ignores the sample
+	 * if it changed. The hook prefers a fresh sample (under 500 ms old) to its
+	 * own NVML query, whose pids do not match inside a pid namespace.
+	 */
+	uint64_t agent_sample_ns;            /* CLOCK_REALTIME of the sample, ns since the epoch; 0 = none */
+	uint32_t agent_util_permille;        /* the slice's SM use, per mille of the device */
+	uint32_t agent_device_util_permille; /* the whole device's SM use, per mille */
+	uint8_t reserved0[32];               /* zero */
 
 	/* Token bucket, in 1/1024 thread blocks (Q10 fixed point). */
 	int64_t pace_tokens_q10;          /* balance; negative = debt */
@@ -104,7 +115,8 @@ struct gpulimit_usage {
 	uint64_t ctl_wait_ns_prev;  /* pace_wait_ns_total at the previous run */
 	uint64_t ctl_run_ns_prev;   /* CLOCK_MONOTONIC ns of the previous run */
 	uint64_t ctl_nvml_seen_us;  /* newest NVML sample time stamp consumed, microseconds */
-	uint8_t reserved1[96];      /* zero */
+	uint64_t ctl_agent_seen_ns; /* newest agent sample consumed (agent_sample_ns) */
+	uint8_t reserved1[88];      /* zero */
 
 	struct gpulimit_usage_slot slots[GPULIMIT_USAGE_SLOTS];
 };

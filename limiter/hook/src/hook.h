@@ -128,6 +128,7 @@ struct hook_state {
 	nvmlDevice_t pace_nvml_dev;
 	uint32_t pace_sm_count;
 	int pace_ready; /* 1 = measured device known, -1 = unavailable */
+	int pace_invisible_logged;
 	pthread_mutex_t pace_lock;
 };
 

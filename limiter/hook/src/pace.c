@@ -23,10 +23,13 @@
  *     at most PACE_SLEEP_NS and PACE_MAX_WAIT_NS in all: a launch is never
  *     held longer, whatever the quota says (no unbounded wait).
  *   - Every PACE_PERIOD_NS one launch (winner of a compare-and-swap on
- *     pace_next_control_ns) runs the controller: it reads the NVML
- *     per-process samples newer than the last it consumed, sums smUtil over
- *     the slice's live pids (slice share u) and over all pids (device use U),
- *     and sets the target
+ *     pace_next_control_ns) runs the controller. It takes the slice's share u
+ *     and the device's use U from a new node-agent sample in the usage header
+ *     if the agent publishes fresh ones (it sees host pids), else from the
+ *     NVML per-process samples newer than the last it consumed, summing
+ *     smUtil over the slice's live pids (u) and over all pids (U); if NVML
+ *     lists none of the slice's pids (pid namespace) it has no measurement.
+ *     With a measurement it sets the target
  *       T = g                                 if limit L == guarantee g
  *       T = clamp(u + (1000 - U) - MARGIN, g, L) otherwise
  *     in per mille: a slice may burst into the room the card leaves, and
@@ -38,8 +41,9 @@
  *     A slice that did not wait and is under T keeps its rate (no wind-up).
  *   - Start: rate = T x SMs x (1 block per PACE_INIT_BLOCK_NS per SM): it
  *     assumes 100 us blocks, then converges in a few periods.
- *   - Without NVML (library or device handle missing) the rate stays at its
- *     start value: pacing still bounds the slice, but not to an exact share.
+ *   - Without a measurement (no NVML, or NVML cannot see the slice's pids,
+ *     and no agent samples) the rate stays where it is, at first its start
+ *     value: pacing still bounds the slice, but not to an exact share.
  * A slice with guarantee and limit both 100 % is not paced; launches are
  * only counted.
  */
@@ -60,6 +64,7 @@
 #define PACE_RATIO_MIN 0.1
 #define PACE_RATIO_MAX 2.0
 #define PACE_MAX_PIDS GPULIMIT_USAGE_SLOTS
+#define PACE_AGENT_FRESH_NS (500ull * 1000 * 1000)
 
 /* pace_device finds the SM count and the NVML handle of the current device, once per process. */
 static int pace_device(void)
@@ -101,11 +106,44 @@ static int pace_device(void)
 	return result;
 }
 
-/* measure fills the slice's and the device's SM use in per mille from fresh NVML samples; -1 if none. */
-static int measure(struct gpulimit_usage *u, uint32_t *slice_pm, uint32_t *device_pm)
+/*
+ * agent_sample reads the node agent's sample from the usage header: 1 = a new
+ * one (consumed), 0 = a fresh one already consumed, -1 = none fresh.
+ */
+static int agent_sample(struct gpulimit_usage *u, uint32_t *slice_pm, uint32_t *device_pm)
+{
+	uint64_t t1 = __atomic_load_n(&u->agent_sample_ns, __ATOMIC_ACQUIRE);
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	if (t1 == 0 || t1 > now + PACE_AGENT_FRESH_NS || now - t1 > PACE_AGENT_FRESH_NS)
+		return -1;
+	if (t1 <= __atomic_load_n(&u->ctl_agent_seen_ns, __ATOMIC_RELAXED))
+		return 0;
+	uint32_t sp = __atomic_load_n(&u->agent_util_permille, __ATOMIC_ACQUIRE);
+	uint32_t dp = __atomic_load_n(&u->agent_device_util_permille, __ATOMIC_ACQUIRE);
+	if (__atomic_load_n(&u->agent_sample_ns, __ATOMIC_ACQUIRE) != t1)
+		return 0; /* being rewritten; next period */
+	__atomic_store_n(&u->ctl_agent_seen_ns, t1, __ATOMIC_RELAXED);
+	*slice_pm = sp > 1000 ? 1000 : sp;
+	*device_pm = dp > 1000 ? 1000 : dp;
+	return 1;
+}
+
+/*
+ * measure fills the slice's and the device's SM use in per mille: from a new
+ * agent sample if the agent publishes fresh ones, else from NVML samples newer
+ * than the last consumed. -1 = nothing new (the rate is left alone).
+ */
+static int measure(struct gpulimit_usage *u, int have_nvml, uint32_t *slice_pm, uint32_t *device_pm)
 {
 	struct hook_state *s = hook_state();
 	const struct real_table *r = hook_real();
+	int agent = agent_sample(u, slice_pm, device_pm);
+	if (agent >= 0)
+		return agent == 1 ? 0 : -1;
+	if (have_nvml <= 0)
+		return -1;
 	nvmlProcessUtilizationSample_t samples[PACE_MAX_PIDS * 2];
 	unsigned int n = sizeof(samples) / sizeof(samples[0]);
 	unsigned long long seen = __atomic_load_n(&u->ctl_nvml_seen_us, __ATOMIC_RELAXED);
@@ -114,16 +152,26 @@ static int measure(struct gpulimit_usage *u, uint32_t *slice_pm, uint32_t *devic
 	uint32_t pids[PACE_MAX_PIDS];
 	int np = usage_pids(pids, PACE_MAX_PIDS);
 	uint32_t mine = 0, all = 0;
+	int visible = 0;
 	unsigned long long newest = seen;
 	for (unsigned i = 0; i < n; i++) {
 		all += samples[i].smUtil;
 		for (int k = 0; k < np; k++)
-			if (pids[k] == samples[i].pid)
+			if (pids[k] == samples[i].pid) {
 				mine += samples[i].smUtil;
+				visible = 1;
+			}
 		if (samples[i].timeStamp > newest)
 			newest = samples[i].timeStamp;
 	}
 	__atomic_store_n(&u->ctl_nvml_seen_us, newest, __ATOMIC_RELAXED);
+	if (!visible) {
+		/* NVML sees other pids than ours (a pid namespace): its figures cannot steer this slice. */
+		if (!__atomic_exchange_n(&s->pace_invisible_logged, 1, __ATOMIC_RELAXED))
+			hook_log(HOOK_LOG_WARN, "NVML does not report this slice's processes (pid namespace?): compute "
+			                        "pacing follows the agent's samples, or its start rate without them");
+		return -1;
+	}
 	*slice_pm = mine * 10 > 1000 ? 1000 : mine * 10;
 	*device_pm = all * 10 > 1000 ? 1000 : all * 10;
 	return 0;
@@ -161,7 +209,7 @@ static void control(struct gpulimit_usage *u, int have_nvml)
 	uint64_t waited = __atomic_load_n(&u->pace_wait_ns_total, __ATOMIC_RELAXED);
 	uint64_t rate = __atomic_load_n(&u->pace_rate_q10_per_ms, __ATOMIC_RELAXED);
 	uint32_t slice_pm = 0, device_pm = 0;
-	int fresh = have_nvml > 0 && measure(u, &slice_pm, &device_pm) == 0;
+	int fresh = measure(u, have_nvml, &slice_pm, &device_pm) == 0;
 	uint32_t target = target_permille(fresh ? slice_pm : 0, fresh ? device_pm : 0);
 	if (rate == 0) {
 		rate = start_rate(target);

@@ -95,6 +95,7 @@ static void init_device(struct stub_device *d)
 	d->max_threads_per_sm = 2048;
 	d->queue_ns = env_u64("GPUBROKER_STUB_QUEUE_US", 20000) * 1000;
 	d->sample_ns = env_u64("GPUBROKER_STUB_SAMPLE_MS", 50) * 1000000;
+	d->nvml_pid_offset = (uint32_t)env_u64("GPUBROKER_STUB_NVML_PID_OFFSET", 0);
 	const char *uuid = getenv("GPUBROKER_STUB_UUID");
 	if (uuid == NULL || parse_uuid(uuid, d->uuid) != 0)
 		parse_uuid("GPU-5bd3a1e2-7c4f-4e8a-9b1d-2f6e8c0a4d17", d->uuid);

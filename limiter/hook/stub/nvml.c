@@ -291,7 +291,7 @@ static nvmlReturn_t running(nvmlDevice_t dev, unsigned int *count, void *infos,
 	unsigned k = 0;
 	for (int i = 0; i < STUB_MAX_PROCS; i++)
 		if (d->procs[i].pid != 0)
-			put(infos, k++, d->procs[i].pid, d->procs[i].mem_bytes);
+			put(infos, k++, d->procs[i].pid + d->nvml_pid_offset, d->procs[i].mem_bytes);
 	*count = k;
 	stub_unlock(d);
 	return NVML_SUCCESS;
@@ -363,7 +363,7 @@ STUB_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlP
 		struct stub_proc *p = &d->procs[i];
 		if (p->pid == 0 || p->sample_ts_us <= lastSeen)
 			continue;
-		util[k].pid = p->pid;
+		util[k].pid = p->pid + d->nvml_pid_offset;
 		util[k].timeStamp = p->sample_ts_us;
 		util[k].smUtil = (p->sample_sm_permille + 5) / 10;
 		util[k].memUtil = 0;

@@ -29,7 +29,7 @@
 #define STUB_EXPORT __attribute__((visibility("default")))
 
 #define STUB_MAGIC 0x42555453u /* "STUB" */
-#define STUB_VERSION 4u
+#define STUB_VERSION 5u
 #define STUB_MAX_PROCS 64
 #define STUB_MAX_ALLOCS 16384
 #define STUB_MAX_POOLS 256
@@ -92,6 +92,8 @@ struct stub_device {
 	uint64_t next_handle;
 	uint32_t alloc_hint; /* where the search for a free allocation record starts */
 	uint64_t last_reap_ns;
+	uint32_t nvml_pid_offset; /* added to pids NVML reports, to mimic a pid namespace */
+	uint32_t pad4;
 	uint32_t pad3;
 	uint64_t backlog_end_ns; /* CLOCK_MONOTONIC when queued work would finish at full occupancy */
 	uint64_t sm_ns_total;    /* device-wide SM-ns launched */
