@@ -9,6 +9,7 @@ import (
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 )
 
 // Servers is the server lifecycle service (implemented by broker/internal/servers).
@@ -90,6 +91,8 @@ type Deps struct {
 	Fleet Fleet
 	// Auth authenticates every /api/v1 route except / and /openapi.yaml.
 	Auth Authenticator
+	// Policy serves the reclaim policy and audit routes; nil: not served.
+	Policy Policy
 	// Checkers run concurrently on GET /readyz; none means always ready.
 	Checkers []Checker
 	// Log receives one line per request, including every internal error.
@@ -104,3 +107,19 @@ type Deps struct {
 
 // DefaultSimulatedNotice is the notice shown in dev mode when Deps.Notice is "".
 const DefaultSimulatedNotice = "dev mode: the Kubernetes cluster and the GPUs are simulated; no real notebook runs"
+
+// Policy is the reclaim policy store with the audit log (implemented by
+// *reclaim.PolicyStore). It is optional: without it the reclaim-policy and
+// audit routes are not served (404).
+type Policy interface {
+	// Get returns the current policy (reclaim.DefaultPolicy, version 0,
+	// when none was saved).
+	Get(ctx context.Context) (reclaim.Policy, error)
+	// Put saves p if p.Version is the current version, as actor, and audits
+	// it; *reclaim.ValidationError (fleet.ErrInvalid) or
+	// *reclaim.ConflictError (fleet.ErrConflict) otherwise.
+	Put(ctx context.Context, p reclaim.Policy, actor string) (reclaim.Policy, error)
+	// Audit returns a page of audit entries, newest first, and the next
+	// page's cursor.
+	Audit(ctx context.Context, q reclaim.AuditQuery) ([]reclaim.AuditEntry, string, error)
+}

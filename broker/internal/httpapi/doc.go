@@ -35,12 +35,14 @@
 //	auth.ErrNoCredentials        401 unauthorized   WWW-Authenticate: Bearer realm="gpubroker"
 //	auth.ErrUnauthenticated      401 unauthorized   ... error="invalid_token"; message = *auth.Error's Reason
 //	auth.ErrUnavailable          503 unavailable    Retry-After: 5
+//	auth.ErrCSRF                 403 forbidden      (session cookie without X-CSRF-Token)
+//	*reclaim.ValidationError     400 bad_request    fields = every invalid field
 //	fleet.ErrInvalid             400 bad_request
 //	fleet.ErrQuotaExceeded       403 quota_exceeded message = *fleet.QuotaError's sentence
 //	fleet.ErrForbidden           403 forbidden
 //	fleet.ErrNotFound            404 not_found
 //	fleet.ErrNoCapacity          409 no_capacity    message = *fleet.CapacityError's sentence
-//	fleet.ErrConflict            409 conflict
+//	fleet.ErrConflict            409 conflict       (*reclaim.ConflictError says who changed what)
 //	fleet.ErrNotReady            503 unavailable    Retry-After: 5, fixed message
 //	context.DeadlineExceeded     503 unavailable    Retry-After: 5
 //	*echo.HTTPError              its status (unknown route 404, wrong method 405)

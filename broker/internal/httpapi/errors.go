@@ -13,6 +13,7 @@ import (
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 )
 
 // answer is what the error table decides for one error.
@@ -33,6 +34,8 @@ type errorRule struct {
 	// text around a fleet sentinel (see sentinelMessage).
 	message func(err error) string
 	headers map[string]string
+	// fields, if set, lists the invalid fields (v1.Error.Fields).
+	fields func(err error) []v1.FieldProblem
 }
 
 // is returns a matcher for errors.Is(err, target).
@@ -72,6 +75,27 @@ var errorTable = []errorRule{
 		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
 		message: func(error) string { return "the identity provider cannot be reached; try again shortly" },
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
+	},
+	{
+		match:  is(auth.ErrCSRF),
+		status: http.StatusForbidden, code: v1.CodeForbidden,
+		message: func(error) string {
+			return "this request lacks your session's CSRF token (header " + auth.CSRFHeader + "); reload the page and try again"
+		},
+	},
+	{
+		match:  func(err error) bool { var e *reclaim.ValidationError; return errors.As(err, &e) },
+		status: http.StatusBadRequest, code: v1.CodeBadRequest,
+		message: sentinelMessage("the request is not valid"),
+		fields: func(err error) []v1.FieldProblem {
+			var e *reclaim.ValidationError
+			errors.As(err, &e)
+			out := make([]v1.FieldProblem, len(e.Problems))
+			for i, p := range e.Problems {
+				out[i] = v1.FieldProblem{Field: p.Field, Message: p.Message}
+			}
+			return out
+		},
 	},
 	{
 		match:  is(fleet.ErrInvalid),
@@ -137,7 +161,11 @@ const notReadyMessage = "the broker is rebuilding its allocations; try again in 
 func decide(err error, requestID string) answer {
 	for _, r := range errorTable {
 		if r.match(err) {
-			return answer{status: r.status, body: v1.Error{Code: r.code, Message: r.message(err)}, headers: r.headers}
+			ans := answer{status: r.status, body: v1.Error{Code: r.code, Message: r.message(err)}, headers: r.headers}
+			if r.fields != nil {
+				ans.body.Fields = r.fields(err)
+			}
+			return ans
 		}
 	}
 	var he *echo.HTTPError

@@ -63,6 +63,7 @@ type harness struct {
 }
 
 type harnessConfig struct {
+	policy   Policy // nil: the reclaim routes are not served
 	mode     Mode
 	checkers []Checker
 	opts     []Option
@@ -92,6 +93,7 @@ func newHarness(t *testing.T, cfgs ...harnessConfig) *harness {
 			tokIdPDown: errors.Join(auth.ErrUnavailable, errors.New("dial tcp 10.0.0.9:443: connection refused")),
 		},
 		Checkers: cfg.checkers,
+		Policy:   cfg.policy,
 		Log:      slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Version:  "1.2.3",
 		Mode:     cfg.mode,

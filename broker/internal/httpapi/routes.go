@@ -31,4 +31,9 @@ func (a *api) routes(e *echo.Echo) {
 
 	e.GET("/api/v1/admin/gpus", a.listGPUs, user, a.adminOnly)
 	e.PUT("/api/v1/admin/gpus/:uuid", a.putGPU, user, a.adminOnly)
+	if a.deps.Policy != nil {
+		e.GET("/api/v1/admin/reclaim-policy", a.getReclaimPolicy, user, a.adminOnly)
+		e.PUT("/api/v1/admin/reclaim-policy", a.putReclaimPolicy, user, a.adminOnly)
+		e.GET("/api/v1/admin/audit", a.listAudit, user, a.adminOnly)
+	}
 }
