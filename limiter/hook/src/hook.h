@@ -79,7 +79,8 @@ struct pool_rec {
 
 /* struct hook_state: all mutable state of libgpulimit in this process. */
 struct hook_state {
-	/* configuration, read once in the constructor */
+	/* configuration, read once (constructor, or the first call that comes earlier) */
+	pthread_once_t config_once;
 	int log_level;
 	char quota_path[512];
 	char usage_path[512];
@@ -95,6 +96,7 @@ struct hook_state {
 	int q_fail_closed;
 	int q_from_file;
 	uint64_t q_poll_next_ns;   /* next time the quota file may be stat-ed */
+	pthread_mutex_t poll_lock; /* held (trylock) by the one thread polling */
 	uint64_t q_file_ino, q_file_dev, q_file_size, q_file_mtime_ns;
 	int q_file_seen;
 	char q_why[300];  /* why the hook fails closed */

@@ -37,6 +37,8 @@ static struct hook_state g_state = {
 	.real_once = PTHREAD_ONCE_INIT,
 	.books_lock = PTHREAD_MUTEX_INITIALIZER,
 	.pace_lock = PTHREAD_MUTEX_INITIALIZER,
+	.poll_lock = PTHREAD_MUTEX_INITIALIZER,
+	.config_once = PTHREAD_ONCE_INIT,
 	.slot = -1,
 	.q_fail_closed = 1,
 	.q_compute_percent = 1,
@@ -45,6 +47,8 @@ static struct hook_state g_state = {
 static __thread int t_in_init;
 
 static void report_fail_closed(void);
+static void poll_locked(struct hook_state *s);
+static void read_env(struct hook_state *s);
 
 struct hook_state *hook_state(void)
 {
@@ -136,8 +140,20 @@ static void resolve_real(void)
 	usage_open();
 }
 
+static void config_once(void)
+{
+	read_env(&g_state);
+}
+
+/* hook_config reads the env once; the constructor calls it, and so does anything that may run before it. */
+static void hook_config(void)
+{
+	pthread_once(&g_state.config_once, config_once);
+}
+
 const struct real_table *hook_real(void)
 {
+	hook_config();
 	pthread_once(&g_state.real_once, resolve_real);
 	return &g_state.real;
 }
@@ -249,9 +265,15 @@ static int read_quota_file(const struct stat *st)
 	struct hook_state *s = &g_state;
 	char why_buf[300];
 	unsigned char buf[sizeof(struct gpulimit_quota) + 1];
-	int fd = open(s->quota_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	if (fd < 0)
-		return errno == ENOENT ? 0 : -1;
+	int fd = open(s->quota_path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		return 0; /* replaced between stat and open; the next poll sees the new one */
+	if (fd < 0) {
+		snprintf(why_buf, sizeof(why_buf), "quota file %.200s cannot be opened: %.60s", s->quota_path,
+		         strerror(errno));
+		fail_closed(why_buf);
+		return -1;
+	}
 	ssize_t n = pread(fd, buf, sizeof(buf), 0);
 	close(fd);
 	struct quota_values q;
@@ -296,6 +318,15 @@ void quota_poll(uint64_t now)
 	if (!__atomic_compare_exchange_n(&s->q_poll_next_ns, &next, now + GPULIMIT_POLL_NS, 0, __ATOMIC_ACQ_REL,
 	                                 __ATOMIC_RELAXED))
 		return;
+	/* A poll slower than GPULIMIT_POLL_NS must not overlap the next one. */
+	if (pthread_mutex_trylock(&s->poll_lock) != 0)
+		return;
+	poll_locked(s);
+	pthread_mutex_unlock(&s->poll_lock);
+}
+
+static void poll_locked(struct hook_state *s)
+{
 	struct stat st;
 	if (stat(s->quota_path, &st) != 0) {
 		if (errno != ENOENT)
@@ -321,12 +352,13 @@ static void after_fork_child(void)
 	books_reset_after_fork();
 	pthread_mutex_init(&g_state.books_lock, NULL);
 	pthread_mutex_init(&g_state.pace_lock, NULL);
+	pthread_mutex_init(&g_state.poll_lock, NULL);
 }
 
 __attribute__((constructor)) static void hook_init(void)
 {
 	struct hook_state *s = &g_state;
-	read_env(s);
+	hook_config();
 	if (s->env_valid)
 		apply(&s->env_quota, 0);
 	/* Read the file now (not lazily) so the first allocation already sees it. */
