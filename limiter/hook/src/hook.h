@@ -188,5 +188,7 @@ void books_reset_after_fork(void);
 /* ---- pacing (pace.c) ---- */
 /* pace_admit charges blocks thread blocks to the slice's token bucket, waiting (bounded) while it is in debt. */
 void pace_admit(uint64_t blocks);
+/* pace_sm_count returns the SM count of the current device (cached; 1 if unknown). */
+uint32_t pace_sm_count(void);
 
 #endif

@@ -90,8 +90,7 @@ GPULIMIT_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned i
  */
 static uint64_t graph_blocks(void)
 {
-	uint32_t sms = hook_state()->pace_sm_count;
-	return sms ? sms : 1;
+	return pace_sm_count();
 }
 
 GPULIMIT_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream h)

@@ -66,6 +66,23 @@
 #define PACE_MAX_PIDS GPULIMIT_USAGE_SLOTS
 #define PACE_AGENT_FRESH_NS (500ull * 1000 * 1000)
 
+uint32_t pace_sm_count(void)
+{
+	struct hook_state *s = hook_state();
+	uint32_t n = __atomic_load_n(&s->pace_sm_count, __ATOMIC_ACQUIRE);
+	if (n != 0)
+		return n;
+	const struct real_table *r = hook_real();
+	CUdevice dev;
+	int sms = 0;
+	if (r->cuCtxGetDevice && r->cuCtxGetDevice(&dev) == CUDA_SUCCESS && r->cuDeviceGetAttribute &&
+	    r->cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) == CUDA_SUCCESS && sms > 0) {
+		__atomic_store_n(&s->pace_sm_count, (uint32_t)sms, __ATOMIC_RELEASE);
+		return (uint32_t)sms;
+	}
+	return 1;
+}
+
 /* pace_device finds the SM count and the NVML handle of the current device, once per process. */
 static int pace_device(void)
 {
