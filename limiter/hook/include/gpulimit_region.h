@@ -33,14 +33,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GPULIMIT_QUOTA_MAGIC 0x51425047u /* bytes "GPBQ" */
-#define GPULIMIT_USAGE_MAGIC 0x55425047u /* bytes "GPBU" */
+#define GPULIMIT_QUOTA_MAGIC    0x51425047u /* bytes "GPBQ" */
+#define GPULIMIT_USAGE_MAGIC    0x55425047u /* bytes "GPBU" */
 #define GPULIMIT_LAYOUT_VERSION 1u
 
-#define GPULIMIT_SLICE_ID_LEN 64   /* bytes, including the terminating NUL */
-#define GPULIMIT_UUID_BYTES 16     /* binary device UUID, as cuDeviceGetUuid returns it */
-#define GPULIMIT_USAGE_SLOTS 64    /* processes per slice that are accounted at once */
-#define GPULIMIT_USAGE_DEVICES 4   /* devices per process that are accounted */
+#define GPULIMIT_SLICE_ID_LEN  64 /* bytes, including the terminating NUL */
+#define GPULIMIT_UUID_BYTES    16 /* binary device UUID, as cuDeviceGetUuid returns it */
+#define GPULIMIT_USAGE_SLOTS   64 /* processes per slice that are accounted at once */
+#define GPULIMIT_USAGE_DEVICES 4  /* devices per process that are accounted */
 
 /* Default in-pod paths; equal to broker/api/v1 PodQuotaFile and PodUsageFile (tested). */
 #define GPULIMIT_DEFAULT_QUOTA_FILE "/var/run/gpubroker/quota/quota.bin"
@@ -48,15 +48,15 @@
 
 /* Quota region: 128 bytes. */
 struct gpulimit_quota {
-	uint32_t magic;                     /* GPULIMIT_QUOTA_MAGIC */
-	uint32_t layout_version;            /* GPULIMIT_LAYOUT_VERSION */
-	uint64_t generation;                /* >= 1; higher wins; the pod env counts as 0 */
+	uint32_t magic;                       /* GPULIMIT_QUOTA_MAGIC */
+	uint32_t layout_version;              /* GPULIMIT_LAYOUT_VERSION */
+	uint64_t generation;                  /* >= 1; higher wins; the pod env counts as 0 */
 	char slice_id[GPULIMIT_SLICE_ID_LEN]; /* NUL-terminated, NUL-padded */
-	uint64_t memory_limit_bytes;        /* device memory cap per device, bytes; 0 refuses every allocation */
-	uint32_t compute_percent;           /* guaranteed SM share, 1..100 */
-	uint32_t compute_limit_percent;     /* burst ceiling, compute_percent..100 */
-	uint8_t reserved[28];               /* zero */
-	uint32_t checksum;                  /* FNV-1a 32 over bytes [0, offsetof(checksum)) */
+	uint64_t memory_limit_bytes;          /* device memory cap per device, bytes; 0 refuses every allocation */
+	uint32_t compute_percent;             /* guaranteed SM share, 1..100 */
+	uint32_t compute_limit_percent;       /* burst ceiling, compute_percent..100 */
+	uint8_t reserved[28];                 /* zero */
+	uint32_t checksum;                    /* FNV-1a 32 over bytes [0, offsetof(checksum)) */
 };
 
 /* One device's use by one process. */
@@ -99,16 +99,16 @@ struct gpulimit_usage {
 	uint8_t reserved0[32];               /* zero */
 
 	/* Token bucket, in 1/1024 thread blocks (Q10 fixed point). */
-	int64_t pace_tokens_q10;          /* balance; negative = debt */
-	uint64_t pace_refill_ns;          /* CLOCK_MONOTONIC ns of the last refill */
-	uint64_t pace_rate_q10_per_ms;    /* refill rate, 1/1024 blocks per millisecond; 0 = not set yet */
-	uint64_t pace_blocks_total;       /* thread blocks launched by the slice */
-	uint64_t pace_wait_ns_total;      /* time launches of the slice waited for tokens, ns */
-	uint64_t pace_next_control_ns;    /* CLOCK_MONOTONIC ns at which the controller runs next */
-	uint32_t pace_target_permille;    /* effective SM share target, per mille of the device */
-	uint32_t pace_util_permille;      /* last measured SM share of the slice, per mille */
+	int64_t pace_tokens_q10;            /* balance; negative = debt */
+	uint64_t pace_refill_ns;            /* CLOCK_MONOTONIC ns of the last refill */
+	uint64_t pace_rate_q10_per_ms;      /* refill rate, 1/1024 blocks per millisecond; 0 = not set yet */
+	uint64_t pace_blocks_total;         /* thread blocks launched by the slice */
+	uint64_t pace_wait_ns_total;        /* time launches of the slice waited for tokens, ns */
+	uint64_t pace_next_control_ns;      /* CLOCK_MONOTONIC ns at which the controller runs next */
+	uint32_t pace_target_permille;      /* effective SM share target, per mille of the device */
+	uint32_t pace_util_permille;        /* last measured SM share of the slice, per mille */
 	uint32_t pace_device_util_permille; /* last measured SM use of the whole device, per mille */
-	uint32_t pace_sm_count;           /* SMs of the device the controller measured */
+	uint32_t pace_sm_count;             /* SMs of the device the controller measured */
 
 	/* Controller memory between runs. */
 	uint64_t ctl_blocks_prev;   /* pace_blocks_total at the previous run */

@@ -33,10 +33,10 @@ typedef enum nvmlReturn_enum {
 	NVML_ERROR_UNKNOWN = 999
 } nvmlReturn_t;
 
-#define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
-#define NVML_DEVICE_NAME_V2_BUFFER_SIZE 96
+#define NVML_DEVICE_UUID_V2_BUFFER_SIZE        96
+#define NVML_DEVICE_NAME_V2_BUFFER_SIZE        96
 #define NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE 80
-#define NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE 80
+#define NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE   80
 
 /* NVML_STRUCT_VERSION(Memory, 2): size of the struct in the low bits, version in bits 24..31. */
 #define NVML_STRUCT_VERSION_OF(type, ver) ((unsigned int)(sizeof(type) | ((unsigned int)(ver) << 24U)))
@@ -96,7 +96,7 @@ typedef struct nvmlDeviceAttributes_st {
 	unsigned long long memorySizeMB;
 } nvmlDeviceAttributes_t;
 
-#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE 32
+#define NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE    32
 #define NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE 16
 
 typedef struct nvmlPciInfo_st {
@@ -141,8 +141,7 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *pci);
 nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t device, int *major, int *minor);
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *currentMode, unsigned int *pendingMode);
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *utilization,
-                                             unsigned int *processSamplesCount,
-                                             unsigned long long lastSeenTimeStamp);
+                                             unsigned int *processSamplesCount, unsigned long long lastSeenTimeStamp);
 
 #ifdef __cplusplus
 }

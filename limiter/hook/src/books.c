@@ -10,7 +10,7 @@
 #include "hook.h"
 
 #define KEY_EMPTY 0
-#define KEY_TOMB 1
+#define KEY_TOMB  1
 
 static size_t slot_of(uint64_t key, size_t cap)
 {

@@ -33,10 +33,10 @@ struct hook_entry {
 };
 
 static const struct hook_entry entries[] = {
-#define ENTRY_HOOK(lib, name, base, since, ptsz)                                                          \
+#define ENTRY_HOOK(lib, name, base, since, ptsz)                                                                       \
 	{#name, base, since, ptsz, LIB_##lib, offsetof(struct real_table, name), (void *)&name},
 #define ENTRY_CALL(lib, name)
-	GPULIMIT_SYMBOLS(ENTRY_HOOK, ENTRY_CALL)
+    GPULIMIT_SYMBOLS(ENTRY_HOOK, ENTRY_CALL)
 #undef ENTRY_HOOK
 #undef ENTRY_CALL
 };

@@ -26,7 +26,7 @@ GPULIMIT_SYMBOLS(GPULIMIT_DECLARE_HOOK, GPULIMIT_DECLARE_NONE)
 
 /* struct real_table: the driver's functions, resolved from libcuda.so.1 and libnvidia-ml.so.1. NULL = absent. */
 #define GPULIMIT_REAL_HOOK(lib, name, base, since, ptsz) __typeof__(&name) name;
-#define GPULIMIT_REAL_CALL(lib, name) __typeof__(&name) name;
+#define GPULIMIT_REAL_CALL(lib, name)                    __typeof__(&name) name;
 struct real_table {
 	GPULIMIT_SYMBOLS(GPULIMIT_REAL_HOOK, GPULIMIT_REAL_CALL)
 };
@@ -61,7 +61,7 @@ int quota_parse(const void *buf, size_t n, struct quota_values *out, const char 
 enum alloc_kind { AK_LINEAR = 1, AK_MANAGED, AK_POOL, AK_VMM, AK_ARRAY, AK_MIPMAP };
 
 struct alloc_rec {
-	uint64_t key;  /* device pointer or handle; 0 = empty, 1 = tombstone */
+	uint64_t key; /* device pointer or handle; 0 = empty, 1 = tombstone */
 	uint64_t bytes;
 	uint32_t kind; /* enum alloc_kind */
 	int32_t dev;   /* index into this process's usage slot devices */
@@ -74,7 +74,7 @@ struct pool_rec {
 	uint64_t charged; /* bytes of the pool's reservation charged to the slice */
 };
 
-#define HOOK_MAX_POOLS 64
+#define HOOK_MAX_POOLS    64
 #define HOOK_MAX_ORDINALS 32
 
 /* struct hook_state: all mutable state of libgpulimit in this process. */
@@ -99,8 +99,8 @@ struct hook_state {
 	pthread_mutex_t poll_lock; /* held (trylock) by the one thread polling */
 	uint64_t q_file_ino, q_file_dev, q_file_size, q_file_mtime_ns;
 	int q_file_seen;
-	char q_why[300];  /* why the hook fails closed */
-	int driver_seen;  /* the driver was resolved: fail-closed messages go out at once */
+	char q_why[300]; /* why the hook fails closed */
+	int driver_seen; /* the driver was resolved: fail-closed messages go out at once */
 
 	/* driver */
 	pthread_once_t real_once;
@@ -155,7 +155,8 @@ uint64_t hook_coarse_ns(void); /* CLOCK_MONOTONIC_COARSE: ~ns cost, few ms resol
 void usage_open(void);
 /* usage_dev returns this process's device entry index for uuid, claiming the slot and entry if needed; -1 if none. */
 int usage_dev(const uint8_t uuid[GPULIMIT_UUID_BYTES]);
-/* usage_charge adds bytes to entry dev if the slice's total on that device stays <= limit. 0 = charged, -1 = refused. */
+/* usage_charge adds bytes to entry dev if the slice's total on that device stays <= limit. 0 = charged, -1 = refused.
+ */
 int usage_charge(int dev, uint64_t bytes, uint64_t limit);
 /* usage_adjust adds delta (may be negative) to entry dev without a limit check. */
 void usage_adjust(int dev, int64_t delta);

@@ -71,10 +71,9 @@ GPULIMIT_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx
 	return r->cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, h, params);
 }
 
-GPULIMIT_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
-                                                        unsigned int gz, unsigned int bx, unsigned int by,
-                                                        unsigned int bz, unsigned int shmem, CUstream h,
-                                                        void **params)
+GPULIMIT_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                                        unsigned int bx, unsigned int by, unsigned int bz,
+                                                        unsigned int shmem, CUstream h, void **params)
 {
 	const struct real_table *r = hook_real();
 	if (r->cuLaunchCooperativeKernel_ptsz == NULL)

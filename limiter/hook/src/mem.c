@@ -55,8 +55,8 @@ int device_uuid_of(CUdevice dev, uint8_t out[GPULIMIT_UUID_BYTES])
 		         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
 		         b[15]);
 		if (strcasecmp(name, s->gpu_uuid_env) != 0)
-			hook_log(HOOK_LOG_WARN, "device %d is %s, not the slice's GPU %s: capped all the same", dev, name,
-			         s->gpu_uuid_env);
+			hook_log(HOOK_LOG_WARN, "device %d is %s, not the slice's GPU %s: capped all the same", dev,
+			         name, s->gpu_uuid_env);
 	}
 	if (dev >= 0 && dev < HOOK_MAX_ORDINALS) {
 		memcpy(s->ord_uuid[dev], u.bytes, GPULIMIT_UUID_BYTES);
@@ -260,8 +260,8 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool poo
 	uint64_t growth = used + bytesize > reserved ? used + bytesize - reserved : 0;
 	uint64_t limit = limit_now();
 	if (growth > 0 && usage_charge(e, growth, limit) != 0) {
-		hook_log(HOOK_LOG_INFO, "stream-ordered allocation of %zu bytes refused: pool would grow past the slice",
-		         bytesize);
+		hook_log(HOOK_LOG_INFO,
+		         "stream-ordered allocation of %zu bytes refused: pool would grow past the slice", bytesize);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	CUresult res = current ? current(dptr, bytesize, stream) : from_pool(dptr, bytesize, pool, stream);
@@ -276,8 +276,8 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool poo
 		/* The pool grew by more than asked (granularity) and that passes the cap: undo. */
 		undo(*dptr, stream);
 		pool_settle(pool, 0);
-		hook_log(HOOK_LOG_INFO, "stream-ordered allocation of %zu bytes refused: pool reservation passes the slice",
-		         bytesize);
+		hook_log(HOOK_LOG_INFO,
+		         "stream-ordered allocation of %zu bytes refused: pool reservation passes the slice", bytesize);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	books_put(*dptr, bytesize, AK_POOL, e, pool);
@@ -310,8 +310,7 @@ GPULIMIT_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes
 	return alloc_async(dptr, bytesize, pool, h, r->cuMemAllocFromPoolAsync, NULL, r->cuMemFreeAsync);
 }
 
-GPULIMIT_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                                      CUstream h)
+GPULIMIT_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream h)
 {
 	const struct real_table *r = hook_real();
 	if (r->cuMemAllocFromPoolAsync_ptsz == NULL)
@@ -331,18 +330,18 @@ static void credit(const struct alloc_rec *rec)
 }
 
 /* free_common: take the record first (the address may be reused as soon as the driver frees it). */
-#define FREE_COMMON(call, k_)                                                                                   \
-	do {                                                                                                     \
-		struct alloc_rec rec_;                                                                           \
-		int known_ = books_take((k_), &rec_);                                                           \
-		CUresult res_ = (call);                                                                          \
-		if (known_) {                                                                                    \
-			if (res_ == CUDA_SUCCESS)                                                                \
-				credit(&rec_);                                                                   \
-			else                                                                                     \
-				books_put(rec_.key, rec_.bytes, (enum alloc_kind)rec_.kind, rec_.dev, rec_.pool); \
-		}                                                                                                \
-		return res_;                                                                                     \
+#define FREE_COMMON(call, k_)                                                                                          \
+	do {                                                                                                           \
+		struct alloc_rec rec_;                                                                                 \
+		int known_ = books_take((k_), &rec_);                                                                  \
+		CUresult res_ = (call);                                                                                \
+		if (known_) {                                                                                          \
+			if (res_ == CUDA_SUCCESS)                                                                      \
+				credit(&rec_);                                                                         \
+			else                                                                                           \
+				books_put(rec_.key, rec_.bytes, (enum alloc_kind)rec_.kind, rec_.dev, rec_.pool);      \
+		}                                                                                                      \
+		return res_;                                                                                           \
 	} while (0)
 
 GPULIMIT_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
@@ -622,7 +621,8 @@ void graph_mem_settle(void)
 		if (!__atomic_load_n(&s->ord_known[dev], __ATOMIC_ACQUIRE))
 			continue;
 		cuuint64_t reserved = 0;
-		if (r->cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS)
+		if (r->cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved) !=
+		    CUDA_SUCCESS)
 			continue;
 		int e = usage_dev(s->ord_uuid[dev]);
 		if (e < 0)

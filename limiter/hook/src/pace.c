@@ -54,17 +54,17 @@
 
 #include "hook.h"
 
-#define PACE_PERIOD_NS (50ull * 1000 * 1000)
-#define PACE_MAX_WAIT_NS (200ull * 1000 * 1000)
-#define PACE_SLEEP_NS (2ull * 1000 * 1000)
-#define PACE_BUCKET_MS 10u
-#define PACE_INIT_BLOCK_NS 100000u
+#define PACE_PERIOD_NS       (50ull * 1000 * 1000)
+#define PACE_MAX_WAIT_NS     (200ull * 1000 * 1000)
+#define PACE_SLEEP_NS        (2ull * 1000 * 1000)
+#define PACE_BUCKET_MS       10u
+#define PACE_INIT_BLOCK_NS   100000u
 #define PACE_MARGIN_PERMILLE 50u
-#define PACE_GAIN 0.7
-#define PACE_RATIO_MIN 0.1
-#define PACE_RATIO_MAX 2.0
-#define PACE_MAX_PIDS GPULIMIT_USAGE_SLOTS
-#define PACE_AGENT_FRESH_NS (500ull * 1000 * 1000)
+#define PACE_GAIN            0.7
+#define PACE_RATIO_MIN       0.1
+#define PACE_RATIO_MAX       2.0
+#define PACE_MAX_PIDS        GPULIMIT_USAGE_SLOTS
+#define PACE_AGENT_FRESH_NS  (500ull * 1000 * 1000)
 
 uint32_t pace_sm_count(void)
 {
@@ -106,10 +106,12 @@ static int pace_device(void)
 		s->pace_sm_count = (uint32_t)sms;
 		char name[64];
 		const uint8_t *u = uuid;
-		snprintf(name, sizeof(name), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
-		         u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+		snprintf(name, sizeof(name), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+		         u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
+		         u[15]);
 		if (r->nvmlInit_v2 && r->nvmlDeviceGetHandleByUUID && r->nvmlDeviceGetProcessUtilization &&
-		    r->nvmlInit_v2() == NVML_SUCCESS && r->nvmlDeviceGetHandleByUUID(name, &s->pace_nvml_dev) == NVML_SUCCESS)
+		    r->nvmlInit_v2() == NVML_SUCCESS &&
+		    r->nvmlDeviceGetHandleByUUID(name, &s->pace_nvml_dev) == NVML_SUCCESS)
 			result = 1;
 		else
 			hook_log(HOOK_LOG_WARN, "NVML unavailable for %s: compute pacing runs without feedback", name);
@@ -218,9 +220,8 @@ static void control(struct gpulimit_usage *u, int have_nvml)
 {
 	uint64_t next = __atomic_load_n(&u->pace_next_control_ns, __ATOMIC_ACQUIRE);
 	uint64_t now = hook_now_ns();
-	if (now < next ||
-	    !__atomic_compare_exchange_n(&u->pace_next_control_ns, &next, now + PACE_PERIOD_NS, 0, __ATOMIC_ACQ_REL,
-	                                 __ATOMIC_RELAXED))
+	if (now < next || !__atomic_compare_exchange_n(&u->pace_next_control_ns, &next, now + PACE_PERIOD_NS, 0,
+	                                               __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
 		return;
 	uint64_t blocks = __atomic_load_n(&u->pace_blocks_total, __ATOMIC_RELAXED);
 	uint64_t waited = __atomic_load_n(&u->pace_wait_ns_total, __ATOMIC_RELAXED);
@@ -234,7 +235,8 @@ static void control(struct gpulimit_usage *u, int have_nvml)
 		int held = waited > __atomic_load_n(&u->ctl_wait_ns_prev, __ATOMIC_RELAXED);
 		if (slice_pm > 0 && (held || slice_pm > target)) {
 			double ratio = (double)target / slice_pm;
-			ratio = ratio < PACE_RATIO_MIN ? PACE_RATIO_MIN : (ratio > PACE_RATIO_MAX ? PACE_RATIO_MAX : ratio);
+			ratio =
+			    ratio < PACE_RATIO_MIN ? PACE_RATIO_MIN : (ratio > PACE_RATIO_MAX ? PACE_RATIO_MAX : ratio);
 			double next_rate = (double)rate * (1.0 + PACE_GAIN * (ratio - 1.0));
 			rate = next_rate < 1.0 ? 1 : (next_rate > 1e18 ? (uint64_t)1e18 : (uint64_t)next_rate);
 		} else if (slice_pm == 0 && held) {

@@ -10,11 +10,10 @@
  *   - A missing quota file changes nothing: the values in force stay.
  *   - No valid values at all (env absent or invalid, no valid file yet), or a
  *     quota file that exists but is invalid (size, magic, layout, checksum,
- *     ranges, or a slice id other than GPUBROKER_SLICE_ID): FAIL CLOSED. The memory limit becomes 0, so every new device
- *     allocation fails with CUDA_ERROR_OUT_OF_MEMORY and memory queries show
- *     0 total and 0 free; compute is paced at 1 %. Frees, launches and all
- *     other calls keep working; a message saying why goes to stderr at level
- *     error each time the state is entered. The next valid file (generation
+ *     ranges, or a slice id other than GPUBROKER_SLICE_ID): FAIL CLOSED. The memory limit becomes 0, so every new
+ * device allocation fails with CUDA_ERROR_OUT_OF_MEMORY and memory queries show 0 total and 0 free; compute is paced at
+ * 1 %. Frees, launches and all other calls keep working; a message saying why goes to stderr at level error each time
+ * the state is entered. The next valid file (generation
  *     >= the last valid one) lifts it.
  */
 #define _GNU_SOURCE
@@ -33,16 +32,16 @@
 #include "hook.h"
 
 static struct hook_state g_state = {
-	.log_level = HOOK_LOG_WARN,
-	.real_once = PTHREAD_ONCE_INIT,
-	.books_lock = PTHREAD_MUTEX_INITIALIZER,
-	.pace_lock = PTHREAD_MUTEX_INITIALIZER,
-	.poll_lock = PTHREAD_MUTEX_INITIALIZER,
-	.config_once = PTHREAD_ONCE_INIT,
-	.slot = -1,
-	.q_fail_closed = 1,
-	.q_compute_percent = 1,
-	.q_compute_limit_percent = 1,
+    .log_level = HOOK_LOG_WARN,
+    .real_once = PTHREAD_ONCE_INIT,
+    .books_lock = PTHREAD_MUTEX_INITIALIZER,
+    .pace_lock = PTHREAD_MUTEX_INITIALIZER,
+    .poll_lock = PTHREAD_MUTEX_INITIALIZER,
+    .config_once = PTHREAD_ONCE_INIT,
+    .slot = -1,
+    .q_fail_closed = 1,
+    .q_compute_percent = 1,
+    .q_compute_limit_percent = 1,
 };
 static __thread int t_in_init;
 
@@ -85,7 +84,8 @@ void hook_log(enum hook_log_level level, const char *fmt, ...)
 	va_start(ap, fmt);
 	int m = vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
 	va_end(ap);
-	size_t len = (size_t)n + (m < 0 ? 0 : ((size_t)m < sizeof(buf) - (size_t)n - 1 ? (size_t)m : sizeof(buf) - (size_t)n - 2));
+	size_t len = (size_t)n +
+	             (m < 0 ? 0 : ((size_t)m < sizeof(buf) - (size_t)n - 1 ? (size_t)m : sizeof(buf) - (size_t)n - 2));
 	buf[len++] = '\n';
 	/* One write(2): lines from several threads do not interleave; stdio is not touched. */
 	ssize_t w = write(STDERR_FILENO, buf, len);
@@ -124,10 +124,10 @@ static void resolve_real(void)
 	if (s->cuda_lib == NULL)
 		hook_log(HOOK_LOG_WARN, "libcuda.so.1 not loadable: %s", dlerror());
 	void *libs[2] = {s->cuda_lib, s->nvml_lib};
-#define RESOLVE_HOOK(lib, name, base, since, ptsz)                                                          \
-	do {                                                                                                   \
-		if (libs[LIB_##lib])                                                                           \
-			s->real.name = (__typeof__(&name))hook_real_dlsym(libs[LIB_##lib], #name);              \
+#define RESOLVE_HOOK(lib, name, base, since, ptsz)                                                                     \
+	do {                                                                                                           \
+		if (libs[LIB_##lib])                                                                                   \
+			s->real.name = (__typeof__(&name))hook_real_dlsym(libs[LIB_##lib], #name);                     \
 	} while (0);
 #define RESOLVE_CALL(lib, name) RESOLVE_HOOK(lib, name, "", 0, 0)
 	GPULIMIT_SYMBOLS(RESOLVE_HOOK, RESOLVE_CALL)

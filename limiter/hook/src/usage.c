@@ -121,8 +121,7 @@ void usage_open(void)
 	/* Fall back to a private region: the cap still holds for this process alone. */
 	hook_log(HOOK_LOG_WARN, "usage region %s unusable (%s): memory is accounted for this process only",
 	         s->usage_path, why);
-	void *p = mmap(NULL, sizeof(struct gpulimit_usage), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-	               0);
+	void *p = mmap(NULL, sizeof(struct gpulimit_usage), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED) {
 		hook_log(HOOK_LOG_ERROR, "cannot map a private usage region: %s", strerror(errno));
 		return;
@@ -310,8 +309,7 @@ void usage_note_launch(void)
 	clock_gettime(CLOCK_REALTIME_COARSE, &ts);
 	__atomic_store_n(&sl->last_launch_ns, (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec,
 	                 __ATOMIC_RELAXED);
-	__atomic_store_n(&sl->launch_count, __atomic_load_n(&sl->launch_count, __ATOMIC_RELAXED) + 1,
-	                 __ATOMIC_RELAXED);
+	__atomic_store_n(&sl->launch_count, __atomic_load_n(&sl->launch_count, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
 }
 
 int usage_pids(uint32_t *pids, int max)

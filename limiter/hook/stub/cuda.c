@@ -15,11 +15,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FUNC_MAGIC 0x46554e43u
+#define FUNC_MAGIC   0x46554e43u
 #define STREAM_MAGIC 0x5354524du
-#define GRAPH_MAGIC 0x47524150u
-#define EXEC_MAGIC 0x45584543u
-#define MAX_NODES 64
+#define GRAPH_MAGIC  0x47524150u
+#define EXEC_MAGIC   0x45584543u
+#define MAX_NODES    64
 
 struct stub_func {
 	uint32_t magic;
@@ -273,17 +273,17 @@ static const struct {
 	CUresult code;
 	const char *name, *text;
 } errors[] = {
-	{CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
-	{CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
-	{CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
-	{CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
-	{CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
-	{CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
-	{CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
-	{CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
-	{CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
-	{CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
-	{CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
 STUB_EXPORT CUresult cuGetErrorString(CUresult error, const char **pStr)
@@ -522,7 +522,8 @@ static CUresult free_kinds(uint64_t handle, unsigned mask)
 	return CUDA_SUCCESS;
 }
 
-#define LINEAR_KINDS ((1u << STUB_KIND_LINEAR) | (1u << STUB_KIND_MANAGED) | (1u << STUB_KIND_POOL) | (1u << STUB_KIND_GRAPH))
+#define LINEAR_KINDS                                                                                                   \
+	((1u << STUB_KIND_LINEAR) | (1u << STUB_KIND_MANAGED) | (1u << STUB_KIND_POOL) | (1u << STUB_KIND_GRAPH))
 
 STUB_EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
 {
@@ -788,8 +789,7 @@ STUB_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize,
 	return pool_alloc(dptr, bytesize, pool, h, 0);
 }
 
-STUB_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                                  CUstream h)
+STUB_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream h)
 {
 	return pool_alloc(dptr, bytesize, pool, h, 0);
 }
@@ -1175,76 +1175,79 @@ static const struct {
 	int ptsz;
 	void *fn;
 } procs[] = {
-#define P(base, since, ptsz, fn) {base, since, ptsz, (void *)fn}
-	P("cuInit", 2000, 0, cuInit),
-	P("cuDriverGetVersion", 2020, 0, cuDriverGetVersion),
-	P("cuDeviceGet", 2000, 0, cuDeviceGet),
-	P("cuDeviceGetCount", 2000, 0, cuDeviceGetCount),
-	P("cuDeviceGetName", 2000, 0, cuDeviceGetName),
-	P("cuDeviceGetUuid", 9020, 0, cuDeviceGetUuid),
-	P("cuDeviceGetUuid", 11040, 0, cuDeviceGetUuid_v2),
-	P("cuDeviceGetAttribute", 2000, 0, cuDeviceGetAttribute),
-	P("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2),
-	P("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain),
-	P("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2),
-	P("cuCtxCreate", 3020, 0, cuCtxCreate_v2),
-	P("cuCtxDestroy", 4000, 0, cuCtxDestroy_v2),
-	P("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent),
-	P("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent),
-	P("cuCtxGetDevice", 2000, 0, cuCtxGetDevice),
-	P("cuCtxSynchronize", 2000, 0, cuCtxSynchronize),
-	P("cuGetErrorString", 6000, 0, cuGetErrorString),
-	P("cuGetErrorName", 6000, 0, cuGetErrorName),
-	P("cuGetProcAddress", 11030, 0, cuGetProcAddress),
-	P("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2),
-	P("cuModuleLoadData", 2000, 0, cuModuleLoadData),
-	P("cuModuleUnload", 2000, 0, cuModuleUnload),
-	P("cuModuleGetFunction", 2000, 0, cuModuleGetFunction),
-	P("cuStreamCreate", 2000, 0, cuStreamCreate),
-	P("cuStreamDestroy", 4000, 0, cuStreamDestroy_v2),
-	P("cuStreamSynchronize", 2000, 0, cuStreamSynchronize),
-	P("cuStreamSynchronize", 7000, 1, cuStreamSynchronize_ptsz),
-	P("cuMemGetInfo", 3020, 0, cuMemGetInfo_v2),
-	P("cuMemAlloc", 3020, 0, cuMemAlloc_v2),
-	P("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2),
-	P("cuMemAllocManaged", 6000, 0, cuMemAllocManaged),
-	P("cuMemFree", 3020, 0, cuMemFree_v2),
-	P("cuMemAllocAsync", 11020, 0, cuMemAllocAsync),
-	P("cuMemAllocAsync", 11020, 1, cuMemAllocAsync_ptsz),
-	P("cuMemAllocFromPoolAsync", 11020, 0, cuMemAllocFromPoolAsync),
-	P("cuMemAllocFromPoolAsync", 11020, 1, cuMemAllocFromPoolAsync_ptsz),
-	P("cuMemFreeAsync", 11020, 0, cuMemFreeAsync),
-	P("cuMemFreeAsync", 11020, 1, cuMemFreeAsync_ptsz),
-	P("cuMemPoolCreate", 11020, 0, cuMemPoolCreate),
-	P("cuMemPoolDestroy", 11020, 0, cuMemPoolDestroy),
-	P("cuMemPoolTrimTo", 11020, 0, cuMemPoolTrimTo),
-	P("cuMemPoolGetAttribute", 11020, 0, cuMemPoolGetAttribute),
-	P("cuMemPoolSetAttribute", 11020, 0, cuMemPoolSetAttribute),
-	P("cuDeviceGetDefaultMemPool", 11020, 0, cuDeviceGetDefaultMemPool),
-	P("cuDeviceGetMemPool", 11020, 0, cuDeviceGetMemPool),
-	P("cuMemCreate", 10020, 0, cuMemCreate),
-	P("cuMemRelease", 10020, 0, cuMemRelease),
-	P("cuArrayCreate", 3020, 0, cuArrayCreate_v2),
-	P("cuArray3DCreate", 3020, 0, cuArray3DCreate_v2),
-	P("cuArrayDestroy", 2000, 0, cuArrayDestroy),
-	P("cuMipmappedArrayCreate", 5000, 0, cuMipmappedArrayCreate),
-	P("cuMipmappedArrayDestroy", 5000, 0, cuMipmappedArrayDestroy),
-	P("cuLaunchKernel", 4000, 0, cuLaunchKernel),
-	P("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz),
-	P("cuLaunchKernelEx", 11060, 0, cuLaunchKernelEx),
-	P("cuLaunchKernelEx", 11060, 1, cuLaunchKernelEx_ptsz),
-	P("cuLaunchCooperativeKernel", 9000, 0, cuLaunchCooperativeKernel),
-	P("cuLaunchCooperativeKernel", 9000, 1, cuLaunchCooperativeKernel_ptsz),
-	P("cuGraphCreate", 10000, 0, cuGraphCreate),
-	P("cuGraphDestroy", 10000, 0, cuGraphDestroy),
-	P("cuGraphAddKernelNode", 12000, 0, cuGraphAddKernelNode_v2),
-	P("cuGraphAddMemAllocNode", 11040, 0, cuGraphAddMemAllocNode),
-	P("cuGraphInstantiateWithFlags", 11040, 0, cuGraphInstantiateWithFlags),
-	P("cuGraphExecDestroy", 10000, 0, cuGraphExecDestroy),
-	P("cuGraphLaunch", 10000, 0, cuGraphLaunch),
-	P("cuGraphLaunch", 10000, 1, cuGraphLaunch_ptsz),
-	P("cuDeviceGetGraphMemAttribute", 11040, 0, cuDeviceGetGraphMemAttribute),
-	P("cuDeviceGraphMemTrim", 11040, 0, cuDeviceGraphMemTrim),
+#define P(base, since, ptsz, fn)                                                                                       \
+	{                                                                                                              \
+		base, since, ptsz, (void *)fn                                                                          \
+	}
+    P("cuInit", 2000, 0, cuInit),
+    P("cuDriverGetVersion", 2020, 0, cuDriverGetVersion),
+    P("cuDeviceGet", 2000, 0, cuDeviceGet),
+    P("cuDeviceGetCount", 2000, 0, cuDeviceGetCount),
+    P("cuDeviceGetName", 2000, 0, cuDeviceGetName),
+    P("cuDeviceGetUuid", 9020, 0, cuDeviceGetUuid),
+    P("cuDeviceGetUuid", 11040, 0, cuDeviceGetUuid_v2),
+    P("cuDeviceGetAttribute", 2000, 0, cuDeviceGetAttribute),
+    P("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2),
+    P("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2),
+    P("cuCtxCreate", 3020, 0, cuCtxCreate_v2),
+    P("cuCtxDestroy", 4000, 0, cuCtxDestroy_v2),
+    P("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent),
+    P("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent),
+    P("cuCtxGetDevice", 2000, 0, cuCtxGetDevice),
+    P("cuCtxSynchronize", 2000, 0, cuCtxSynchronize),
+    P("cuGetErrorString", 6000, 0, cuGetErrorString),
+    P("cuGetErrorName", 6000, 0, cuGetErrorName),
+    P("cuGetProcAddress", 11030, 0, cuGetProcAddress),
+    P("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2),
+    P("cuModuleLoadData", 2000, 0, cuModuleLoadData),
+    P("cuModuleUnload", 2000, 0, cuModuleUnload),
+    P("cuModuleGetFunction", 2000, 0, cuModuleGetFunction),
+    P("cuStreamCreate", 2000, 0, cuStreamCreate),
+    P("cuStreamDestroy", 4000, 0, cuStreamDestroy_v2),
+    P("cuStreamSynchronize", 2000, 0, cuStreamSynchronize),
+    P("cuStreamSynchronize", 7000, 1, cuStreamSynchronize_ptsz),
+    P("cuMemGetInfo", 3020, 0, cuMemGetInfo_v2),
+    P("cuMemAlloc", 3020, 0, cuMemAlloc_v2),
+    P("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2),
+    P("cuMemAllocManaged", 6000, 0, cuMemAllocManaged),
+    P("cuMemFree", 3020, 0, cuMemFree_v2),
+    P("cuMemAllocAsync", 11020, 0, cuMemAllocAsync),
+    P("cuMemAllocAsync", 11020, 1, cuMemAllocAsync_ptsz),
+    P("cuMemAllocFromPoolAsync", 11020, 0, cuMemAllocFromPoolAsync),
+    P("cuMemAllocFromPoolAsync", 11020, 1, cuMemAllocFromPoolAsync_ptsz),
+    P("cuMemFreeAsync", 11020, 0, cuMemFreeAsync),
+    P("cuMemFreeAsync", 11020, 1, cuMemFreeAsync_ptsz),
+    P("cuMemPoolCreate", 11020, 0, cuMemPoolCreate),
+    P("cuMemPoolDestroy", 11020, 0, cuMemPoolDestroy),
+    P("cuMemPoolTrimTo", 11020, 0, cuMemPoolTrimTo),
+    P("cuMemPoolGetAttribute", 11020, 0, cuMemPoolGetAttribute),
+    P("cuMemPoolSetAttribute", 11020, 0, cuMemPoolSetAttribute),
+    P("cuDeviceGetDefaultMemPool", 11020, 0, cuDeviceGetDefaultMemPool),
+    P("cuDeviceGetMemPool", 11020, 0, cuDeviceGetMemPool),
+    P("cuMemCreate", 10020, 0, cuMemCreate),
+    P("cuMemRelease", 10020, 0, cuMemRelease),
+    P("cuArrayCreate", 3020, 0, cuArrayCreate_v2),
+    P("cuArray3DCreate", 3020, 0, cuArray3DCreate_v2),
+    P("cuArrayDestroy", 2000, 0, cuArrayDestroy),
+    P("cuMipmappedArrayCreate", 5000, 0, cuMipmappedArrayCreate),
+    P("cuMipmappedArrayDestroy", 5000, 0, cuMipmappedArrayDestroy),
+    P("cuLaunchKernel", 4000, 0, cuLaunchKernel),
+    P("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz),
+    P("cuLaunchKernelEx", 11060, 0, cuLaunchKernelEx),
+    P("cuLaunchKernelEx", 11060, 1, cuLaunchKernelEx_ptsz),
+    P("cuLaunchCooperativeKernel", 9000, 0, cuLaunchCooperativeKernel),
+    P("cuLaunchCooperativeKernel", 9000, 1, cuLaunchCooperativeKernel_ptsz),
+    P("cuGraphCreate", 10000, 0, cuGraphCreate),
+    P("cuGraphDestroy", 10000, 0, cuGraphDestroy),
+    P("cuGraphAddKernelNode", 12000, 0, cuGraphAddKernelNode_v2),
+    P("cuGraphAddMemAllocNode", 11040, 0, cuGraphAddMemAllocNode),
+    P("cuGraphInstantiateWithFlags", 11040, 0, cuGraphInstantiateWithFlags),
+    P("cuGraphExecDestroy", 10000, 0, cuGraphExecDestroy),
+    P("cuGraphLaunch", 10000, 0, cuGraphLaunch),
+    P("cuGraphLaunch", 10000, 1, cuGraphLaunch_ptsz),
+    P("cuDeviceGetGraphMemAttribute", 11040, 0, cuDeviceGetGraphMemAttribute),
+    P("cuDeviceGraphMemTrim", 11040, 0, cuDeviceGraphMemTrim),
 #undef P
 };
 
@@ -1270,7 +1273,8 @@ STUB_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cud
 	if (best < 0) {
 		*pfn = NULL;
 		if (status)
-			*status = found_name ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+			*status = found_name ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+			                     : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
 		return CUDA_ERROR_NOT_FOUND;
 	}
 	*pfn = procs[best].fn;

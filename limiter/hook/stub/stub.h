@@ -28,11 +28,11 @@
 
 #define STUB_EXPORT __attribute__((visibility("default")))
 
-#define STUB_MAGIC 0x42555453u /* "STUB" */
-#define STUB_VERSION 5u
-#define STUB_MAX_PROCS 64
+#define STUB_MAGIC      0x42555453u /* "STUB" */
+#define STUB_VERSION    5u
+#define STUB_MAX_PROCS  64
 #define STUB_MAX_ALLOCS 16384
-#define STUB_MAX_POOLS 256
+#define STUB_MAX_POOLS  256
 #define STUB_POOL_CHUNK (2ull << 20) /* pools and VMM reserve in 2 MiB granules */
 
 enum stub_kind {
@@ -49,9 +49,9 @@ enum stub_kind {
 struct stub_proc {
 	uint32_t pid; /* 0 = free */
 	uint32_t pad;
-	uint64_t start_time;   /* clock ticks after boot */
-	uint64_t mem_bytes;    /* device memory held, bytes */
-	uint64_t sm_ns_total;  /* SM-ns of work launched */
+	uint64_t start_time;  /* clock ticks after boot */
+	uint64_t mem_bytes;   /* device memory held, bytes */
+	uint64_t sm_ns_total; /* SM-ns of work launched */
 	uint64_t launches;
 	uint64_t sample_prev_sm_ns; /* sm_ns_total at the last sample */
 	uint64_t sample_prev_ns;    /* CLOCK_MONOTONIC of the last sample */
@@ -70,10 +70,10 @@ struct stub_alloc {
 };
 
 struct stub_pool {
-	uint32_t pid;       /* owner; 0 = free */
+	uint32_t pid; /* owner; 0 = free */
 	uint32_t is_default;
-	uint64_t reserved;  /* bytes taken from the device */
-	uint64_t used;      /* bytes handed out */
+	uint64_t reserved; /* bytes taken from the device */
+	uint64_t used;     /* bytes handed out */
 	uint64_t release_threshold;
 	uint64_t reserved_high, used_high;
 };

@@ -44,12 +44,12 @@ static double now_ns(void)
 
 static int open_drv(void *h, struct drv *d)
 {
-#define SYM(f, n)                                                                                           \
-	do {                                                                                                \
-		void *p_ = dlsym(h, n);                                                                     \
-		if (p_ == NULL)                                                                             \
-			return -1;                                                                          \
-		memcpy(&d->f, &p_, sizeof(p_));                                                             \
+#define SYM(f, n)                                                                                                      \
+	do {                                                                                                           \
+		void *p_ = dlsym(h, n);                                                                                \
+		if (p_ == NULL)                                                                                        \
+			return -1;                                                                                     \
+		memcpy(&d->f, &p_, sizeof(p_));                                                                        \
 	} while (0)
 	SYM(init, "cuInit");
 	SYM(retain, "cuDevicePrimaryCtxRetain");
@@ -103,7 +103,8 @@ int main(int argc, char **argv)
 	void *hooked_h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
 	void *direct_h = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	struct drv hooked, direct;
-	if (hooked_h == NULL || direct_h == NULL || open_drv(hooked_h, &hooked) != 0 || open_drv(direct_h, &direct) != 0) {
+	if (hooked_h == NULL || direct_h == NULL || open_drv(hooked_h, &hooked) != 0 ||
+	    open_drv(direct_h, &direct) != 0) {
 		fprintf(stderr, "bench: cannot load the driver twice: %s\n", dlerror());
 		return 1;
 	}

@@ -90,7 +90,8 @@ static struct live live[MAX_LIVE];
 static int nlive;
 
 enum { K_LINEAR, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_ARRAY3D, K_MIPMAP, K_GRAPH, K_N };
-static const char *kinds[K_N] = {"linear", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap", "graph"};
+static const char *kinds[K_N] = {"linear", "pitch", "managed", "async",  "pool",
+                                 "vmm",    "array", "array3d", "mipmap", "graph"};
 
 static uint64_t now_us(void)
 {
@@ -101,13 +102,38 @@ static uint64_t now_us(void)
 
 static void fill_direct(void)
 {
-	A = (struct api){cuInit, cuDeviceGet, cuDevicePrimaryCtxRetain, cuCtxSetCurrent, cuCtxSynchronize,
-	                 cuModuleLoadData, cuModuleGetFunction, cuStreamSynchronize, cuMemGetInfo_v2,
-	                 cuDeviceTotalMem_v2, cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemFree_v2,
-	                 cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemFreeAsync, cuMemPoolCreate, cuMemCreate,
-	                 cuMemRelease, cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy, cuMipmappedArrayCreate,
-	                 cuMipmappedArrayDestroy, cuGraphCreate, cuGraphAddMemAllocNode, cuGraphAddKernelNode_v2,
-	                 cuGraphInstantiateWithFlags, cuGraphLaunch, cuLaunchKernel, cuLaunchKernelEx,
+	A = (struct api){cuInit,
+	                 cuDeviceGet,
+	                 cuDevicePrimaryCtxRetain,
+	                 cuCtxSetCurrent,
+	                 cuCtxSynchronize,
+	                 cuModuleLoadData,
+	                 cuModuleGetFunction,
+	                 cuStreamSynchronize,
+	                 cuMemGetInfo_v2,
+	                 cuDeviceTotalMem_v2,
+	                 cuMemAlloc_v2,
+	                 cuMemAllocPitch_v2,
+	                 cuMemAllocManaged,
+	                 cuMemFree_v2,
+	                 cuMemAllocAsync,
+	                 cuMemAllocFromPoolAsync,
+	                 cuMemFreeAsync,
+	                 cuMemPoolCreate,
+	                 cuMemCreate,
+	                 cuMemRelease,
+	                 cuArrayCreate_v2,
+	                 cuArray3DCreate_v2,
+	                 cuArrayDestroy,
+	                 cuMipmappedArrayCreate,
+	                 cuMipmappedArrayDestroy,
+	                 cuGraphCreate,
+	                 cuGraphAddMemAllocNode,
+	                 cuGraphAddKernelNode_v2,
+	                 cuGraphInstantiateWithFlags,
+	                 cuGraphLaunch,
+	                 cuLaunchKernel,
+	                 cuLaunchKernelEx,
 	                 cuLaunchCooperativeKernel};
 }
 
@@ -126,14 +152,14 @@ static int fill_procaddr(void)
 	if (gpa("cuGetProcAddress", &self, 12040, 0, NULL) != CUDA_SUCCESS || self == NULL)
 		return -1;
 	gpa = (__typeof__(&cuGetProcAddress_v2))self;
-#define GET(field, name)                                                                                    \
-	do {                                                                                                \
-		void *p_ = NULL;                                                                            \
-		if (gpa(name, &p_, 12040, 0, NULL) != CUDA_SUCCESS || p_ == NULL) {                         \
-			fprintf(stderr, "cuGetProcAddress(%s) failed\n", name);                                 \
-			return -1;                                                                          \
-		}                                                                                           \
-		memcpy(&A.field, &p_, sizeof(p_));                                                         \
+#define GET(field, name)                                                                                               \
+	do {                                                                                                           \
+		void *p_ = NULL;                                                                                       \
+		if (gpa(name, &p_, 12040, 0, NULL) != CUDA_SUCCESS || p_ == NULL) {                                    \
+			fprintf(stderr, "cuGetProcAddress(%s) failed\n", name);                                        \
+			return -1;                                                                                     \
+		}                                                                                                      \
+		memcpy(&A.field, &p_, sizeof(p_));                                                                     \
 	} while (0)
 	GET(init, "cuInit");
 	GET(deviceGet, "cuDeviceGet");
@@ -207,7 +233,8 @@ static CUresult do_alloc(int kind, uint64_t bytes)
 		p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
 		p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
 		p.location.id = 0;
-		r = A.memCreate((CUmemGenericAllocationHandle *)&h, (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20), &p, 0);
+		r = A.memCreate((CUmemGenericAllocationHandle *)&h, (bytes + (2u << 20) - 1) / (2u << 20) * (2u << 20),
+		                &p, 0);
 		break;
 	}
 	case K_ARRAY: {
