@@ -134,3 +134,40 @@ func fakeAgent(ctx context.Context, t *testing.T, dev *device, procs []*proc, fi
 		prev = cur
 	}
 }
+
+// TestComputeQuotaChangeAppliesLive moves a running, saturating slice from
+// 25 % to 75 % and back through its quota file; each share is measured over
+// 2 s starting 1 s after the change.
+func TestComputeQuotaChangeAppliesLive(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("8 s measurement; skipped with -short")
+	}
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 25}, "saturate", "busy_200us", "132", "12000")
+	share := func() float64 {
+		a := dev.stub()
+		time.Sleep(2 * time.Second) // the window; the process runs on its own
+		b := dev.stub()
+		return float64(b.procSMNs(p.pid())-a.procSMNs(p.pid())) / (float64(b.NowNs-a.NowNs) * float64(b.SMCount)) * 100
+	}
+	steps := []struct {
+		percent int
+		want    float64
+	}{{0, 25}, {75, 75}, {25, 25}} // 0: keep the env's 25 %
+	for _, s := range steps {
+		if s.percent != 0 {
+			q := region.Quota{SliceID: "test-slice", MemoryLimitBytes: 64 * mib, ComputePercent: uint32(s.percent), ComputeLimitPercent: uint32(s.percent)}
+			if err := region.WriteQuota(f.Quota, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(time.Second) // settle after the change
+		if got := share(); math.Abs(got-s.want) > 5 {
+			t.Errorf("after setting %d%%: share %.1f%%, want %.0f ± 5", s.percent, got, s.want)
+		} else {
+			t.Logf("target %.0f%%: share %.1f%%", s.want, got)
+		}
+	}
+}
