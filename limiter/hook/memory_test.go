@@ -5,6 +5,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpubroker/gpubroker/limiter/region"
 )
@@ -100,21 +103,19 @@ func TestMemoryCapHoldsForTheSumOfProcesses(t *testing.T) {
 	for range 3 {
 		procs = append(procs, dev.start(f, slice{MemoryMiB: limit / mib, ComputePercent: 100}))
 	}
+	// Send the three commands back to back so the processes fill at the same time.
 	var wg sync.WaitGroup
-	fills := make([]reply, len(procs))
-	for i, p := range procs {
+	for _, p := range procs {
 		wg.Go(func() {
-			if _, err := p.stdin.Write([]byte(fmt.Sprintf("fill linear %d\n", mib))); err != nil {
+			if _, err := fmt.Fprintf(p.stdin, "fill linear %d\n", mib); err != nil {
 				t.Errorf("send: %v", err)
 			}
 		})
-		_ = i
 	}
 	wg.Wait()
 	for i, p := range procs {
-		fills[i] = p.next(30e9)
-		if fills[i].Res != cudaOutOfMemory {
-			t.Errorf("process %d: fill ended with %d, want OOM", i, fills[i].Res)
+		if r := p.next(30 * time.Second); r.Res != cudaOutOfMemory {
+			t.Errorf("process %d: fill ended with %d, want OOM", i, r.Res)
 		}
 	}
 	st := dev.stub()
@@ -197,14 +198,12 @@ func TestMemoryQueriesShowTheSlice(t *testing.T) {
 		fmt.Sprintf("alloc linear %d", 30*mib), "meminfo", "totalmem", "nvmlmem")
 	want := []reply{
 		{Cmd: "alloc", Res: 0},
-		{Cmd: "meminfo", Res: 0, Vals: []uint64{70 * mib, 100 * mib}},
-		{Cmd: "totalmem", Res: 0, Vals: []uint64{100 * mib}},
-		{Cmd: "nvmlmem", Res: 0, Vals: []uint64{100 * mib, 30 * mib, 70 * mib, 100 * mib, 30 * mib, 70 * mib}},
+		{Cmd: "meminfo", Res: 0, Vals: []uint64{70 * mib, 100 * mib}},                                          // free, total
+		{Cmd: "totalmem", Res: 0, Vals: []uint64{100 * mib}},                                                   // bytes
+		{Cmd: "nvmlmem", Res: 0, Vals: []uint64{100 * mib, 30 * mib, 70 * mib, 100 * mib, 30 * mib, 70 * mib}}, // v1, v2: total used free
 	}
-	for i := range want {
-		if fmt.Sprint(want[i]) != fmt.Sprint(r[i]) {
-			t.Errorf("%s = %+v, want %+v", want[i].Cmd, r[i], want[i])
-		}
+	if diff := cmp.Diff(want, r); diff != "" {
+		t.Errorf("memory queries (-want +got):\n%s", diff)
 	}
 }
 
