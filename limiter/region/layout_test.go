@@ -2,12 +2,14 @@ package region
 
 import (
 	"encoding/binary"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"sort"
 	"strings"
 	"testing"
 
@@ -15,6 +17,8 @@ import (
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 // headerDir is the C header directory, relative to this package.
 func headerDir(t *testing.T) string {
@@ -179,7 +183,54 @@ func TestLayoutMatchesHeader(t *testing.T) {
 			got["gpulimit_usage.agent_sample_ns"], got["gpulimit_usage.agent_util_permille"], got["gpulimit_usage.agent_device_util_permille"],
 			agentSampleOffset, agentUtilOffset)
 	}
+	checkGolden(t, "layout.golden", formatLayout(got))
 	if got["gpulimit_quota."].Size != QuotaSize || got["gpulimit_usage."].Size != UsageSize {
 		t.Errorf("sizes: quota %d usage %d, want %d and %d", got["gpulimit_quota."].Size, got["gpulimit_usage."].Size, QuotaSize, UsageSize)
+	}
+}
+
+// formatLayout prints a layout as "struct.field offset size" lines sorted by
+// struct and offset: the reviewable record of the ABI in testdata/layout.golden.
+func formatLayout(l map[string]layoutEntry) string {
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		si, _, _ := strings.Cut(keys[i], ".")
+		sj, _, _ := strings.Cut(keys[j], ".")
+		if si != sj {
+			return si < sj
+		}
+		if l[keys[i]].Offset != l[keys[j]].Offset {
+			return l[keys[i]].Offset < l[keys[j]].Offset
+		}
+		return keys[i] < keys[j]
+	})
+	var b strings.Builder
+	b.WriteString("# struct.field offset size (bytes); \"struct.\" is the whole struct. Regenerate: go test ./limiter/region -update\n")
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%-42s %5d %5d\n", k, l[k].Offset, l[k].Size)
+	}
+	return b.String()
+}
+
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if diff := cmp.Diff(string(want), got); diff != "" {
+		t.Errorf("%s changed (-golden +now); review and run with -update:\n%s", path, diff)
 	}
 }
