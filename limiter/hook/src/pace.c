@@ -8,11 +8,13 @@
  * Container Clouds", ISPA 2018) and its implementation tkestack/vcuda-controller
  * pace launches with a token bucket of thread blocks whose refill is adjusted
  * from nvmlDeviceGetProcessUtilization; HAMi-core inherited the scheme. Their
- * controller adds a fixed increment derived from the error, so the same
- * error moves a 132-SM H100 far less than a small GPU (caps barely bind on
- * large devices). Here the update is multiplicative, rate *= 1 + GAIN *
- * (target/measured - 1): a ratio has no unit, so the gain is normalized to the
- * device size by construction, and the starting rate scales with the SM count.
+ * controller adds to the bucket an increment computed from the utilization
+ * error with fixed constants (a scale factor and a minimum step), so how
+ * quickly and how tightly it binds depends on the device's size and the
+ * kernels' shape; public reports show caps that barely bind on large GPUs.
+ * Here the update is multiplicative, rate *= 1 + GAIN * (target/measured - 1):
+ * a ratio has no unit, so the gain is normalized to the device size by
+ * construction, and the starting rate scales with the SM count.
  *
  * Algorithm (all shared state is in struct gpulimit_usage, lock-free):
  *   - Each launch subtracts its grid size (blocks, Q10 fixed point) from
