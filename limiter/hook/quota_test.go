@@ -27,7 +27,9 @@ func waitFor(t *testing.T, p *proc, command string, bytes uint64, wantRes int) t
 	if r.Res != wantRes {
 		t.Fatalf("%s %d: CUresult %d after %dus, want %d", command, bytes, r.Res, r.Vals[0], wantRes)
 	}
-	return time.Duration(r.Vals[0]) * time.Microsecond
+	d := time.Duration(r.Vals[0]) * time.Microsecond
+	t.Logf("%s %d MiB: the change applied after %v", command, bytes/mib, d)
+	return d
 }
 
 // TestQuotaChangeAppliesLiveBothWays raises and lowers a running process's
