@@ -179,7 +179,12 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 		QuotaGroups: alloc.Groups, Env: plain, SecretEnv: len(secret) > 0,
 	}
 	if err := s.pods.Create(ctx, spec, secret); err != nil {
-		return s.fail(ctx, rec, fmt.Errorf("create pod: %w", err), true), err
+		if errors.Is(err, spawner.ErrRejected) {
+			// A refusal for good (ResourceQuota, admission, validation) is
+			// the caller's to read, not an internal failure.
+			err = fmt.Errorf("%w: the cluster refused the notebook pod: %s", fleet.ErrConflict, innermost(err))
+		}
+		return s.fail(ctx, rec, err, true), err
 	}
 	pod := spawner.PodName(rec.User, rec.Name)
 	return s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStarting, "pod created; waiting for it to start", fleet.ServerPatch{Pod: &pod})
@@ -279,4 +284,27 @@ func (s *Service) finishStop(ctx context.Context, rec fleet.Server, message stri
 // It is a no-op for a record that moved on meanwhile.
 func (s *Service) Abandon(ctx context.Context, rec fleet.Server, reason string) {
 	s.fail(ctx, rec, errors.New(reason), true)
+}
+
+// innermost returns the text of the deepest error in err's chain (the last
+// one where an error wraps several): the API server's own sentence.
+func innermost(err error) string {
+	for {
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			errs := u.Unwrap()
+			if len(errs) == 0 {
+				return err.Error()
+			}
+			err = errs[len(errs)-1]
+		case interface{ Unwrap() error }:
+			next := u.Unwrap()
+			if next == nil {
+				return err.Error()
+			}
+			err = next
+		default:
+			return err.Error()
+		}
+	}
 }

@@ -8,7 +8,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	k8stesting "k8s.io/client-go/testing"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
@@ -276,5 +280,29 @@ func TestLateEventOfOldSpawnIsIgnored(t *testing.T) {
 	got, err := f.Service.Get(ctx, key)
 	if err != nil || got.SpawnID != cur.SpawnID || got.State != v1.StateStarting {
 		t.Errorf("after late events of the old spawn: %+v (err %v), want spawn %s still starting", got, err, cur.SpawnID)
+	}
+}
+
+func TestPodRefusedByTheClusterIsAReadableConflict(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	f.Kube.PrependReactor("create", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "nb-gina--nb",
+			errors.New("exceeded quota: no-pods, requested: pods=1, used: pods=0, limited: pods=0"))
+	})
+	_, _, err := f.Service.Create(ctx, "gina", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
+	if !errors.Is(err, fleet.ErrConflict) {
+		t.Fatalf("Create = %v, want ErrConflict", err)
+	}
+	want := `the cluster refused the notebook pod: pods "nb-gina--nb" is forbidden: exceeded quota: no-pods`
+	if msg := fleet.Message(err); !strings.HasPrefix(msg, want) {
+		t.Errorf("message %q, want it to start with %q", msg, want)
+	}
+	s, _ := f.Service.Get(ctx, fleet.ServerKey{User: "gina", Name: "nb"})
+	if s.State != v1.StateFailed || !strings.HasPrefix(s.Message, want) {
+		t.Errorf("server %s %q, want failed with the same message", s.State, s.Message)
+	}
+	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 0 {
+		t.Errorf("allocations %v, want the slice released", allocs)
 	}
 }
