@@ -1,0 +1,183 @@
+package frontend
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+)
+
+// apiError is an API answer of 400 or more, with the API's own words.
+type apiError struct {
+	Status int
+	Body   v1.Error
+}
+
+func (e *apiError) Error() string {
+	return fmt.Sprintf("api: %d %s: %s", e.Status, e.Body.Code, e.Body.Message)
+}
+
+// apiClient calls the broker's REST API in-process, as the browser that
+// made the page request: with its cookie, and with the session's CSRF
+// token on writes.
+type apiClient struct {
+	h http.Handler
+}
+
+// maxAPIBytes bounds an in-process answer.
+const maxAPIBytes = 8 << 20
+
+// call sends method path (path already escaped) with body as JSON (nil:
+// none) and decodes a 2xx answer into out (nil: ignored). Answers of 400
+// or more are an *apiError.
+func (c apiClient) call(ctx context.Context, from *http.Request, v Viewer, method, path string, header http.Header, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("api %s %s: encode: %w", method, path, err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, path, rd)
+	if err != nil {
+		return fmt.Errorf("api %s %s: %w", method, path, err)
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for _, ck := range from.Cookies() {
+		req.AddCookie(ck)
+	}
+	if method != http.MethodGet {
+		req.Header.Set(csrfHeader, v.CSRF)
+	}
+	if req.Body == nil {
+		req.Body = http.NoBody // a server-side request always has a body
+	}
+	req.RemoteAddr = from.RemoteAddr
+	req.Host = from.Host
+	rec := &recorder{header: http.Header{}}
+	c.h.ServeHTTP(rec, req)
+	status := rec.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	if rec.overflow {
+		return fmt.Errorf("api %s %s: answer larger than %d bytes", method, path, maxAPIBytes)
+	}
+	if status >= 400 {
+		ae := &apiError{Status: status}
+		if err := json.Unmarshal(rec.body.Bytes(), &ae.Body); err != nil || ae.Body.Message == "" {
+			ae.Body = v1.Error{Code: v1.CodeInternal, Message: http.StatusText(status)}
+		}
+		return ae
+	}
+	if out != nil {
+		if err := json.Unmarshal(rec.body.Bytes(), out); err != nil {
+			return fmt.Errorf("api %s %s: decode: %w", method, path, err)
+		}
+	}
+	return nil
+}
+
+// recorder is the in-process ResponseWriter of apiClient.
+type recorder struct {
+	header   http.Header
+	status   int
+	body     bytes.Buffer
+	overflow bool
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	if r.body.Len()+len(p) > maxAPIBytes {
+		r.overflow = true
+		return 0, fmt.Errorf("frontend: api answer larger than %d bytes", maxAPIBytes)
+	}
+	return r.body.Write(p)
+}
+
+// serverPath is the API path of user's server name.
+func serverPath(user, name string) string {
+	return "/api/v1/users/" + url.PathEscape(user) + "/servers/" + url.PathEscape(name)
+}
+
+func (c apiClient) profiles(ctx context.Context, r *http.Request, v Viewer) ([]v1.Profile, error) {
+	var out []v1.Profile
+	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/profiles", nil, nil, &out)
+}
+
+func (c apiClient) servers(ctx context.Context, r *http.Request, v Viewer) ([]v1.Server, error) {
+	var out []v1.Server
+	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/users/"+url.PathEscape(v.User)+"/servers", nil, nil, &out)
+}
+
+func (c apiClient) allServers(ctx context.Context, r *http.Request, v Viewer) ([]v1.Server, error) {
+	var out []v1.Server
+	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/servers?all=true", nil, nil, &out)
+}
+
+func (c apiClient) server(ctx context.Context, r *http.Request, v Viewer, name string) (v1.Server, error) {
+	var out v1.Server
+	return out, c.call(ctx, r, v, http.MethodGet, serverPath(v.User, name), nil, nil, &out)
+}
+
+func (c apiClient) create(ctx context.Context, r *http.Request, v Viewer, name, idem string, req v1.CreateServerRequest) (v1.Server, error) {
+	var out v1.Server
+	h := http.Header{}
+	if idem != "" {
+		h.Set("Idempotency-Key", idem)
+	}
+	return out, c.call(ctx, r, v, http.MethodPut, serverPath(v.User, name), h, req, &out)
+}
+
+func (c apiClient) stop(ctx context.Context, r *http.Request, v Viewer, name string) error {
+	return c.call(ctx, r, v, http.MethodDelete, serverPath(v.User, name), nil, nil, nil)
+}
+
+// gpuStatus is one entry of GET /api/v1/admin/gpus.
+type gpuStatus struct {
+	v1.GPU
+	AllocatedMemoryMiB      int64 `json:"allocatedMemoryMiB"`
+	AllocatedComputePercent int   `json:"allocatedComputePercent"`
+	Slices                  int   `json:"slices"`
+}
+
+func (c apiClient) gpus(ctx context.Context, r *http.Request, v Viewer) ([]gpuStatus, error) {
+	var out []gpuStatus
+	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/admin/gpus", nil, nil, &out)
+}
+
+func (c apiClient) policy(ctx context.Context, r *http.Request, v Viewer) (v1.ReclaimPolicy, error) {
+	var out v1.ReclaimPolicy
+	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/admin/reclaim-policy", nil, nil, &out)
+}
+
+func (c apiClient) putPolicy(ctx context.Context, r *http.Request, v Viewer, p v1.ReclaimPolicy) (v1.ReclaimPolicy, error) {
+	var out v1.ReclaimPolicy
+	return out, c.call(ctx, r, v, http.MethodPut, "/api/v1/admin/reclaim-policy", nil, p, &out)
+}
+
+func (c apiClient) audit(ctx context.Context, r *http.Request, v Viewer, q url.Values) (v1.AuditPage, error) {
+	var out v1.AuditPage
+	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/admin/audit?"+q.Encode(), nil, nil, &out)
+}

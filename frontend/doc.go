@@ -1,0 +1,50 @@
+// Package frontend serves gpubroker's web pages: my servers (launch, spawn
+// progress, open, stop), a server's slice and usage, and for admins the
+// idle-reclaim settings, the fleet and the audit log. Pages are rendered on
+// the server with html/template from embedded templates and assets; there
+// is no JavaScript build step and no CDN. One small script (static/app.js)
+// follows a starting server's event stream to move its progress bar; every
+// page works without it.
+//
+// # Shape
+//
+// New(Deps) returns a *Handler, an http.Handler for every path outside
+// /api/ and /auth/. It depends on three things only (STYLE B: the frontend
+// shares broker/api/v1 and nothing else of the broker):
+//
+//   - Deps.API, the broker's REST API as an http.Handler. Pages call it
+//     in-process with the browser's own cookie (and, on writes, the
+//     session's CSRF token in X-CSRF-Token), so the API's authorization,
+//     validation and wording apply to pages unchanged: "errors shown as the
+//     API words them".
+//   - Deps.Sessions, which says who is signed in (Viewer) or that nobody is
+//     (ErrSignedOut: the page redirects to the sign-in).
+//   - The browser talks to the API directly for one thing: the server's
+//     event stream (EventSource sends the session cookie).
+//
+// *Handler also renders the web login's pages (LoginFailed, SignedOut),
+// matching the auth package's Pages interface without importing it.
+//
+// # Honesty
+//
+// Parts of the product that do not exist yet are shown as such, never
+// faked: usage charts say "no data yet" until usage samples are available
+// (Deps.Usage is nil), the reclaim countdown and the policy's dry-run
+// preview say "not available yet", resize and extend are shown disabled
+// with the reason. The chart renderer (chart.go) is in place and tested, so
+// pages fill in when a Usage source is wired.
+//
+// # Invariants
+//
+//   - Every POST checks the form's CSRF field against the session's token
+//     (constant time) before anything else; a missing or wrong token is a
+//     403 page and nothing changes.
+//   - Every page sends a Content-Security-Policy without inline scripts or
+//     styles, X-Content-Type-Options, Referrer-Policy and frame denial, and
+//     Cache-Control: no-store.
+//   - An expired or missing session on a page is a redirect to the sign-in
+//     (with ?next= back to the page), never a 500.
+//   - Admin pages answer 403 to non-admins (the API also refuses them).
+//
+// A *Handler is safe for concurrent use.
+package frontend

@@ -1,0 +1,426 @@
+package frontend
+
+import (
+	"crypto/rand"
+	"errors"
+	"html/template"
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+)
+
+// ---- my servers ----
+
+// launchForm is the launch form's state.
+type launchForm struct {
+	Name    string
+	Profile string
+	// Idem is the form's idempotency key: posting the same form twice
+	// (a double click, a retry) starts one server.
+	Idem string
+}
+
+type serversData struct {
+	Servers  []v1.Server
+	Profiles []v1.Profile
+	Form     launchForm
+	Error    string
+	CSRF     string
+}
+
+func (h *Handler) serversPage(w http.ResponseWriter, r *http.Request, v Viewer) {
+	h.renderServers(w, r, v, http.StatusOK, launchForm{Name: "notebook"}, "")
+}
+
+func (h *Handler) renderServers(w http.ResponseWriter, r *http.Request, v Viewer, status int, form launchForm, errMsg string) {
+	ctx := r.Context()
+	list, err := h.api.servers(ctx, r, v)
+	if err != nil {
+		h.apiFailed(w, r, v, err)
+		return
+	}
+	profiles, err := h.api.profiles(ctx, r, v)
+	if err != nil {
+		h.apiFailed(w, r, v, err)
+		return
+	}
+	if form.Profile == "" && len(profiles) > 0 {
+		form.Profile = profiles[0].Name
+	}
+	form.Idem = rand.Text()
+	slices.SortFunc(list, func(a, b v1.Server) int { return strings.Compare(a.Name, b.Name) })
+	h.render(w, r, status, "servers", view{Title: "My servers", Nav: "servers", Viewer: &v,
+		Data: serversData{Servers: list, Profiles: profiles, Form: form, Error: errMsg, CSRF: v.CSRF}})
+}
+
+func (h *Handler) launch(w http.ResponseWriter, r *http.Request, v Viewer) {
+	form := launchForm{Name: strings.TrimSpace(r.PostForm.Get("name")), Profile: r.PostForm.Get("profile")}
+	switch {
+	case form.Name == "":
+		h.renderServers(w, r, v, http.StatusBadRequest, form, "Give the server a name.")
+		return
+	case form.Profile == "":
+		h.renderServers(w, r, v, http.StatusBadRequest, form, "Pick a profile.")
+		return
+	}
+	_, err := h.api.create(r.Context(), r, v, form.Name, r.PostForm.Get("idem"), v1.CreateServerRequest{Profile: form.Profile})
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae) && ae.Status != http.StatusUnauthorized:
+		h.renderServers(w, r, v, ae.Status, form, sentence(ae.Body.Message))
+		return
+	case err != nil:
+		h.apiFailed(w, r, v, err)
+		return
+	}
+	http.Redirect(w, r, "/servers/"+url.PathEscape(form.Name), http.StatusSeeOther)
+}
+
+// ---- one server ----
+
+// spawnSteps orders the states a start goes through, for the progress bar.
+var spawnSteps = []v1.ServerState{v1.StatePending, v1.StatePlacing, v1.StateCreating, v1.StateStarting, v1.StateRunning}
+
+// stepOf returns the 1-based step of state in spawnSteps, or 0.
+func stepOf(s v1.ServerState) int {
+	return slices.Index(spawnSteps, s) + 1
+}
+
+type serverData struct {
+	S      v1.Server
+	Step   int // 1..len(spawnSteps), 0 when not starting or running
+	Steps  int
+	Live   bool // the state will change by itself: follow the events
+	Events string
+	API    string // the server's API path
+	CSRF   string
+	Chart  template.HTML // "" while there are no samples
+	// UsageNote says why there is no chart.
+	UsageNote string
+}
+
+func (h *Handler) serverPage(w http.ResponseWriter, r *http.Request, v Viewer) {
+	name := r.PathValue("name")
+	s, err := h.api.server(r.Context(), r, v, name)
+	if err != nil {
+		h.apiFailed(w, r, v, err)
+		return
+	}
+	d := serverData{S: s, Step: stepOf(s.State), Steps: len(spawnSteps), CSRF: v.CSRF,
+		Events: serverPath(v.User, name) + "/events", API: serverPath(v.User, name)}
+	switch s.State {
+	case v1.StateRunning, v1.StateStopped, v1.StateFailed:
+	default:
+		d.Live = true
+	}
+	switch {
+	case h.deps.Usage == nil:
+		d.UsageNote = "No data yet: usage samples appear here once the node agent reports them for this slice."
+	case s.GPU == nil:
+		d.UsageNote = "No data yet: the server has no GPU slice at the moment."
+	default:
+		samples, err := h.deps.Usage.Samples(r.Context(), v.User, name, s.SpawnID)
+		switch {
+		case err != nil:
+			h.deps.Log.WarnContext(r.Context(), "page: usage samples", "err", err)
+			d.UsageNote = "Usage data cannot be read right now."
+		case len(samples) == 0:
+			d.UsageNote = "No data yet: no usage sample has been reported for this slice so far."
+		default:
+			d.Chart = Chart(samples, s.Slice.MemoryMiB)
+		}
+	}
+	h.render(w, r, http.StatusOK, "server", view{Title: "Server " + s.Name, Nav: "servers", Viewer: &v, Data: d})
+}
+
+func (h *Handler) stop(w http.ResponseWriter, r *http.Request, v Viewer) {
+	name := r.PathValue("name")
+	if err := h.api.stop(r.Context(), r, v, name); err != nil {
+		h.apiFailed(w, r, v, err)
+		return
+	}
+	http.Redirect(w, r, "/servers/"+url.PathEscape(name), http.StatusSeeOther)
+}
+
+// ---- admin: reclaim policy ----
+
+// policyForm is the policy form as typed (strings, so that a wrong entry
+// is shown back as it was typed).
+type policyForm struct {
+	Version              int64
+	Enabled              bool
+	IdleComputePercent   string
+	IdleAfterMinutes     string
+	Action               string
+	WarnMinutes          string
+	ShrinkComputePercent string
+	ExemptGroups         string
+	Reason               string
+}
+
+// formFields maps the API's field names to the form's, with their labels.
+var formFields = map[string]struct{ id, label string }{
+	"enabled":              {"enabled", "Reclaiming"},
+	"idleComputePercent":   {"idleComputePercent", "Idle below"},
+	"idleAfterSeconds":     {"idleAfterMinutes", "Idle for"},
+	"action":               {"action", "Then"},
+	"warnSeconds":          {"warnMinutes", "Warning"},
+	"shrinkComputePercent": {"shrinkComputePercent", "Shrink to"},
+	"exemptGroups":         {"exemptGroups", "Exempt groups"},
+	"reason":               {"reason", "Reason"},
+}
+
+type fieldError struct {
+	ID, Label, Message string
+}
+
+type policyData struct {
+	Current  v1.ReclaimPolicy
+	Form     policyForm
+	Errors   map[string]string // form field id → message
+	List     []fieldError      // the same, in form order, for the summary
+	Problem  string            // a message that is not about one field
+	Conflict string
+	Unsaved  policyForm // the admin's values when a conflict stopped them
+	Saved    bool
+	CSRF     string
+}
+
+func minutes(secs int64) string {
+	if secs%60 == 0 {
+		return strconv.FormatInt(secs/60, 10)
+	}
+	return strconv.FormatFloat(float64(secs)/60, 'f', -1, 64)
+}
+
+func formOf(p v1.ReclaimPolicy) policyForm {
+	f := policyForm{
+		Version: p.Version, Enabled: p.Enabled, IdleComputePercent: strconv.Itoa(p.IdleComputePercent),
+		IdleAfterMinutes: minutes(p.IdleAfterSeconds), Action: string(p.Action), WarnMinutes: minutes(p.WarnSeconds),
+		ExemptGroups: strings.Join(p.ExemptGroups, ", "),
+	}
+	if p.ShrinkComputePercent != 0 {
+		f.ShrinkComputePercent = strconv.Itoa(p.ShrinkComputePercent)
+	}
+	return f
+}
+
+func (h *Handler) policyPage(w http.ResponseWriter, r *http.Request, v Viewer) {
+	p, err := h.api.policy(r.Context(), r, v)
+	if err != nil {
+		h.apiFailed(w, r, v, err)
+		return
+	}
+	d := policyData{Current: p, Form: formOf(p), CSRF: v.CSRF, Saved: r.URL.Query().Get("saved") != ""}
+	h.render(w, r, http.StatusOK, "reclaim", view{Title: "Idle reclaim settings", Nav: "reclaim", Viewer: &v, Data: d})
+}
+
+// parseForm turns the typed form into a policy; entries that are not
+// numbers are reported here (the API never sees them), everything else is
+// the API's to judge.
+func parsePolicyForm(f policyForm) (v1.ReclaimPolicy, map[string]string) {
+	errs := map[string]string{}
+	num := func(id, s string, scale float64, what string) int64 {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			return 0
+		}
+		x, err := strconv.ParseFloat(s, 64)
+		if err != nil || math.IsNaN(x) || math.IsInf(x, 0) || math.Abs(x*scale) > 1e15 {
+			errs[id] = "enter " + what
+			return 0
+		}
+		return int64(math.Round(x * scale))
+	}
+	p := v1.ReclaimPolicy{
+		Version: f.Version, Enabled: f.Enabled,
+		IdleComputePercent:   int(num("idleComputePercent", f.IdleComputePercent, 1, "a whole number of percent")),
+		IdleAfterSeconds:     num("idleAfterMinutes", f.IdleAfterMinutes, 60, "a number of minutes"),
+		Action:               v1.ReclaimAction(f.Action),
+		WarnSeconds:          num("warnMinutes", f.WarnMinutes, 60, "a number of minutes"),
+		ShrinkComputePercent: int(num("shrinkComputePercent", f.ShrinkComputePercent, 1, "a whole number of percent")),
+		Reason:               strings.TrimSpace(f.Reason),
+	}
+	for _, g := range strings.Split(f.ExemptGroups, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			p.ExemptGroups = append(p.ExemptGroups, g)
+		}
+	}
+	return p, errs
+}
+
+// formOrder is the order of the form's fields, for the error summary.
+var formOrder = []string{"enabled", "idleComputePercent", "idleAfterMinutes", "action", "warnMinutes", "shrinkComputePercent", "exemptGroups", "reason"}
+
+func (h *Handler) savePolicy(w http.ResponseWriter, r *http.Request, v Viewer) {
+	ctx := r.Context()
+	pf := r.PostForm
+	version, _ := strconv.ParseInt(pf.Get("version"), 10, 64)
+	f := policyForm{
+		Version: version, Enabled: pf.Get("enabled") == "on",
+		IdleComputePercent: pf.Get("idleComputePercent"), IdleAfterMinutes: pf.Get("idleAfterMinutes"),
+		Action: pf.Get("action"), WarnMinutes: pf.Get("warnMinutes"), ShrinkComputePercent: pf.Get("shrinkComputePercent"),
+		ExemptGroups: pf.Get("exemptGroups"), Reason: pf.Get("reason"),
+	}
+	d := policyData{Form: f, CSRF: v.CSRF, Errors: map[string]string{}}
+	p, errs := parsePolicyForm(f)
+	status := http.StatusBadRequest
+	if len(errs) == 0 {
+		saved, err := h.api.putPolicy(ctx, r, v, p)
+		var ae *apiError
+		switch {
+		case err == nil:
+			http.Redirect(w, r, "/admin/reclaim?saved="+strconv.FormatInt(saved.Version, 10), http.StatusSeeOther)
+			return
+		case errors.As(err, &ae) && ae.Status == http.StatusBadRequest:
+			for _, fp := range ae.Body.Fields {
+				if ff, ok := formFields[fp.Field]; ok {
+					errs[ff.id] = fp.Message
+				}
+			}
+			if len(errs) == 0 {
+				d.Problem = sentence(ae.Body.Message)
+			}
+		case errors.As(err, &ae) && ae.Status == http.StatusConflict:
+			status = http.StatusConflict
+			d.Conflict = sentence(ae.Body.Message)
+			d.Unsaved = f
+		default:
+			h.apiFailed(w, r, v, err)
+			return
+		}
+	}
+	cur, err := h.api.policy(ctx, r, v)
+	if err != nil {
+		h.apiFailed(w, r, v, err)
+		return
+	}
+	d.Current = cur
+	if d.Conflict != "" {
+		d.Form = formOf(cur) // start again from what is saved now
+	}
+	d.Errors = errs
+	for _, id := range formOrder {
+		if m, ok := errs[id]; ok {
+			label := id
+			for _, ff := range formFields {
+				if ff.id == id {
+					label = ff.label
+				}
+			}
+			d.List = append(d.List, fieldError{ID: id, Label: label, Message: m})
+		}
+	}
+	h.render(w, r, status, "reclaim", view{Title: "Idle reclaim settings", Nav: "reclaim", Viewer: &v, Data: d})
+}
+
+// ---- admin: fleet ----
+
+type fleetGPU struct {
+	gpuStatus
+	MemoryPercent int
+	Servers       []v1.Server
+}
+
+type fleetNode struct {
+	Name string
+	GPUs []fleetGPU
+}
+
+type fleetData struct {
+	Nodes          []fleetNode
+	GPUs           int
+	MemoryMiB      int64
+	AllocatedMiB   int64
+	Servers        int
+	UnplacedActive int
+}
+
+func (h *Handler) fleetPage(w http.ResponseWriter, r *http.Request, v Viewer) {
+	ctx := r.Context()
+	gpus, err := h.api.gpus(ctx, r, v)
+	if err != nil {
+		h.apiFailed(w, r, v, err)
+		return
+	}
+	all, err := h.api.allServers(ctx, r, v)
+	if err != nil {
+		h.apiFailed(w, r, v, err)
+		return
+	}
+	byGPU := map[string][]v1.Server{}
+	var d fleetData
+	for _, s := range all {
+		if s.GPU != nil && s.State != v1.StateStopped && s.State != v1.StateFailed {
+			byGPU[s.GPU.UUID] = append(byGPU[s.GPU.UUID], s)
+			d.Servers++
+		}
+	}
+	slices.SortFunc(gpus, func(a, b gpuStatus) int {
+		if c := strings.Compare(a.Node, b.Node); c != 0 {
+			return c
+		}
+		return strings.Compare(a.UUID, b.UUID)
+	})
+	for _, g := range gpus {
+		if len(d.Nodes) == 0 || d.Nodes[len(d.Nodes)-1].Name != g.Node {
+			d.Nodes = append(d.Nodes, fleetNode{Name: g.Node})
+		}
+		fg := fleetGPU{gpuStatus: g, Servers: byGPU[g.UUID]}
+		if g.MemoryMiB > 0 {
+			fg.MemoryPercent = int(g.AllocatedMemoryMiB * 100 / g.MemoryMiB)
+		}
+		n := &d.Nodes[len(d.Nodes)-1]
+		n.GPUs = append(n.GPUs, fg)
+		d.GPUs++
+		d.MemoryMiB += g.MemoryMiB
+		d.AllocatedMiB += g.AllocatedMemoryMiB
+	}
+	h.render(w, r, http.StatusOK, "fleet", view{Title: "Fleet", Nav: "fleet", Viewer: &v, Data: d})
+}
+
+// ---- admin: audit ----
+
+type auditData struct {
+	Filter url.Values
+	Page   v1.AuditPage
+	More   string // the next page's URL
+}
+
+func (h *Handler) auditPage(w http.ResponseWriter, r *http.Request, v Viewer) {
+	in := r.URL.Query()
+	q := url.Values{}
+	for _, k := range []string{"actor", "action", "target", "before"} {
+		if s := strings.TrimSpace(in.Get(k)); s != "" {
+			q.Set(k, s)
+		}
+	}
+	q.Set("limit", "50")
+	page, err := h.api.audit(r.Context(), r, v, q)
+	var ae *apiError
+	if errors.As(err, &ae) && ae.Status == http.StatusBadRequest {
+		h.errorPage(w, r, &v, http.StatusBadRequest, sentence(ae.Body.Message))
+		return
+	}
+	if err != nil {
+		h.apiFailed(w, r, v, err)
+		return
+	}
+	d := auditData{Filter: q, Page: page}
+	if page.Next != "" {
+		more := url.Values{}
+		for _, k := range []string{"actor", "action", "target"} {
+			if s := q.Get(k); s != "" {
+				more.Set(k, s)
+			}
+		}
+		more.Set("before", page.Next)
+		d.More = "/admin/audit?" + more.Encode()
+	}
+	h.render(w, r, http.StatusOK, "audit", view{Title: "Audit log", Nav: "audit", Viewer: &v, Data: d})
+}
