@@ -1,9 +1,11 @@
 package hook_test
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -237,5 +239,67 @@ func TestFailClosedWithoutQuota(t *testing.T) {
 	}
 	if !strings.Contains(stderr, "failing closed") {
 		t.Errorf("stderr does not explain the refusal:\n%s", stderr)
+	}
+}
+
+// TestMemoryCapHoldsForThreads: eight threads of one process fill the slice
+// at once; together they stay within it and fill it, and after they free
+// everything nothing stays charged.
+func TestMemoryCapHoldsForThreads(t *testing.T) {
+	t.Parallel()
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	p := dev.start(f, slice{MemoryMiB: 128, ComputePercent: 100})
+	r := p.do(fmt.Sprintf("threads 8 %d", mib))
+	if r.Res != cudaSuccess || r.Vals[0] > 128 || r.Vals[0] < 128-8 {
+		t.Errorf("8 threads held %d MiB together at their peak, want 120..128", r.Vals[0])
+	}
+	if r.Vals[1] != (128-r.Vals[0])*mib {
+		t.Errorf("cuMemGetInfo free at the peak = %d, want %d", r.Vals[1], (128-r.Vals[0])*mib)
+	}
+	st := dev.stub()
+	usage, err := region.ReadUsage(f.Usage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := usage.BytesInUse(st.UUID); got != 0 || st.procMem(p.pid()) != 0 {
+		t.Errorf("after the threads freed everything: usage %d bytes, driver %d bytes; want 0", got, st.procMem(p.pid()))
+	}
+}
+
+// TestForkedChildIsAccountedOnItsOwn: a child forked by a process with
+// allocations starts with none of its parent's books, gets its own slot and
+// leaves nothing behind when it exits.
+func TestForkedChildIsAccountedOnItsOwn(t *testing.T) {
+	t.Parallel()
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 100})
+	if r := p.do(fmt.Sprintf("alloc linear %d", 40*mib)); r.Res != cudaSuccess {
+		t.Fatal(r)
+	}
+	if r := p.do(fmt.Sprintf("fork %d", 30*mib)); r.Vals[0] != cudaOutOfMemory {
+		t.Errorf("child's 30 MiB next to the parent's 40 in a 64 MiB slice: CUresult %d, want OOM", r.Vals[0])
+	}
+	if r := p.do(fmt.Sprintf("fork %d", 20*mib)); r.Vals[0] != cudaSuccess {
+		t.Errorf("child's 20 MiB next to the parent's 40: CUresult %d, want success", r.Vals[0])
+	}
+	if mi := p.do("meminfo"); mi.Vals[0] != 24*mib {
+		t.Errorf("parent's cuMemGetInfo free after the children exited = %d, want %d", mi.Vals[0], 24*mib)
+	}
+	// The children left with _exit (no destructor): their slots may still be
+	// there, but only live processes count, which is what readers must check.
+	usage, err := region.ReadUsage(f.Usage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live []region.ProcessUsage
+	for _, pu := range usage.Processes {
+		if err := syscall.Kill(int(pu.PID), 0); !errors.Is(err, syscall.ESRCH) {
+			live = append(live, pu)
+		}
+	}
+	if len(live) != 1 || live[0].PID != uint32(p.pid()) || len(live[0].Devices) != 1 || live[0].Devices[0].BytesInUse != 40*mib {
+		t.Errorf("live processes in the usage region = %+v, want the parent with 40 MiB", live)
 	}
 }

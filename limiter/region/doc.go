@@ -15,8 +15,13 @@
 //   - Decoders never panic: any byte slice yields a value or an error wrapping
 //     ErrCorrupt.
 //   - The usage region is advisory (DESIGN.md invariant 3). ReadUsage reports
-//     slots as written; deciding whether a pid is alive is the caller's job,
-//     because pids there are in the pod's pid namespace.
+//     slots as written, including slots of processes that died without
+//     releasing them (SIGKILL, _exit); hooks ignore such slots and free them
+//     lazily. Deciding whether a slot is live is the caller's job: its PID is
+//     in the pod's pid namespace, but StartTimeTicks (proc(5) stat field 22)
+//     is the same in every namespace, so from the host a slot is live when a
+//     process of the pod has that start time and that pid as the last entry
+//     of the NSpid line of /proc/<host pid>/status.
 //
 // Both files are little-endian; the package supports little-endian hosts only
 // (amd64, arm64), like the hook.

@@ -26,11 +26,17 @@
  *   saturate FN GRID MS  launch FN back to back for MS milliseconds; prints launches
  *   loop CHUNK           forever: fill with CHUNK blocks, free all (for kill tests); prints "looping" once
  *   sync                 cuCtxSynchronize
+ *   threads N CHUNK      N threads allocate CHUNK-byte blocks until refused, then free them all;
+ *                        prints total blocks held at the peak (sum over threads)
+ *   fork CHUNK           fork; the child allocates CHUNK bytes and exits; prints the child's CUresult
  *   dlcheck              dlsym interposition: prints 1/0 for (hooked symbol -> libgpulimit,
  *                        unhooked symbol -> libcuda, RTLD_NEXT malloc == libc malloc)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +86,7 @@ struct api {
 
 static struct api A;
 static CUmemoryPool g_pool;
+static CUcontext g_ctx;
 static CUstream g_stream;
 
 struct live {
@@ -315,6 +322,27 @@ static CUresult free_all(void)
 	return worst;
 }
 
+struct filler {
+	uint64_t chunk, count;
+	pthread_barrier_t *ready;
+};
+
+static void *fill_thread(void *arg)
+{
+	struct filler *f = arg;
+	CUdeviceptr *ptrs = calloc(4096, sizeof(*ptrs)); /* NULL: allocate nothing, keep the barriers */
+	A.ctxSetCurrent(g_ctx);                          /* contexts are current per thread */
+	pthread_barrier_wait(f->ready);
+	while (ptrs != NULL && f->count < 4096 && A.memAlloc(&ptrs[f->count], f->chunk) == CUDA_SUCCESS)
+		f->count++;
+	pthread_barrier_wait(f->ready); /* everyone holds its peak */
+	pthread_barrier_wait(f->ready); /* main has looked */
+	for (uint64_t i = 0; i < f->count; i++)
+		A.memFree(ptrs[i]);
+	free(ptrs);
+	return NULL;
+}
+
 static CUfunction function(const char *name)
 {
 	static CUmodule mod;
@@ -468,6 +496,41 @@ static int run(char **argv, int argc)
 			}
 			free_all();
 		}
+	} else if (strcmp(cmd, "threads") == 0 && argc >= 3) {
+		int n = (int)ARG(1);
+		if (n < 1 || n > 64)
+			n = 1;
+		pthread_t th[64];
+		struct filler f[64];
+		pthread_barrier_t ready;
+		pthread_barrier_init(&ready, NULL, (unsigned)n + 1);
+		for (int k = 0; k < n; k++) {
+			f[k] = (struct filler){ARG(2), 0, &ready};
+			pthread_create(&th[k], NULL, fill_thread, &f[k]);
+		}
+		pthread_barrier_wait(&ready); /* start */
+		pthread_barrier_wait(&ready); /* peak */
+		uint64_t total = 0;
+		for (int k = 0; k < n; k++)
+			total += f[k].count;
+		size_t fr = 0, tot = 0;
+		A.memGetInfo(&fr, &tot);
+		pthread_barrier_wait(&ready); /* free */
+		for (int k = 0; k < n; k++)
+			pthread_join(th[k], NULL);
+		pthread_barrier_destroy(&ready);
+		printf("threads 0 %llu %zu\n", (unsigned long long)total, fr);
+	} else if (strcmp(cmd, "fork") == 0 && argc >= 2) {
+		fflush(stdout);
+		pid_t child = fork();
+		if (child == 0) {
+			CUdeviceptr p;
+			CUresult r = A.memAlloc(&p, ARG(1));
+			_exit(r);
+		}
+		int status = 0;
+		waitpid(child, &status, 0);
+		printf("fork 0 %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 255);
 	} else if (strcmp(cmd, "dlcheck") == 0) {
 		void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
 		Dl_info a, b;
@@ -510,6 +573,7 @@ int main(int argc, char **argv)
 		r = A.ctxRetain(&ctx, dev);
 	if (r == CUDA_SUCCESS)
 		r = A.ctxSetCurrent(ctx);
+	g_ctx = ctx;
 	if (r == CUDA_SUCCESS) {
 		CUmemPoolProps pp;
 		memset(&pp, 0, sizeof(pp));
