@@ -56,7 +56,9 @@ type Config struct {
 	// Listen is the HTTP server's address, host:port. Default ":8080".
 	Listen string
 	// PublicURL is the broker's external base URL (for redirects and links),
-	// an absolute http(s) URL; "" means unknown.
+	// an absolute http(s) URL; "" means unknown. The web login needs it in
+	// serve mode (its redirect URI is PublicURL/auth/callback); without it
+	// the pages are off. Dev mode defaults it to the listen address.
 	PublicURL string
 
 	// RedisURL is redis://[user:password@]host:port[/db] or rediss:// for
@@ -95,6 +97,14 @@ type Config struct {
 	AdminGroup string
 	// HubTokenFile holds JupyterHub's service token; "" disables hub access.
 	HubTokenFile string
+	// OIDCClientID is the broker's client id for the web login; "" means
+	// OIDCAudience.
+	OIDCClientID string
+	// OIDCClientSecretFile holds the web login's client secret; "" means a
+	// public client (PKCE only).
+	OIDCClientSecretFile string
+	// SessionTTL is a web session's absolute lifetime; > 0. Default 12 h.
+	SessionTTL time.Duration
 
 	// ProfilesFile is the profiles-and-quotas YAML file. Required in serve
 	// mode; "" in dev mode means the embedded catalog.
@@ -157,6 +167,9 @@ var specs = []flagSpec{
 	{"oidc-groups-claim", "CLAIM", "Token claim holding the user's groups.", ""},
 	{"admin-group", "GROUP", "Group whose members are admins; empty: nobody.", ""},
 	{"hub-token-file", "PATH", "File holding the JupyterHub service token; empty disables hub access.", ""},
+	{"oidc-client-id", "ID", "Client id of the web login at the OIDC issuer.", "the --oidc-audience"},
+	{"oidc-client-secret-file", "PATH", "File holding the web login's client secret; empty: a public client (PKCE only).", ""},
+	{"session-ttl", "DURATION", "Absolute lifetime of a web session.", ""},
 	{"profiles-file", "PATH", "Profiles-and-quotas YAML file.", "none; required in serve mode, the embedded catalog in dev mode"},
 	{"placement-policy", "POLICY", "Slice placement policy: binpack or spread.", ""},
 	{"host-root", "PATH", "Node directory for the limiter hook and the slices' quota and usage files.", ""},
@@ -190,6 +203,9 @@ func register(fs *flag.FlagSet, c *Config) {
 	str(&c.OIDCGroupsClaim, "oidc-groups-claim", "groups")
 	str(&c.AdminGroup, "admin-group", "gpubroker-admins")
 	str(&c.HubTokenFile, "hub-token-file", "")
+	str(&c.OIDCClientID, "oidc-client-id", "")
+	str(&c.OIDCClientSecretFile, "oidc-client-secret-file", "")
+	fs.DurationVar(&c.SessionTTL, "session-ttl", 12*time.Hour, "")
 	str(&c.ProfilesFile, "profiles-file", "")
 	str((*string)(&c.PlacementPolicy), "placement-policy", string(fleet.PolicyBinpack))
 	str(&c.HostRoot, "host-root", "/var/lib/gpubroker")
@@ -352,6 +368,9 @@ func (c Config) LogValue() slog.Value {
 		slog.String("oidc_groups_claim", c.OIDCGroupsClaim),
 		slog.String("admin_group", c.AdminGroup),
 		slog.String("hub_token_file", c.HubTokenFile),
+		slog.String("oidc_client_id", c.OIDCClientID),
+		slog.String("oidc_client_secret_file", c.OIDCClientSecretFile),
+		slog.Duration("session_ttl", c.SessionTTL),
 		slog.String("profiles_file", c.ProfilesFile),
 		slog.String("placement_policy", string(c.PlacementPolicy)),
 		slog.String("host_root", c.HostRoot),
@@ -407,4 +426,21 @@ func (c Config) HubToken() (Secret, error) {
 		return "", nil
 	}
 	return ReadSecret(c.HubTokenFile)
+}
+
+// ClientSecret reads OIDCClientSecretFile; it returns "" and no error when
+// the file is not configured (a public client).
+func (c Config) ClientSecret() (Secret, error) {
+	if c.OIDCClientSecretFile == "" {
+		return "", nil
+	}
+	return ReadSecret(c.OIDCClientSecretFile)
+}
+
+// ClientID is the web login's client id: OIDCClientID, else OIDCAudience.
+func (c Config) ClientID() string {
+	if c.OIDCClientID != "" {
+		return c.OIDCClientID
+	}
+	return c.OIDCAudience
 }

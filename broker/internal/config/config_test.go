@@ -50,6 +50,7 @@ func defaults(mode config.Mode) config.Config {
 		OrphanGrace:       2 * time.Minute,
 		StartTimeout:      5 * time.Minute,
 		ShutdownTimeout:   20 * time.Second,
+		SessionTTL:        12 * time.Hour,
 		LogLevel:          "info",
 		LogFormat:         "json",
 		DevGPUs:           8,
@@ -222,7 +223,7 @@ func TestHelp(t *testing.T) {
 	for _, name := range []string{
 		"listen", "public-url", "redis-url", "redis-sentinel-master", "redis-sentinel-addrs", "redis-password-file",
 		"redis-prefix", "kubeconfig", "namespace", "oidc-issuer", "oidc-audience", "oidc-username-claim",
-		"oidc-groups-claim", "admin-group", "hub-token-file", "profiles-file", "placement-policy", "host-root",
+		"oidc-groups-claim", "admin-group", "hub-token-file", "oidc-client-id", "oidc-client-secret-file", "session-ttl", "profiles-file", "placement-policy", "host-root",
 		"gpu-exposure", "runtime-class", "reconcile-interval", "orphan-grace", "start-timeout", "shutdown-timeout",
 		"log-level", "log-format", "check-config", "dev-gpus",
 	} {

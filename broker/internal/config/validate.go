@@ -79,6 +79,11 @@ func (c Config) Validate() error {
 			p.add("hub-token-file", err)
 		}
 	}
+	if c.OIDCClientSecretFile != "" {
+		if err := checkFile(c.OIDCClientSecretFile); err != nil {
+			p.add("oidc-client-secret-file", err)
+		}
+	}
 
 	switch {
 	case c.ProfilesFile == "" && serve:
@@ -111,6 +116,7 @@ func (c Config) Validate() error {
 		{"orphan-grace", c.OrphanGrace, time.Nanosecond},
 		{"start-timeout", c.StartTimeout, time.Nanosecond},
 		{"shutdown-timeout", c.ShutdownTimeout, time.Nanosecond},
+		{"session-ttl", c.SessionTTL, time.Minute},
 	} {
 		if d.v < d.min {
 			if d.min == time.Nanosecond {
