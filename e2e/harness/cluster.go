@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 )
 
@@ -33,8 +35,8 @@ const RuntimeClassName = "nvidia"
 // Its rights come from the ClusterRole BrokerClusterRole.
 const BrokerUser = "gpubroker"
 
-// BrokerClusterRole is the ClusterRole bound to BrokerUser: pods, secrets,
-// events, configmaps and leases read-write; nodes and namespaces read-only.
+// BrokerClusterRole is the ClusterRole bound to BrokerUser, with the rules
+// of the broker's Role in deploy/broker/rbac.yaml.
 const BrokerClusterRole = "gpubroker-e2e"
 
 // Cluster is a running etcd + kube-apiserver + kwok with admin and broker
@@ -218,19 +220,17 @@ func (c *Cluster) startAPIServer(ctx context.Context, tools Tools, etcdURL, admi
 }
 
 // bootstrap creates what a real cluster's controllers or installers would:
-// the broker's RBAC and the RuntimeClass.
+// the broker's RBAC and the RuntimeClass. The broker gets exactly the rules
+// of the Role that deploy/broker ships (as a ClusterRole, since every test
+// has its own namespace), so the e2e tests prove those rules are enough.
 func (c *Cluster) bootstrap(ctx context.Context) error {
-	rw := []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
-	ro := []string{"get", "list", "watch"}
+	rules, err := deployRules()
+	if err != nil {
+		return err
+	}
 	role := &rbacv1.ClusterRole{
 		ObjectMeta: metav1.ObjectMeta{Name: BrokerClusterRole},
-		Rules: []rbacv1.PolicyRule{
-			{APIGroups: []string{""}, Resources: []string{"pods", "secrets", "configmaps", "events"}, Verbs: rw},
-			{APIGroups: []string{""}, Resources: []string{"pods/status"}, Verbs: ro},
-			{APIGroups: []string{"events.k8s.io"}, Resources: []string{"events"}, Verbs: rw},
-			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: rw},
-			{APIGroups: []string{""}, Resources: []string{"nodes", "namespaces"}, Verbs: ro},
-		},
+		Rules:      rules,
 	}
 	binding := &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: BrokerClusterRole},
@@ -354,4 +354,28 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
+}
+
+// deployRules reads the rules of the Role in deploy/broker/rbac.yaml, found
+// relative to this source file.
+func deployRules() ([]rbacv1.PolicyRule, error) {
+	_, self, _, ok := runtime.Caller(0)
+	if !ok {
+		return nil, errors.New("deploy rbac: cannot locate the harness source")
+	}
+	path := filepath.Join(filepath.Dir(self), "..", "..", "deploy", "broker", "rbac.yaml")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("deploy rbac: %w", err)
+	}
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+		if err != nil {
+			return nil, fmt.Errorf("deploy rbac %s: %w", path, err)
+		}
+		if role, ok := obj.(*rbacv1.Role); ok {
+			return role.Rules, nil
+		}
+	}
+	return nil, fmt.Errorf("deploy rbac %s: no Role", path)
 }
