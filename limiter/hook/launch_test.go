@@ -22,15 +22,18 @@ func TestEveryLaunchFamilyIsGated(t *testing.T) {
 		{kind: "coop", wantBlocks: 1000},
 		{kind: "graph", wantBlocks: 1320}, // a graph launch counts one full wave
 	}
-	for _, path := range []string{"direct", "cuGetProcAddress"} {
+	for _, path := range []string{"direct", "cuGetProcAddress", "cuGetProcAddress per-thread"} {
 		for _, tc := range tests {
 			t.Run(path+"/"+tc.kind, func(t *testing.T) {
 				t.Parallel()
 				dev := newDevice(t)
 				f := dev.newSlice("s")
 				var args []string
-				if path == "cuGetProcAddress" {
+				switch path {
+				case "cuGetProcAddress":
 					args = append(args, "-p")
+				case "cuGetProcAddress per-thread":
+					args = append(args, "-P") // the _ptsz entry points
 				}
 				p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 50}, args...)
 				start := time.Now()

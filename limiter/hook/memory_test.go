@@ -23,15 +23,18 @@ func TestMemoryCapHoldsForEveryAllocationFamily(t *testing.T) {
 	t.Parallel()
 	const limit = 64 * mib
 	kinds := []string{"linear", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap"}
-	for _, path := range []string{"direct", "cuGetProcAddress"} {
+	for _, path := range []string{"direct", "cuGetProcAddress", "cuGetProcAddress per-thread"} {
 		for _, kind := range kinds {
 			t.Run(path+"/"+kind, func(t *testing.T) {
 				t.Parallel()
 				dev := newDevice(t)
 				f := dev.newSlice("s")
 				args := []string{}
-				if path == "cuGetProcAddress" {
+				switch path {
+				case "cuGetProcAddress":
 					args = append(args, "-p")
+				case "cuGetProcAddress per-thread":
+					args = append(args, "-P") // the _ptsz entry points
 				}
 				p := dev.start(f, slice{MemoryMiB: limit / mib, ComputePercent: 100}, args...)
 				fill := p.do(fmt.Sprintf("fill %s %d", kind, 4*mib))

@@ -6,6 +6,8 @@
  *   cudaprog [-p] [-i] [command ...]
  *     -p  reach every driver function through cuGetProcAddress_v2, obtained
  *         with dlopen("libcuda.so.1") + dlsym, the way the CUDA runtime does
+ *     -P  the same with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, which
+ *         yields the _ptsz entry points (runtime built for per-thread streams)
  *     -i  after the argument commands, read commands from stdin, one a line
  *
  * Each command prints one line: its name, the CUresult as an integer, then
@@ -144,7 +146,7 @@ static void fill_direct(void)
 	                 cuLaunchCooperativeKernel};
 }
 
-static int fill_procaddr(void)
+static int fill_procaddr(cuuint64_t flags)
 {
 	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (lib == NULL) {
@@ -162,7 +164,7 @@ static int fill_procaddr(void)
 #define GET(field, name)                                                                                               \
 	do {                                                                                                           \
 		void *p_ = NULL;                                                                                       \
-		if (gpa(name, &p_, 12040, 0, NULL) != CUDA_SUCCESS || p_ == NULL) {                                    \
+		if (gpa(name, &p_, 12040, flags, NULL) != CUDA_SUCCESS || p_ == NULL) {                                \
 			fprintf(stderr, "cuGetProcAddress(%s) failed\n", name);                                        \
 			return -1;                                                                                     \
 		}                                                                                                      \
@@ -557,10 +559,13 @@ int main(int argc, char **argv)
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (strcmp(argv[i], "-p") == 0)
 			procaddr = 1;
+		else if (strcmp(argv[i], "-P") == 0)
+			procaddr = 2;
 		else if (strcmp(argv[i], "-i") == 0)
 			interactive = 1;
 	}
-	if (procaddr ? fill_procaddr() != 0 : (fill_direct(), 0)) {
+	if (procaddr ? fill_procaddr(procaddr == 2 ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0) != 0
+	             : (fill_direct(), 0)) {
 		printf("setup %d\n", CUDA_ERROR_NOT_FOUND);
 		return 1;
 	}
