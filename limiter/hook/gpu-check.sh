@@ -17,7 +17,9 @@
 #   4. launch overhead: host ns per empty launch, native and hooked (50 % slice,
 #      under its share), the difference and the ratio
 # and exits 1 if a cap is broken or a share misses its target by more than
-# 5 points. Run it on an otherwise idle GPU: other work skews the shares.
+# 5 points. Run it on an otherwise idle GPU (other work skews the shares) and
+# outside a container: without the node agent, the hook's compute feedback
+# needs NVML to report the process's own pid, which a pid namespace prevents.
 set -euo pipefail
 
 MEM_MIB=${MEM_MIB:-4096}
