@@ -15,7 +15,9 @@
 #include <unistd.h>
 
 static struct stub_device *g_dev;
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static char g_path[512];
+static pthread_mutex_t g_map_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_atfork_done;
 static pid_t g_proc_pid; /* pid the cached index belongs to (fork resets) */
 static int g_proc_idx = -1;
 
@@ -112,14 +114,21 @@ static void reset_after_fork(void)
 	g_proc_idx = -1;
 }
 
-static void map_device(void)
+static void state_path(char *out, size_t n)
 {
-	pthread_atfork(NULL, NULL, reset_after_fork);
 	const char *path = getenv("GPUBROKER_STUB_STATE");
-	char def[128];
-	if (path == NULL || *path == '\0') {
-		snprintf(def, sizeof(def), "/tmp/gpubroker-stub-%u.state", (unsigned)getuid());
-		path = def;
+	if (path == NULL || *path == '\0')
+		snprintf(out, n, "/tmp/gpubroker-stub-%u.state", (unsigned)getuid());
+	else
+		snprintf(out, n, "%s", path);
+}
+
+/* map_device maps the state file at path (lock held); on success it becomes the device. */
+static void map_device(const char *path)
+{
+	if (!g_atfork_done) {
+		pthread_atfork(NULL, NULL, reset_after_fork);
+		g_atfork_done = 1;
 	}
 	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
 	if (fd < 0) {
@@ -153,13 +162,38 @@ static void map_device(void)
 		init_device(d);
 	flock(fd, LOCK_UN);
 	close(fd);
-	g_dev = d;
+	snprintf(g_path, sizeof(g_path), "%s", path);
+	g_proc_pid = 0;
+	__atomic_store_n(&g_proc_idx, -1, __ATOMIC_RELEASE);
+	__atomic_store_n(&g_dev, d, __ATOMIC_RELEASE);
 }
 
 struct stub_device *stub_dev(void)
 {
-	pthread_once(&g_once, map_device);
+	struct stub_device *d = __atomic_load_n(&g_dev, __ATOMIC_ACQUIRE);
+	if (d != NULL)
+		return d;
+	pthread_mutex_lock(&g_map_lock);
+	if (g_dev == NULL) {
+		char path[512];
+		state_path(path, sizeof(path));
+		map_device(path);
+	}
+	pthread_mutex_unlock(&g_map_lock);
 	return g_dev;
+}
+
+struct stub_device *stub_dev_refresh(void)
+{
+	pthread_mutex_lock(&g_map_lock);
+	char path[512];
+	state_path(path, sizeof(path));
+	/* A test process may point the library at another device between inits; the old mapping is left as is. */
+	if (g_dev == NULL || strcmp(path, g_path) != 0)
+		map_device(path);
+	struct stub_device *d = strcmp(path, g_path) == 0 ? g_dev : NULL; /* NULL: the new one failed to map */
+	pthread_mutex_unlock(&g_map_lock);
+	return d;
 }
 
 void stub_lock(struct stub_device *d)

@@ -35,7 +35,7 @@ static struct stub_device *ready(nvmlDevice_t dev, nvmlReturn_t *r)
 
 STUB_EXPORT nvmlReturn_t nvmlInit_v2(void)
 {
-	if (stub_dev() == NULL)
+	if (stub_dev_refresh() == NULL)
 		return NVML_ERROR_DRIVER_NOT_LOADED;
 	__atomic_add_fetch(&g_refs, 1, __ATOMIC_ACQ_REL);
 	return NVML_SUCCESS;

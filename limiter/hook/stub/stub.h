@@ -108,6 +108,8 @@ struct stub_device {
 
 /* stub_dev maps the device (creating it if needed); NULL on failure, with a message on stderr. */
 struct stub_device *stub_dev(void);
+/* stub_dev_refresh re-reads GPUBROKER_STUB_STATE and maps that device if it is another one (nvmlInit). */
+struct stub_device *stub_dev_refresh(void);
 /* stub_lock takes the device lock, recovering it from a dead owner. */
 void stub_lock(struct stub_device *d);
 void stub_unlock(struct stub_device *d);
