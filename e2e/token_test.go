@@ -13,13 +13,6 @@ import (
 	"github.com/gpubroker/gpubroker/e2e/harness"
 )
 
-// me is the part of GET /api/v1/me the tests read.
-type me struct {
-	User   string   `json:"user"`
-	Groups []string `json:"groups"`
-	Admin  bool     `json:"admin"`
-}
-
 // TestTokenMatrix sends tokens that must be refused to the running broker
 // and checks each gets 401 with a JSON {code, message} and a
 // WWW-Authenticate challenge, next to a valid token that must pass (so the
@@ -40,11 +33,11 @@ func TestTokenMatrix(t *testing.T) {
 	}
 	valid := mint(alice)
 
-	var got me
+	var got v1.Me
 	if _, err := (&harness.Client{BaseURL: e.broker.URL, Token: valid}).Do(ctx, http.MethodGet, "/api/v1/me", nil, nil, &got); err != nil {
 		t.Fatalf("valid token refused: %v", err)
 	}
-	if diff := cmp.Diff(me{User: "alice", Groups: []string{"ml"}}, got); diff != "" {
+	if diff := cmp.Diff(v1.Me{User: "alice", Groups: []string{"ml"}}, got); diff != "" {
 		t.Errorf("/api/v1/me with a valid token (-want +got):\n%s", diff)
 	}
 
@@ -88,7 +81,7 @@ func TestTokenMatrix(t *testing.T) {
 	hub := &harness.Client{BaseURL: e.broker.URL, Token: e.hubToken}
 	var created v1.Server
 	status, err := hub.Do(ctx, http.MethodPut, harness.ServerPath("carol", "nb"), v1.CreateServerRequest{Profile: "small"},
-		http.Header{"Idempotency-Key": {"hub-1"}, "X-Gpubroker-Groups": {"ml"}}, &created)
+		http.Header{"Idempotency-Key": {"hub-1"}, v1.HeaderGroups: {"ml"}}, &created)
 	if err != nil || status != http.StatusCreated || created.User != "carol" {
 		t.Fatalf("hub creates carol/nb: status %d, server %+v, %v; want 201 for carol", status, created, err)
 	}

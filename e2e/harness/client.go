@@ -31,19 +31,6 @@ func (e *APIError) Error() string {
 	return fmt.Sprintf("HTTP %d: %q", e.Status, e.Raw)
 }
 
-// GPUStatus is one element of GET /api/v1/admin/gpus: the registered GPU and
-// the sums of the slices placed on it. It mirrors the broker's answer, which
-// has no type in broker/api/v1 yet.
-type GPUStatus struct {
-	v1.GPU
-	// AllocatedMemoryMiB is Σ slice memory on the GPU, MiB.
-	AllocatedMemoryMiB int64 `json:"allocatedMemoryMiB"`
-	// AllocatedComputePercent is Σ guaranteed compute on the GPU, 0..100.
-	AllocatedComputePercent int `json:"allocatedComputePercent"`
-	// Slices is the number of slices on the GPU.
-	Slices int `json:"slices"`
-}
-
 // Client calls the broker's REST API with one bearer token. The zero Token
 // sends no Authorization header. It is safe for concurrent use.
 type Client struct {
@@ -154,8 +141,8 @@ func (c *Client) PutGPU(ctx context.Context, g v1.GPU) error {
 }
 
 // GPUs lists GET /api/v1/admin/gpus; needs an admin token.
-func (c *Client) GPUs(ctx context.Context) ([]GPUStatus, error) {
-	var out []GPUStatus
+func (c *Client) GPUs(ctx context.Context) ([]v1.GPUStatus, error) {
+	var out []v1.GPUStatus
 	_, err := c.Do(ctx, http.MethodGet, "/api/v1/admin/gpus", nil, nil, &out)
 	return out, err
 }

@@ -8,15 +8,12 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
-// HeaderGroups carries, on calls that act for another user (the JupyterHub
-// service token, or an admin), that user's groups as a comma-separated list.
-const HeaderGroups = "X-Gpubroker-Groups"
-
-// maxGroups bounds the groups accepted from HeaderGroups.
+// maxGroups bounds the groups accepted from v1.HeaderGroups.
 const maxGroups = 256
 
 // principal returns the authenticated caller. A route that calls it without
@@ -39,9 +36,9 @@ type actor struct {
 // groups:
 //   - a user acting for themself uses the groups of their token;
 //   - the hub service token acts for any user, with the groups from
-//     HeaderGroups only (the hub's own token has none that matter);
+//     v1.HeaderGroups only (the hub's own token has none that matter);
 //   - an admin acts for any user; acting for another user, the groups come
-//     from HeaderGroups only;
+//     from v1.HeaderGroups only;
 //   - anyone else may not: ok is false, and the caller answers 404 exactly
 //     as if the resource did not exist, so existence does not leak.
 func actFor(c echo.Context, user string) (a actor, ok bool, err error) {
@@ -63,10 +60,10 @@ func actFor(c echo.Context, user string) (a actor, ok bool, err error) {
 	}
 }
 
-// headerGroups parses HeaderGroups: comma-separated, trimmed, empty entries
+// headerGroups parses v1.HeaderGroups: comma-separated, trimmed, empty entries
 // dropped, duplicates removed, sorted.
 func headerGroups(c echo.Context) ([]string, error) {
-	raw := c.Request().Header.Values(HeaderGroups)
+	raw := c.Request().Header.Values(v1.HeaderGroups)
 	var out []string
 	for _, v := range raw {
 		for _, g := range strings.Split(v, ",") {
@@ -75,7 +72,7 @@ func headerGroups(c echo.Context) ([]string, error) {
 				continue
 			}
 			if err := validName("group", g); err != nil {
-				return nil, fmt.Errorf("header %s: %w", HeaderGroups, err)
+				return nil, fmt.Errorf("header %s: %w", v1.HeaderGroups, err)
 			}
 			out = append(out, g)
 		}
@@ -83,7 +80,7 @@ func headerGroups(c echo.Context) ([]string, error) {
 	slices.Sort(out)
 	out = slices.Compact(out)
 	if len(out) > maxGroups {
-		return nil, fmt.Errorf("header %s has %d groups, at most %d are allowed: %w", HeaderGroups, len(out), maxGroups, fleet.ErrInvalid)
+		return nil, fmt.Errorf("header %s has %d groups, at most %d are allowed: %w", v1.HeaderGroups, len(out), maxGroups, fleet.ErrInvalid)
 	}
 	return out, nil
 }

@@ -143,7 +143,7 @@ func TestActingGroups(t *testing.T) {
 			h := newHarness(t)
 			hdr := map[string]string{}
 			if tc.groups != "" {
-				hdr[HeaderGroups] = tc.groups
+				hdr[v1.HeaderGroups] = tc.groups
 			}
 			rec := h.do(t, req{method: "PUT", path: "/api/v1/users/" + tc.user + "/servers/nb", token: tc.token, body: `{"profile":"small"}`, header: hdr})
 			if rec.Code != http.StatusCreated {
@@ -174,7 +174,7 @@ func TestProfilesFilteredByGroups(t *testing.T) {
 			h := newHarness(t)
 			hdr := map[string]string{}
 			if tc.groups != "" {
-				hdr[HeaderGroups] = tc.groups
+				hdr[v1.HeaderGroups] = tc.groups
 			}
 			rec := h.do(t, req{method: "GET", path: "/api/v1/profiles", token: tc.token, header: hdr})
 			var got []string

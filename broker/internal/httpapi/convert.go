@@ -65,12 +65,12 @@ func fromGPU(g v1.GPU) fleet.GPU {
 
 // gpuStatuses joins GPUs with the allocations placed on them, sorted by
 // node then UUID. Allocations on unregistered GPUs are left out.
-func gpuStatuses(gpus []fleet.GPU, allocs []fleet.Allocation) []GPUStatus {
+func gpuStatuses(gpus []fleet.GPU, allocs []fleet.Allocation) []v1.GPUStatus {
 	byUUID := make(map[string]int, len(gpus))
-	out := make([]GPUStatus, 0, len(gpus))
+	out := make([]v1.GPUStatus, 0, len(gpus))
 	for _, g := range gpus {
 		byUUID[g.UUID] = len(out)
-		out = append(out, GPUStatus{GPU: toGPU(g)})
+		out = append(out, v1.GPUStatus{GPU: toGPU(g)})
 	}
 	for _, a := range allocs {
 		i, ok := byUUID[a.GPUUUID]
@@ -81,7 +81,7 @@ func gpuStatuses(gpus []fleet.GPU, allocs []fleet.Allocation) []GPUStatus {
 		out[i].AllocatedComputePercent += a.Slice.ComputePercent
 		out[i].Slices++
 	}
-	slices.SortFunc(out, func(a, b GPUStatus) int {
+	slices.SortFunc(out, func(a, b v1.GPUStatus) int {
 		return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.UUID, b.UUID))
 	})
 	return out

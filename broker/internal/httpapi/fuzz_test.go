@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"net/url"
 	"testing"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
 
 // FuzzCreateServer sends arbitrary names, bodies and headers to the create
@@ -19,7 +21,7 @@ func FuzzCreateServer(f *testing.F) {
 		h := newHarness(t)
 		rec := h.do(t, req{
 			method: http.MethodPut, path: "/api/v1/users/alice/servers/" + url.PathEscape(name), token: tokHub, body: body,
-			header: map[string]string{HeaderIdempotencyKey: key, HeaderGroups: groups},
+			header: map[string]string{HeaderIdempotencyKey: key, v1.HeaderGroups: groups},
 		})
 		if rec.Code >= 500 {
 			t.Errorf("status %d: %s", rec.Code, rec.Body)

@@ -31,12 +31,12 @@ func TestPutGPUThenList(t *testing.T) {
 	h200 := func(uuid, node string, healthy bool) v1.GPU {
 		return v1.GPU{UUID: uuid, Node: node, Model: "NVIDIA H200", MemoryMiB: 143771, SMCount: 132, Healthy: healthy}
 	}
-	want := []GPUStatus{
+	want := []v1.GPUStatus{
 		{GPU: h200("GPU-c", "gpu-0", false)},
 		{GPU: h200("GPU-a", "gpu-1", true), AllocatedMemoryMiB: 12288, AllocatedComputePercent: 30, Slices: 2},
 		{GPU: h200("GPU-b", "gpu-1", true)},
 	}
-	if diff := cmp.Diff(want, decode[[]GPUStatus](t, rec)); diff != "" {
+	if diff := cmp.Diff(want, decode[[]v1.GPUStatus](t, rec)); diff != "" {
 		t.Errorf("gpus (-want +got):\n%s", diff)
 	}
 }

@@ -19,18 +19,18 @@ func (a *api) me(c echo.Context) error {
 	if groups == nil {
 		groups = []string{}
 	}
-	return c.JSON(http.StatusOK, Me{User: p.User, Groups: groups, Admin: p.Admin, Hub: p.Hub, Notice: a.deps.Mode.Notice})
+	return c.JSON(http.StatusOK, v1.Me{User: p.User, Groups: groups, Admin: p.Admin, Hub: p.Hub, Notice: a.deps.Mode.Notice})
 }
 
 // profiles lists the profiles the caller's groups allow. The hub (and an
-// admin sending HeaderGroups) sees those of the groups in HeaderGroups.
+// admin sending v1.HeaderGroups) sees those of the groups in v1.HeaderGroups.
 func (a *api) profiles(c echo.Context) error {
 	p, err := principal(c)
 	if err != nil {
 		return err
 	}
 	groups := p.Groups
-	if p.Hub || (p.Admin && c.Request().Header.Get(HeaderGroups) != "") {
+	if p.Hub || (p.Admin && c.Request().Header.Get(v1.HeaderGroups) != "") {
 		if groups, err = headerGroups(c); err != nil {
 			return err
 		}

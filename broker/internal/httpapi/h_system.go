@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/labstack/echo/v4"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
 
 // openapiYAML is the OpenAPI 3.0 document of this API; the tests validate
@@ -20,7 +22,7 @@ func OpenAPI() []byte { return append([]byte(nil), openapiYAML...) }
 
 // healthz answers 200 while the process serves HTTP at all.
 func (a *api) healthz(c echo.Context) error {
-	return c.JSON(http.StatusOK, Health{Status: "ok"})
+	return c.JSON(http.StatusOK, v1.Health{Status: "ok"})
 }
 
 // readyz runs every checker concurrently, each bounded by the ready
@@ -28,7 +30,7 @@ func (a *api) healthz(c echo.Context) error {
 // check with its error text.
 func (a *api) readyz(c echo.Context) error {
 	ctx := c.Request().Context()
-	checks := make([]Check, len(a.deps.Checkers))
+	checks := make([]v1.Check, len(a.deps.Checkers))
 	var wg sync.WaitGroup
 	for i, ch := range a.deps.Checkers {
 		wg.Go(func() {
@@ -36,14 +38,14 @@ func (a *api) readyz(c echo.Context) error {
 			defer cancel()
 			start := a.deps.Now()
 			err := ch.Check(cctx)
-			checks[i] = Check{Name: ch.Name(), OK: err == nil, DurationMS: a.deps.Now().Sub(start).Milliseconds()}
+			checks[i] = v1.Check{Name: ch.Name(), OK: err == nil, DurationMS: a.deps.Now().Sub(start).Milliseconds()}
 			if err != nil {
 				checks[i].Error = err.Error()
 			}
 		})
 	}
 	wg.Wait()
-	r := Readiness{Status: "ready", Checks: checks}
+	r := v1.Readiness{Status: "ready", Checks: checks}
 	status := http.StatusOK
 	for _, ch := range checks {
 		if !ch.OK {
@@ -60,7 +62,7 @@ func (a *api) openapi(c echo.Context) error {
 
 // info describes the service, and in dev mode says that it is simulated.
 func (a *api) info(c echo.Context) error {
-	return c.JSON(http.StatusOK, Info{
+	return c.JSON(http.StatusOK, v1.Info{
 		Service:    "gpubroker",
 		Version:    a.deps.Version,
 		APIVersion: "v1",
@@ -73,7 +75,7 @@ func (a *api) info(c echo.Context) error {
 // mode is "dev-simulated" in dev mode, else "production".
 func (a *api) mode() string {
 	if a.deps.Mode.Simulated {
-		return ModeSimulated
+		return v1.ModeDevSimulated
 	}
-	return "production"
+	return v1.ModeProduction
 }

@@ -8,12 +8,14 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
 
 func TestHealthz(t *testing.T) {
 	h := newHarness(t)
 	rec := h.do(t, req{method: http.MethodGet, path: "/healthz"})
-	if diff := cmp.Diff(Health{Status: "ok"}, decode[Health](t, rec)); rec.Code != http.StatusOK || diff != "" {
+	if diff := cmp.Diff(v1.Health{Status: "ok"}, decode[v1.Health](t, rec)); rec.Code != http.StatusOK || diff != "" {
 		t.Errorf("status %d, body (-want +got):\n%s", rec.Code, diff)
 	}
 }
@@ -23,24 +25,24 @@ func TestReadyz(t *testing.T) {
 		name       string
 		checkers   []Checker
 		wantStatus int
-		want       Readiness
+		want       v1.Readiness
 	}{
 		{
 			name:       "no checkers is ready",
 			wantStatus: http.StatusOK,
-			want:       Readiness{Status: "ready", Checks: []Check{}},
+			want:       v1.Readiness{Status: "ready", Checks: []v1.Check{}},
 		},
 		{
 			name:       "all checks pass",
 			checkers:   []Checker{fakeChecker{name: "redis"}, fakeChecker{name: "kubernetes"}},
 			wantStatus: http.StatusOK,
-			want:       Readiness{Status: "ready", Checks: []Check{{Name: "redis", OK: true}, {Name: "kubernetes", OK: true}}},
+			want:       v1.Readiness{Status: "ready", Checks: []v1.Check{{Name: "redis", OK: true}, {Name: "kubernetes", OK: true}}},
 		},
 		{
 			name:       "a failing check makes 503 with its error",
 			checkers:   []Checker{fakeChecker{name: "redis", err: errBoom}, fakeChecker{name: "kubernetes"}},
 			wantStatus: http.StatusServiceUnavailable,
-			want: Readiness{Status: "not ready", Checks: []Check{
+			want: v1.Readiness{Status: "not ready", Checks: []v1.Check{
 				{Name: "redis", Error: errBoom.Error()}, {Name: "kubernetes", OK: true},
 			}},
 		},
@@ -48,7 +50,7 @@ func TestReadyz(t *testing.T) {
 			name:       "a hanging check times out",
 			checkers:   []Checker{fakeChecker{name: "kubernetes", block: true}},
 			wantStatus: http.StatusServiceUnavailable,
-			want: Readiness{Status: "not ready", Checks: []Check{
+			want: v1.Readiness{Status: "not ready", Checks: []v1.Check{
 				{Name: "kubernetes", Error: "kubernetes: context deadline exceeded"},
 			}},
 		},
@@ -60,7 +62,7 @@ func TestReadyz(t *testing.T) {
 			if rec.Code != tc.wantStatus {
 				t.Errorf("status = %d, want %d", rec.Code, tc.wantStatus)
 			}
-			if diff := cmp.Diff(tc.want, decode[Readiness](t, rec), cmpopts.IgnoreFields(Check{}, "DurationMS")); diff != "" {
+			if diff := cmp.Diff(tc.want, decode[v1.Readiness](t, rec), cmpopts.IgnoreFields(v1.Check{}, "DurationMS")); diff != "" {
 				t.Errorf("body (-want +got):\n%s", diff)
 			}
 		})
@@ -72,30 +74,30 @@ func TestInfoAndMe(t *testing.T) {
 		name     string
 		mode     Mode
 		token    string
-		wantInfo Info
-		wantMe   Me
+		wantInfo v1.Info
+		wantMe   v1.Me
 		wantHdr  string
 	}{
 		{
 			name:     "production says nothing about simulation",
 			token:    tokAlice,
-			wantInfo: Info{Service: "gpubroker", Version: "1.2.3", APIVersion: "v1", Mode: "production", OpenAPI: "/api/v1/openapi.yaml"},
-			wantMe:   Me{User: "alice", Groups: []string{"ml"}},
+			wantInfo: v1.Info{Service: "gpubroker", Version: "1.2.3", APIVersion: "v1", Mode: "production", OpenAPI: "/api/v1/openapi.yaml"},
+			wantMe:   v1.Me{User: "alice", Groups: []string{"ml"}},
 		},
 		{
 			name:     "dev mode says plainly that it is simulated",
 			mode:     Mode{Simulated: true},
 			token:    tokBob,
-			wantInfo: Info{Service: "gpubroker", Version: "1.2.3", APIVersion: "v1", Mode: "dev-simulated", Notice: DefaultSimulatedNotice, OpenAPI: "/api/v1/openapi.yaml"},
-			wantMe:   Me{User: "bob", Groups: []string{}, Notice: DefaultSimulatedNotice},
+			wantInfo: v1.Info{Service: "gpubroker", Version: "1.2.3", APIVersion: "v1", Mode: "dev-simulated", Notice: DefaultSimulatedNotice, OpenAPI: "/api/v1/openapi.yaml"},
+			wantMe:   v1.Me{User: "bob", Groups: []string{}, Notice: DefaultSimulatedNotice},
 			wantHdr:  "dev-simulated",
 		},
 		{
 			name:     "dev mode with its own notice; the hub",
 			mode:     Mode{Simulated: true, Notice: "simulated DGX H200"},
 			token:    tokHub,
-			wantInfo: Info{Service: "gpubroker", Version: "1.2.3", APIVersion: "v1", Mode: "dev-simulated", Notice: "simulated DGX H200", OpenAPI: "/api/v1/openapi.yaml"},
-			wantMe:   Me{User: "jupyterhub", Groups: []string{}, Hub: true, Notice: "simulated DGX H200"},
+			wantInfo: v1.Info{Service: "gpubroker", Version: "1.2.3", APIVersion: "v1", Mode: "dev-simulated", Notice: "simulated DGX H200", OpenAPI: "/api/v1/openapi.yaml"},
+			wantMe:   v1.Me{User: "jupyterhub", Groups: []string{}, Hub: true, Notice: "simulated DGX H200"},
 			wantHdr:  "dev-simulated",
 		},
 	}
@@ -103,18 +105,18 @@ func TestInfoAndMe(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, harnessConfig{mode: tc.mode})
 			rec := h.do(t, req{method: http.MethodGet, path: "/api/v1/"})
-			if diff := cmp.Diff(tc.wantInfo, decode[Info](t, rec)); diff != "" {
+			if diff := cmp.Diff(tc.wantInfo, decode[v1.Info](t, rec)); diff != "" {
 				t.Errorf("info (-want +got):\n%s", diff)
 			}
-			if got := rec.Header().Get(HeaderMode); got != tc.wantHdr {
-				t.Errorf("info %s = %q, want %q", HeaderMode, got, tc.wantHdr)
+			if got := rec.Header().Get(v1.HeaderMode); got != tc.wantHdr {
+				t.Errorf("info %s = %q, want %q", v1.HeaderMode, got, tc.wantHdr)
 			}
 			rec = h.do(t, req{method: http.MethodGet, path: "/api/v1/me", token: tc.token})
-			if diff := cmp.Diff(tc.wantMe, decode[Me](t, rec)); diff != "" {
+			if diff := cmp.Diff(tc.wantMe, decode[v1.Me](t, rec)); diff != "" {
 				t.Errorf("me (-want +got):\n%s", diff)
 			}
-			if got := rec.Header().Get(HeaderMode); got != tc.wantHdr {
-				t.Errorf("me %s = %q, want %q", HeaderMode, got, tc.wantHdr)
+			if got := rec.Header().Get(v1.HeaderMode); got != tc.wantHdr {
+				t.Errorf("me %s = %q, want %q", v1.HeaderMode, got, tc.wantHdr)
 			}
 		})
 	}

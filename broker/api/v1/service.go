@@ -1,9 +1,21 @@
-package httpapi
+package v1
 
-import v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+// HeaderGroups carries a user's groups, comma-separated, when the JupyterHub
+// service token (or an admin) acts for that user; other callers' groups come
+// from their own token.
+const HeaderGroups = "X-Gpubroker-Groups"
 
-// The answers below have no v1 type yet. They belong in broker/api/v1 once
-// another part (frontend, e2e) reads them; openapi.yaml describes them.
+// HeaderMode is set on every answer of a broker in dev mode, with the value
+// ModeDevSimulated, so no client mistakes a simulated broker for a real one.
+const HeaderMode = "X-Gpubroker-Mode"
+
+// ModeDevSimulated is HeaderMode's value, and Info.Mode, in dev mode, where
+// the cluster and the GPUs are simulated; Info.Mode is ModeProduction
+// otherwise.
+const (
+	ModeDevSimulated = "dev-simulated"
+	ModeProduction   = "production"
+)
 
 // Info is the body of GET /api/v1/.
 type Info struct {
@@ -29,7 +41,7 @@ type Me struct {
 // GPUStatus is one GPU in GET /api/v1/admin/gpus: the registered device
 // and what is allocated on it.
 type GPUStatus struct {
-	v1.GPU
+	GPU
 	// AllocatedMemoryMiB is Σ slice memory placed on the GPU, MiB.
 	AllocatedMemoryMiB int64 `json:"allocatedMemoryMiB"`
 	// AllocatedComputePercent is Σ guaranteed compute placed on the GPU, 0..100.
