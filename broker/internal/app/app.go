@@ -35,6 +35,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/httpapi"
+	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 	"github.com/gpubroker/gpubroker/broker/internal/reconcile"
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
@@ -242,7 +243,12 @@ func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (*part
 		rdb.Close()
 		return nil, err
 	}
-	p, err := assemble(cfg, log, rdb, kube, cat, bearer, auth.NewHubToken(hub.Reveal()), httpapi.Mode{})
+	ws, err := serveWebSettings(cfg, log)
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	p, err := assemble(cfg, log, rdb, kube, cat, bearer, auth.NewHubToken(hub.Reveal()), httpapi.Mode{}, ws)
 	if err != nil {
 		rdb.Close()
 		return nil, err
@@ -273,9 +279,12 @@ func kubeClient(path string) (kubernetes.Interface, error) {
 }
 
 // assemble builds the parts every mode shares. Callers of the API are
-// authenticated by the hub token first (when one is set), then by bearer.
+// authenticated by the hub token first (when one is set), then by bearer,
+// then (with ws) by the web login's session cookie. With ws the handler
+// also serves the web login (/auth/) and the pages (everything outside
+// /api/ and the probes).
 func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, kube kubernetes.Interface,
-	cat *catalog.Catalog, bearer *auth.Bearer, hub *auth.HubToken, mode httpapi.Mode) (*parts, error) {
+	cat *catalog.Catalog, bearer *auth.Bearer, hub *auth.HubToken, mode httpapi.Mode, ws *webSettings) (*parts, error) {
 	store := redisstore.New(rdb, cfg.RedisPrefix)
 	sp := spawner.New(kube, spawner.Config{
 		Namespace: cfg.Namespace, HostRoot: cfg.HostRoot, Exposure: spawner.Exposure(cfg.GPUExposure),
@@ -288,9 +297,20 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 		servers.WithReconcileTrigger(func() { rec.Trigger() }))
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
 	p.reconciler = rec
+	authn := []auth.Authenticator{hub, bearer}
+	var web *auth.Web
+	proxy := &pagesProxy{}
+	if ws != nil {
+		var err error
+		if web, err = newWebLogin(cfg, ws, rdb, log, proxy); err != nil {
+			return nil, err
+		}
+		authn = append(authn, web)
+	}
 	h, err := httpapi.New(httpapi.Deps{
 		Log: log, Servers: p.service, Profiles: cat, Fleet: store,
-		Auth: auth.Chain(hub, bearer), Version: Version(), Mode: mode,
+		Policy: reclaim.NewPolicyStore(rdb, cfg.RedisPrefix, nil),
+		Auth:   auth.Chain(authn...), Version: Version(), Mode: mode,
 		Checkers: []httpapi.Checker{
 			checker{"redis", store.Ping},
 			checker{"kubernetes", func(ctx context.Context) error { return kubeReady(ctx, kube, cfg.Namespace, sp) }},
@@ -301,6 +321,12 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 		return nil, fmt.Errorf("http api: %w", err)
 	}
 	p.handler = h
+	if web != nil {
+		if p.handler, err = mountPages(h, web, proxy, log, mode.Notice); err != nil {
+			return nil, err
+		}
+		log.Info("web pages on", "public_url", ws.publicURL, "issuer", redirectHost(ws.issuerURL))
+	}
 	return p, nil
 }
 

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,6 +29,7 @@ import (
 // Dev mode's fixed names.
 const (
 	devUser     = "dev"
+	devGuest    = "alice"
 	devNode     = "dgx-h200-sim"
 	devTokenTTL = 24 * time.Hour
 )
@@ -73,6 +75,8 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 	closers = append(closers, func() { rdb.Close() })
 
 	issuerURL, audience := cfg.OIDCIssuer, cfg.OIDCAudience
+	publicURL := devPublicURL(cfg, ln)
+	var ws *webSettings
 	var token string
 	if issuerURL == "" {
 		il, err := net.Listen("tcp", "127.0.0.1:0")
@@ -80,15 +84,26 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 			return fail(fmt.Errorf("embedded oidc issuer: %w", err))
 		}
 		issuerURL = "http://" + il.Addr().String()
-		iss, err := devissuer.New(devissuer.WithURL(issuerURL))
+		if audience == "" {
+			audience = devissuer.DefaultAudience
+		}
+		// The web login: the dev user signs in with one click (no form);
+		// /auth/login?login_hint=alice signs in a non-admin instead.
+		secret := rand.Text()
+		iss, err := devissuer.New(devissuer.WithURL(issuerURL),
+			devissuer.WithUsers(
+				devissuer.User{Subject: devUser, Username: devUser, Email: devUser + "@localhost", Groups: []string{cfg.AdminGroup, "developers"}},
+				devissuer.User{Subject: devGuest, Username: devGuest, Email: devGuest + "@localhost", Groups: []string{"developers"}}),
+			devissuer.WithAutoApprove(devUser),
+			devissuer.WithClient(devissuer.Client{ID: audience, Secret: secret,
+				RedirectURIs:           []string{publicURL + auth.CallbackPath},
+				PostLogoutRedirectURIs: []string{publicURL + auth.SignedOutPath}}))
 		if err != nil {
 			il.Close()
 			return fail(fmt.Errorf("embedded oidc issuer: %w", err))
 		}
 		background = append(background, func(ctx context.Context) error { return iss.Serve(ctx, il) })
-		if audience == "" {
-			audience = devissuer.DefaultAudience
-		}
+		ws = &webSettings{issuerURL: issuerURL, clientID: audience, clientSecret: secret, publicURL: publicURL}
 		token, err = iss.Mint(devissuer.Claims{
 			Subject: devUser, Username: devUser, Email: devUser + "@localhost",
 			Groups: []string{cfg.AdminGroup, "developers"}, Audience: audience, ExpiresIn: devTokenTTL,
@@ -96,7 +111,13 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 		if err != nil {
 			return fail(fmt.Errorf("mint dev token: %w", err))
 		}
-		simulated = append(simulated, "the OIDC issuer is embedded at "+issuerURL+" with one user, "+devUser+" (an admin)")
+		simulated = append(simulated, "the OIDC issuer is embedded at "+issuerURL+" with two users, "+devUser+" (an admin, signed in with one click) and "+devGuest)
+	} else if cfg.PublicURL != "" {
+		secret, err := cfg.ClientSecret()
+		if err != nil {
+			return fail(err)
+		}
+		ws = &webSettings{issuerURL: issuerURL, clientID: cfg.ClientID(), clientSecret: secret.Reveal(), publicURL: publicURL}
 	}
 	bearer, err := auth.NewBearer(ctx, auth.BearerConfig{
 		IssuerURL: issuerURL, Audience: audience,
@@ -121,7 +142,7 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 
 	gpuNote := fmt.Sprintf("the GPUs are simulated (%d× NVIDIA H200 from go-nvml's mock/dgxh200) on node %s", cfg.DevGPUs, devNode)
 	notice := "LOCAL DEV MODE: " + strings.Join(append(simulated, gpuNote), "; ") + "."
-	p, err := assemble(cfg, log, rdb, kube, cat, bearer, auth.NewHubToken(""), httpapi.Mode{Simulated: true, Notice: notice})
+	p, err := assemble(cfg, log, rdb, kube, cat, bearer, auth.NewHubToken(""), httpapi.Mode{Simulated: true, Notice: notice}, ws)
 	if err != nil {
 		return fail(err)
 	}
@@ -135,7 +156,11 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 	for _, s := range append(simulated, gpuNote) {
 		log.Warn("dev mode: " + s)
 	}
-	p.started = func() { printBanner(stdout, "http://"+ln.Addr().String(), token, cat.Profiles()) }
+	web := ""
+	if ws != nil {
+		web = ws.publicURL
+	}
+	p.started = func() { printBanner(stdout, "http://"+ln.Addr().String(), web, token, cat.Profiles()) }
 	return p, nil
 }
 
@@ -156,7 +181,7 @@ func registerSimulatedGPUs(ctx context.Context, p *parts, node string, count int
 }
 
 // printBanner tells a newcomer what runs and gives commands to paste.
-func printBanner(w io.Writer, base, token string, profiles []fleet.Profile) {
+func printBanner(w io.Writer, base, web, token string, profiles []fleet.Profile) {
 	profile := "small"
 	if len(profiles) > 0 {
 		profile = profiles[0].Name
@@ -165,6 +190,9 @@ func printBanner(w io.Writer, base, token string, profiles []fleet.Profile) {
 	fmt.Fprintf(&b, "\ngpubroker dev — LOCAL MODE: the cluster, the GPUs, Redis and the OIDC issuer are simulated or embedded.\n")
 	fmt.Fprintf(&b, "API:      %s/api/v1/\n", base)
 	fmt.Fprintf(&b, "OpenAPI:  %s/api/v1/openapi.yaml\n", base)
+	if web != "" {
+		fmt.Fprintf(&b, "Web:      %s/  (signs you in as %s, an admin; %s%s?login_hint=%s for a non-admin)\n", web, devUser, web, auth.LoginPath, devGuest)
+	}
 	if token != "" {
 		fmt.Fprintf(&b, "\nCreate a server (profile %q) as the dev user:\n", profile)
 		fmt.Fprintf(&b, "  curl -sS -X PUT -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' -d '{\"profile\":\"%s\"}' %s/api/v1/users/%s/servers/demo\n",

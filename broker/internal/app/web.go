@@ -1,0 +1,119 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/gpubroker/gpubroker/broker/internal/auth"
+	"github.com/gpubroker/gpubroker/broker/internal/config"
+	"github.com/gpubroker/gpubroker/frontend"
+)
+
+// webSettings turn the web login and pages on; nil leaves them off (serve
+// mode without --public-url).
+type webSettings struct {
+	issuerURL    string
+	clientID     string
+	clientSecret string
+	publicURL    string
+}
+
+// serveWebSettings reads the web login's settings of a serve config: off
+// without a public URL.
+func serveWebSettings(cfg config.Config, log *slog.Logger) (*webSettings, error) {
+	if cfg.PublicURL == "" {
+		log.Info("web pages are off: set --public-url to serve them (the web login's redirect URI is <public-url>/auth/callback)")
+		return nil, nil
+	}
+	secret, err := cfg.ClientSecret()
+	if err != nil {
+		return nil, err
+	}
+	return &webSettings{issuerURL: cfg.OIDCIssuer, clientID: cfg.ClientID(), clientSecret: secret.Reveal(), publicURL: cfg.PublicURL}, nil
+}
+
+// devPublicURL is dev mode's public URL: the configured one, else the
+// listener's address (with "localhost" for an unspecified host).
+func devPublicURL(cfg config.Config, ln net.Listener) string {
+	if cfg.PublicURL != "" {
+		return cfg.PublicURL
+	}
+	host, port, err := net.SplitHostPort(ln.Addr().String())
+	if err != nil {
+		return "http://" + ln.Addr().String()
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}
+
+// pagesProxy lets the web login render with the frontend built after it.
+type pagesProxy struct{ h *frontend.Handler }
+
+func (p *pagesProxy) LoginFailed(w http.ResponseWriter, r *http.Request, status int, reason string) {
+	p.h.LoginFailed(w, r, status, reason)
+}
+
+func (p *pagesProxy) SignedOut(w http.ResponseWriter, r *http.Request) { p.h.SignedOut(w, r) }
+
+// newWebLogin builds the web login over rdb; pages render through proxy.
+func newWebLogin(cfg config.Config, ws *webSettings, rdb redis.UniversalClient, log *slog.Logger, proxy *pagesProxy) (*auth.Web, error) {
+	w, err := auth.NewWeb(auth.WebConfig{
+		IssuerURL: ws.issuerURL, ClientID: ws.clientID, ClientSecret: ws.clientSecret, PublicURL: ws.publicURL,
+		UsernameClaim: cfg.OIDCUsernameClaim, GroupsClaim: cfg.OIDCGroupsClaim, AdminGroup: cfg.AdminGroup,
+		SessionTTL: cfg.SessionTTL,
+	}, rdb, cfg.RedisPrefix, auth.WithPages(proxy), auth.WithWebLogger(log.With("part", "weblogin")))
+	if err != nil {
+		return nil, fmt.Errorf("web login: %w", err)
+	}
+	return w, nil
+}
+
+// webSessions adapts the web login's sessions to the pages' Sessions.
+type webSessions struct{ w *auth.Web }
+
+func (s webSessions) Viewer(ctx context.Context, r *http.Request) (frontend.Viewer, error) {
+	sess, err := s.w.Session(ctx, r)
+	if errors.Is(err, auth.ErrUnauthenticated) {
+		return frontend.Viewer{}, fmt.Errorf("%w: %w", frontend.ErrSignedOut, err)
+	}
+	if err != nil {
+		return frontend.Viewer{}, err
+	}
+	p := sess.Principal
+	return frontend.Viewer{User: p.User, Groups: p.Groups, Admin: p.Admin, CSRF: sess.CSRF}, nil
+}
+
+// mountPages returns the broker's root handler: the API (and probes) as
+// they are, the web login under /auth/, and the pages everywhere else.
+func mountPages(api http.Handler, w *auth.Web, proxy *pagesProxy, log *slog.Logger, notice string) (http.Handler, error) {
+	pages, err := frontend.New(frontend.Deps{API: api, Sessions: webSessions{w}, Log: log.With("part", "frontend"), Notice: notice})
+	if err != nil {
+		return nil, fmt.Errorf("web pages: %w", err)
+	}
+	proxy.h = pages
+	mux := http.NewServeMux()
+	mux.Handle("/api/", api)
+	mux.Handle("/healthz", api)
+	mux.Handle("/readyz", api)
+	mux.Handle("/auth/", w.Handler())
+	mux.Handle("/", pages)
+	return mux, nil
+}
+
+// redirectHost is the host part of a URL, for log lines.
+func redirectHost(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return u
+	}
+	return p.Host
+}
