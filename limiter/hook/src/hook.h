@@ -103,6 +103,7 @@ struct hook_state {
 	int driver_seen; /* the driver was resolved: fail-closed messages go out at once */
 
 	/* driver */
+	void *real_dlsym; /* the C library's dlsym (dlvsym), resolved on first use */
 	pthread_once_t real_once;
 	struct real_table real;
 	void *cuda_lib, *nvml_lib;

@@ -43,6 +43,7 @@ static struct hook_state g_state = {
     .q_compute_percent = 1,
     .q_compute_limit_percent = 1,
 };
+/* Thread-local, so it cannot live in struct hook_state: set while this thread resolves the driver. */
 static __thread int t_in_init;
 
 static void report_fail_closed(void);
@@ -80,12 +81,12 @@ void hook_log(enum hook_log_level level, const char *fmt, ...)
 		return;
 	char buf[512];
 	int n = snprintf(buf, sizeof(buf), "gpulimit[%d]: %s: ", (int)getpid(), names[level]);
+	size_t room = sizeof(buf) - (size_t)n - 1; /* one byte stays free for the newline */
 	va_list ap;
 	va_start(ap, fmt);
-	int m = vsnprintf(buf + n, sizeof(buf) - (size_t)n - 1, fmt, ap);
+	int m = vsnprintf(buf + n, room, fmt, ap);
 	va_end(ap);
-	size_t len = (size_t)n +
-	             (m < 0 ? 0 : ((size_t)m < sizeof(buf) - (size_t)n - 1 ? (size_t)m : sizeof(buf) - (size_t)n - 2));
+	size_t len = (size_t)n + (m < 0 ? 0 : ((size_t)m < room ? (size_t)m : room - 1)); /* truncated if long */
 	buf[len++] = '\n';
 	/* One write(2): lines from several threads do not interleave; stdio is not touched. */
 	ssize_t w = write(STDERR_FILENO, buf, len);
@@ -98,15 +99,14 @@ typedef void *(*dlsym_fn)(void *, const char *);
 
 void *hook_real_dlsym(void *handle, const char *name)
 {
-	static dlsym_fn real;
-	dlsym_fn f = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
+	dlsym_fn f = (dlsym_fn)__atomic_load_n(&g_state.real_dlsym, __ATOMIC_ACQUIRE);
 	if (f == NULL) {
 		f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
 		if (f == NULL)
 			f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
 		if (f == NULL)
 			return NULL;
-		__atomic_store_n(&real, f, __ATOMIC_RELEASE);
+		__atomic_store_n(&g_state.real_dlsym, (void *)f, __ATOMIC_RELEASE);
 	}
 	return f(handle, name);
 }
@@ -260,7 +260,7 @@ static void fail_closed(const char *why)
 }
 
 /* read_quota_file returns 1 if a valid file was applied, 0 if missing, -1 if invalid. */
-static int read_quota_file(const struct stat *st)
+static int read_quota_file(void)
 {
 	struct hook_state *s = &g_state;
 	char why_buf[300];
@@ -284,7 +284,6 @@ static int read_quota_file(const struct stat *st)
 		fail_closed(why_buf);
 		return -1;
 	}
-	(void)st;
 	if (s->env_quota.slice_id[0] != '\0' && strcmp(q.slice_id, s->env_quota.slice_id) != 0) {
 		snprintf(why_buf, sizeof(why_buf), "quota file %.180s is for slice %.40s, not %.40s", s->quota_path,
 		         q.slice_id, s->env_quota.slice_id);
@@ -343,7 +342,7 @@ static void poll_locked(struct hook_state *s)
 	s->q_file_dev = (uint64_t)st.st_dev;
 	s->q_file_size = (uint64_t)st.st_size;
 	s->q_file_mtime_ns = mtime;
-	read_quota_file(&st);
+	read_quota_file();
 }
 
 static void after_fork_child(void)
