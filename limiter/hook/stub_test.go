@@ -161,6 +161,7 @@ func TestStubSaturatesAndShares(t *testing.T) {
 			total := 0.0
 			for _, p := range ps {
 				share := float64(b.procSMNs(p.pid())-a.procSMNs(p.pid())) / span * 100
+				t.Logf("launcher %d: %.1f%% of the device", p.pid(), share)
 				total += share
 				if want := 100.0 / float64(n); math.Abs(share-want) > 10 {
 					t.Errorf("launcher %d got %.1f%% of the device, want %.0f ± 10", p.pid(), share, want)
