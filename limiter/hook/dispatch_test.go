@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -36,5 +37,40 @@ func TestCQuotaParserFuzz(t *testing.T) {
 	}
 	if accepted == 0 || accepted == n {
 		t.Errorf("fuzz_quota accepted %d of %d inputs: the mutator does not exercise both outcomes", accepted, n)
+	}
+}
+
+// TestHookIsQuietInNonGPUPrograms: loaded into every process of a pod, the
+// hook must not disturb programs that never touch the GPU, even with no
+// quota at all (fail-closed state): they run, exit 0 and print nothing.
+func TestHookIsQuietInNonGPUPrograms(t *testing.T) {
+	t.Parallel()
+	needBuild(t)
+	tests := []struct {
+		name string
+		argv []string
+	}{
+		{name: "shell pipeline", argv: []string{"/bin/sh", "-c", "ls / | wc -l >/dev/null && echo ok >/dev/null"}},
+		{name: "dlsym-heavy interpreter", argv: []string{"python3", "-c", "import ctypes, json, ssl; ctypes.CDLL(None).getpid()"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			bin, err := exec.LookPath(tc.argv[0])
+			if err != nil {
+				t.Skipf("%s not installed", tc.argv[0])
+			}
+			cmd := exec.Command(bin, tc.argv[1:]...)
+			cmd.Env = []string{"PATH=/usr/bin:/bin", "LD_PRELOAD=" + filepath.Join(buildDir(), "libgpulimit.so"),
+				"GPUBROKER_QUOTA_FILE=" + filepath.Join(t.TempDir(), "absent")}
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("%v with the hook: %v\n%s", tc.argv, err, stderr.String())
+			}
+			if stderr.Len() != 0 {
+				t.Errorf("%v with the hook printed on stderr:\n%s", tc.argv, stderr.String())
+			}
+		})
 	}
 }
