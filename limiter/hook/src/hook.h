@@ -188,8 +188,11 @@ int books_find(uint64_t key, struct alloc_rec *out);
 void books_reset_after_fork(void);
 
 /* ---- pacing (pace.c) ---- */
-/* pace_admit charges blocks thread blocks to the slice's token bucket, waiting (bounded) while it is in debt. */
-void pace_admit(uint64_t blocks);
+/*
+ * pace_admit charges blocks thread blocks to the slice's token bucket, waiting
+ * (bounded) while it is in debt; now_coarse is hook_coarse_ns() of the caller.
+ */
+void pace_admit(uint64_t blocks, uint64_t now_coarse);
 /* pace_sm_count returns the SM count of the current device (cached; 1 if unknown). */
 uint32_t pace_sm_count(void);
 

@@ -13,9 +13,10 @@ static inline uint64_t grid(unsigned gx, unsigned gy, unsigned gz)
 
 static inline void gate(uint64_t blocks)
 {
-	quota_poll(hook_coarse_ns());
+	uint64_t now = hook_coarse_ns();
+	quota_poll(now);
 	usage_note_launch();
-	pace_admit(blocks);
+	pace_admit(blocks, now);
 }
 
 GPULIMIT_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,

@@ -274,7 +274,7 @@ static void refill(struct gpulimit_usage *u, uint64_t now)
 	}
 }
 
-void pace_admit(uint64_t blocks)
+void pace_admit(uint64_t blocks, uint64_t now_coarse)
 {
 	struct hook_state *s = hook_state();
 	struct gpulimit_usage *u = s->usage;
@@ -290,7 +290,7 @@ void pace_admit(uint64_t blocks)
 		blocks = UINT64_MAX >> 12;
 	int64_t tokens = __atomic_sub_fetch(&u->pace_tokens_q10, (int64_t)(blocks << 10), __ATOMIC_ACQ_REL);
 	__atomic_add_fetch(&u->pace_blocks_total, blocks, __ATOMIC_RELAXED);
-	if (hook_coarse_ns() >= __atomic_load_n(&u->pace_next_control_ns, __ATOMIC_RELAXED))
+	if (now_coarse >= __atomic_load_n(&u->pace_next_control_ns, __ATOMIC_RELAXED))
 		control(u, nvml);
 	if (tokens >= 0)
 		return;
