@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 
-
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 )
 
@@ -191,4 +190,3 @@ func (a *Agent) enforce(ctx context.Context, r round) error {
 	}
 	return errors.Join(errs...)
 }
-

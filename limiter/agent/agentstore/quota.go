@@ -144,21 +144,39 @@ func (st *Store) DeleteQuotas(ctx context.Context, slice string) error {
 }
 
 // WatchQuotaChanges subscribes to QuotaChanged and calls fn with each slice
-// id published, from this goroutine, until ctx ends (then it returns nil)
-// or the subscription fails. Messages published while not subscribed are
-// lost: callers pair it with a periodic resync.
+// id published, from this goroutine, until ctx ends; then it returns nil.
+// It returns an error only when the first subscription fails; go-redis
+// resubscribes by itself after later connection failures. Messages
+// published while not subscribed are lost: callers pair it with a periodic
+// resync.
 func (st *Store) WatchQuotaChanges(ctx context.Context, fn func(slice string)) error {
-	ps := st.rdb.Subscribe(ctx, st.k.QuotaChanged())
+	ps := st.rdb.Subscribe(ctx)
 	defer ps.Close()
-	for {
-		msg, err := ps.Receive(ctx)
+	sctx, cancel := st.op(ctx)
+	err := ps.Subscribe(sctx, st.k.QuotaChanged())
+	if err == nil {
+		// Wait for the confirmation, so that a publish after return of
+		// the first fn call or after PUBSUB NUMSUB > 0 is seen.
+		_, err = ps.Receive(sctx)
+	}
+	cancel()
+	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err != nil {
-			return fmt.Errorf("watch quota changes: %w", err)
-		}
-		if m, ok := msg.(*redis.Message); ok {
+		return fmt.Errorf("watch quota changes: %w", err)
+	}
+	// Channel runs its own reader goroutine, which Close stops; a blocked
+	// Receive would not notice ctx ending.
+	ch := ps.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-ch:
+			if !ok {
+				return errors.New("watch quota changes: subscription closed")
+			}
 			fn(m.Payload)
 		}
 	}

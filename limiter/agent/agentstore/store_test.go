@@ -1,0 +1,282 @@
+package agentstore_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/redistest"
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"))
+}
+
+func newStore(t *testing.T, opts ...agentstore.Option) (*agentstore.Store, *redis.Client) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	return agentstore.New(c, srv.Prefix(t), opts...), c
+}
+
+func ptr[T any](v T) *T { return &v }
+
+var t0 = time.Date(2026, 11, 29, 15, 0, 0, 0, time.UTC)
+
+func TestSamplesRoundTripKeepMissingAsMissing(t *testing.T) {
+	st, _ := newStore(t)
+	tests := []struct {
+		name string
+		in   agentstore.Sample
+	}{
+		{name: "complete sample", in: agentstore.Sample{Slice: "s1", At: t0, Interval: time.Second,
+			SMPercent: ptr(42), MemoryUsedMiB: ptr(int64(1024)), MemoryLimitMiB: 8192, Processes: ptr(2),
+			LastKernel: ptr(t0.Add(-time.Second))}},
+		{name: "measured zero stays zero", in: agentstore.Sample{Slice: "s2", At: t0, Interval: time.Second,
+			SMPercent: ptr(0), MemoryUsedMiB: ptr(int64(0)), MemoryLimitMiB: 8192, Processes: ptr(0),
+			LastKernel: ptr(time.Time{})}},
+		{name: "missing stays missing", in: agentstore.Sample{Slice: "s3", At: t0, Interval: time.Second,
+			MemoryLimitMiB: 8192, Missing: "gpu unhealthy: xid 79"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := st.AddSamples(t.Context(), []agentstore.Sample{tc.in}); err != nil {
+				t.Fatal(err)
+			}
+			got, err := st.LatestSample(t.Context(), tc.in.Slice)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got.ID = ""
+			if diff := cmp.Diff(tc.in, got); diff != "" {
+				t.Errorf("sample (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestLatestSampleOfUnknownSliceIsNotFound(t *testing.T) {
+	st, _ := newStore(t)
+	if _, err := st.LatestSample(t.Context(), "nope"); !errors.Is(err, agentstore.ErrNotFound) {
+		t.Fatalf("err = %v, want ErrNotFound", err)
+	}
+}
+
+func TestSampleStaleAfterThreeIntervals(t *testing.T) {
+	s := agentstore.Sample{At: t0, Interval: time.Second}
+	tests := []struct {
+		name string
+		now  time.Time
+		want bool
+	}{
+		{name: "fresh at its own time", now: t0, want: false},
+		{name: "fresh at three intervals", now: t0.Add(3 * time.Second), want: false},
+		{name: "stale just after three intervals", now: t0.Add(3*time.Second + time.Millisecond), want: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := s.Stale(tc.now); got != tc.want {
+				t.Errorf("Stale(%s) = %v, want %v", tc.now, got, tc.want)
+			}
+		})
+	}
+	if !(agentstore.Sample{At: t0}).Stale(t0) {
+		t.Error("a sample without interval must be stale")
+	}
+}
+
+func TestSampleStreamIsBoundedAndExpires(t *testing.T) {
+	st, c := newStore(t, agentstore.WithMaxLen(200), agentstore.WithSampleTTL(time.Hour))
+	var batch []agentstore.Sample
+	for i := range 2000 {
+		batch = append(batch, agentstore.Sample{Slice: "s", At: t0.Add(time.Duration(i) * time.Second), Interval: time.Second, MemoryLimitMiB: 1})
+		if len(batch) == 100 {
+			if err := st.AddSamples(t.Context(), batch); err != nil {
+				t.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+	}
+	n, err := c.XLen(t.Context(), st.Keys().Samples("s")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// MAXLEN ~ trims whole listpack nodes (100 entries by default).
+	if n < 200 || n > 300 {
+		t.Errorf("stream holds %d entries, want 200..300", n)
+	}
+	ttl, err := c.PTTL(t.Context(), st.Keys().Samples("s")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl <= 0 || ttl > time.Hour {
+		t.Errorf("stream TTL %s, want in (0, 1h]", ttl)
+	}
+}
+
+func TestHeartbeatInventoryAndStaleNodes(t *testing.T) {
+	st, _ := newStore(t)
+	gpu := func(uuid, node string, healthy bool, reason string) agentstore.GPUReport {
+		return agentstore.GPUReport{GPU: v1.GPU{UUID: uuid, Node: node, Model: "NVIDIA H200", MemoryMiB: 143771, SMCount: 132, Healthy: healthy},
+			Reason: reason, Since: t0}
+	}
+	a := agentstore.NodeReport{Node: "gpu-a", At: t0, HeartbeatMs: 10000, SampleMs: 1000,
+		GPUs: []agentstore.GPUReport{gpu("GPU-1", "gpu-a", true, ""), gpu("GPU-2", "gpu-a", false, "xid 79")}}
+	b := agentstore.NodeReport{Node: "gpu-b", At: t0.Add(-31 * time.Second), HeartbeatMs: 10000, SampleMs: 1000,
+		GPUs: []agentstore.GPUReport{gpu("GPU-3", "gpu-b", true, "")}}
+	for _, r := range []agentstore.NodeReport{a, b} {
+		if err := st.Heartbeat(t.Context(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inv, err := st.Inventory(t.Context(), t0.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := agentstore.Inventory{GPUs: a.GPUs, StaleNodes: []string{"gpu-b"}}
+	if diff := cmp.Diff(want, inv); diff != "" {
+		t.Errorf("inventory (-want +got):\n%s", diff)
+	}
+	// Three heartbeat intervals after its report, node a is stale too.
+	inv, err = st.Inventory(t.Context(), t0.Add(30*time.Second+time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"gpu-a", "gpu-b"}, inv.StaleNodes); diff != "" || len(inv.GPUs) != 0 {
+		t.Errorf("stale nodes (-want +got):\n%s; gpus %v", diff, inv.GPUs)
+	}
+}
+
+func TestHeartbeatRefusesBadReport(t *testing.T) {
+	st, _ := newStore(t)
+	if err := st.Heartbeat(t.Context(), agentstore.NodeReport{Node: "n"}); err == nil {
+		t.Fatal("heartbeat without interval accepted")
+	}
+}
+
+func TestDesiredAndAppliedQuota(t *testing.T) {
+	st, _ := newStore(t)
+	ctx := t.Context()
+	if _, err := st.DesiredQuota(ctx, "s"); !errors.Is(err, agentstore.ErrNotFound) {
+		t.Fatalf("err = %v, want ErrNotFound", err)
+	}
+	q := v1.Slice{MemoryMiB: 4096, ComputePercent: 20, ComputeLimitPercent: 50}
+	for want := int64(1); want <= 2; want++ {
+		gen, err := st.SetDesiredQuota(ctx, "s", q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gen != want {
+			t.Fatalf("generation %d, want %d", gen, want)
+		}
+	}
+	got, err := st.DesiredQuota(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(agentstore.DesiredQuota{Generation: 2, Slice: q}, got); diff != "" {
+		t.Errorf("desired (-want +got):\n%s", diff)
+	}
+	if _, err := st.SetDesiredQuota(ctx, "s", v1.Slice{MemoryMiB: 1, ComputePercent: 50, ComputeLimitPercent: 40}); err == nil {
+		t.Error("limit below guarantee accepted")
+	}
+	ap := agentstore.AppliedQuota{Generation: 2, FileGeneration: 7, Node: "gpu-a", At: t0}
+	if err := st.SetAppliedQuota(ctx, "s", ap); err != nil {
+		t.Fatal(err)
+	}
+	gotAp, err := st.AppliedQuota(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(ap, gotAp); diff != "" {
+		t.Errorf("applied (-want +got):\n%s", diff)
+	}
+	if err := st.DeleteQuotas(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.AppliedQuota(ctx, "s"); !errors.Is(err, agentstore.ErrNotFound) {
+		t.Fatalf("after delete: err = %v, want ErrNotFound", err)
+	}
+}
+
+func TestWatchQuotaChangesDeliversPublishedSlices(t *testing.T) {
+	st, c := newStore(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	got := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- st.WatchQuotaChanges(ctx, func(s string) {
+			select {
+			case got <- s:
+			case <-ctx.Done():
+			}
+		})
+	}()
+	waitSubscribed(t, c, st.Keys().QuotaChanged())
+	if _, err := st.SetDesiredQuota(t.Context(), "s9", v1.Slice{MemoryMiB: 1, ComputePercent: 1, ComputeLimitPercent: 1}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-got:
+		if s != "s9" {
+			t.Errorf("got slice %q, want s9", s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no notification within 10 s")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("WatchQuotaChanges returned %v after cancel, want nil", err)
+	}
+}
+
+// waitSubscribed polls PUBSUB NUMSUB until channel has a subscriber.
+func waitSubscribed(t *testing.T, c *redis.Client, channel string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		m, err := c.PubSubNumSub(t.Context(), channel).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m[channel] > 0 {
+			return
+		}
+		runtime.Gosched()
+	}
+	t.Fatalf("no subscriber on %s within 10 s", channel)
+}
+
+func TestAuditRoundTrip(t *testing.T) {
+	st, _ := newStore(t)
+	r := agentstore.AuditRecord{At: t0, Node: "gpu-a", Action: "kill", Reason: "over-memory", Policy: "kill tolerance=5% samples=3",
+		Slice: "s", Pod: "p", Namespace: "ns", PID: 42, GPU: "GPU-1", MemoryUsedMiB: 9000, MemoryLimitMiB: 8192, Samples: 3}
+	if err := st.AddAudit(t.Context(), r); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.RecentAudit(t.Context(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]agentstore.AuditRecord{r}, got); diff != "" {
+		t.Errorf("audit (-want +got):\n%s", diff)
+	}
+}
+
+func TestKeysShareOneHashTagUnderThePrefix(t *testing.T) {
+	k := agentstore.NewKeys("p:")
+	got := []string{k.Nodes(), k.Node("n"), k.Samples("s"), k.DesiredQuota("s"), k.AppliedQuota("s"), k.Audit(), k.QuotaChanged()}
+	want := []string{"p:{gpubroker}:agent:nodes", "p:{gpubroker}:agent:node:n", "p:{gpubroker}:agent:s:s",
+		"p:{gpubroker}:agent:qd:s", "p:{gpubroker}:agent:qa:s", "p:{gpubroker}:agent:audit", "p:{gpubroker}:agent:quota-changed"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("keys (-want +got):\n%s", diff)
+	}
+}
