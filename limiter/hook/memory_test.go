@@ -306,3 +306,44 @@ func TestForkedChildIsAccountedOnItsOwn(t *testing.T) {
 		t.Errorf("live processes in the usage region = %+v, want the parent with 40 MiB", live)
 	}
 }
+
+// TestContextEndReleasesCharges: when a context ends (cuCtxDestroy,
+// cuDevicePrimaryCtxReset) the driver frees its memory, and the slice stops
+// counting it.
+func TestContextEndReleasesCharges(t *testing.T) {
+	t.Parallel()
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 100})
+	for _, c := range []string{fmt.Sprintf("alloc linear %d", 40*mib), fmt.Sprintf("alloc async %d", 8*mib)} {
+		if r := p.do(c); r.Res != cudaSuccess {
+			t.Fatalf("%s: CUresult %d", c, r.Res)
+		}
+	}
+	if mi := p.do("meminfo"); mi.Vals[0] != 16*mib {
+		t.Fatalf("free before the reset = %d, want %d", mi.Vals[0], 16*mib)
+	}
+	if r := p.do("reset"); r.Res != cudaSuccess {
+		t.Fatalf("cuDevicePrimaryCtxReset: CUresult %d", r.Res)
+	}
+	if mi := p.do("meminfo"); mi.Vals[0] != 64*mib {
+		t.Errorf("free after cuDevicePrimaryCtxReset = %d, want the whole %d", mi.Vals[0], 64*mib)
+	}
+	if r := p.do(fmt.Sprintf("ctxcycle %d", 48*mib)); r.Res != cudaSuccess || r.Vals[0] != cudaSuccess {
+		t.Fatalf("ctxcycle: %+v", r)
+	}
+	if mi := p.do("meminfo"); mi.Vals[0] != 64*mib {
+		t.Errorf("free after cuCtxDestroy = %d, want the whole %d", mi.Vals[0], 64*mib)
+	}
+	st := dev.stub()
+	usage, err := region.ReadUsage(f.Usage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := usage.BytesInUse(st.UUID); got != 0 || st.procMem(p.pid()) != 0 {
+		t.Errorf("after the contexts ended: usage %d bytes, driver %d bytes; want 0", got, st.procMem(p.pid()))
+	}
+	if r := p.do(fmt.Sprintf("fill linear %d", mib)); r.Vals[0] != 64 {
+		t.Errorf("after the contexts ended the slice gave %d MiB, want 64", r.Vals[0])
+	}
+}

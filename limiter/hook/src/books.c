@@ -48,7 +48,7 @@ static int grow_locked(struct hook_state *s)
 	return 0;
 }
 
-void books_put(uint64_t key, uint64_t bytes, enum alloc_kind kind, int dev, CUmemoryPool pool)
+void books_put(uint64_t key, uint64_t bytes, enum alloc_kind kind, int dev, CUmemoryPool pool, CUcontext ctx)
 {
 	struct hook_state *s = hook_state();
 	if (key <= KEY_TOMB)
@@ -65,7 +65,7 @@ void books_put(uint64_t key, uint64_t bytes, enum alloc_kind kind, int dev, CUme
 		j = (j + 1) & (s->recs_cap - 1);
 	if (s->recs[j].key != key)
 		s->recs_used++;
-	s->recs[j] = (struct alloc_rec){.key = key, .bytes = bytes, .kind = kind, .dev = dev, .pool = pool};
+	s->recs[j] = (struct alloc_rec){.key = key, .bytes = bytes, .kind = kind, .dev = dev, .pool = pool, .ctx = ctx};
 	pthread_mutex_unlock(&s->books_lock);
 }
 
@@ -104,6 +104,24 @@ int books_find(uint64_t key, struct alloc_rec *out)
 		*out = *r;
 	pthread_mutex_unlock(&s->books_lock);
 	return r != NULL;
+}
+
+void books_drop_ctx(CUcontext ctx)
+{
+	struct hook_state *s = hook_state();
+	int64_t credit[GPULIMIT_USAGE_DEVICES] = {0};
+	pthread_mutex_lock(&s->books_lock);
+	for (size_t i = 0; i < s->recs_cap; i++) {
+		struct alloc_rec *r = &s->recs[i];
+		if (r->key <= KEY_TOMB || r->ctx != ctx || r->kind == AK_POOL)
+			continue;
+		if (r->dev >= 0 && r->dev < GPULIMIT_USAGE_DEVICES)
+			credit[r->dev] += (int64_t)r->bytes;
+		r->key = KEY_TOMB;
+	}
+	pthread_mutex_unlock(&s->books_lock);
+	for (int k = 0; k < GPULIMIT_USAGE_DEVICES; k++)
+		usage_adjust(k, -credit[k]);
 }
 
 void books_reset_after_fork(void)

@@ -66,6 +66,7 @@ struct alloc_rec {
 	uint32_t kind; /* enum alloc_kind */
 	int32_t dev;   /* index into this process's usage slot devices */
 	CUmemoryPool pool;
+	CUcontext ctx; /* context current at allocation; its end frees the allocation */
 };
 
 struct pool_rec {
@@ -180,7 +181,12 @@ int device_uuid_of(CUdevice dev, uint8_t out[GPULIMIT_UUID_BYTES]);
 void graph_mem_settle(void);
 
 /* ---- books (books.c) ---- */
-void books_put(uint64_t key, uint64_t bytes, enum alloc_kind kind, int dev, CUmemoryPool pool);
+void books_put(uint64_t key, uint64_t bytes, enum alloc_kind kind, int dev, CUmemoryPool pool, CUcontext ctx);
+/*
+ * books_drop_ctx forgets every record of context ctx except pool allocations
+ * (pools are settled from the driver) and credits their bytes back.
+ */
+void books_drop_ctx(CUcontext ctx);
 /* books_take removes key and returns 1 with its record, or 0 if unknown. */
 int books_take(uint64_t key, struct alloc_rec *out);
 /* books_find copies key's record without removing it. */

@@ -71,6 +71,15 @@ static int current_device(CUdevice *dev)
 	return r->cuCtxGetDevice != NULL && r->cuCtxGetDevice(dev) == CUDA_SUCCESS ? 0 : -1;
 }
 
+static CUcontext current_ctx(void)
+{
+	const struct real_table *r = hook_real();
+	CUcontext c = NULL;
+	if (r->cuCtxGetCurrent == NULL || r->cuCtxGetCurrent(&c) != CUDA_SUCCESS)
+		return NULL;
+	return c;
+}
+
 /* reserve charges bytes on ordinal dev; on success *entry is the usage entry to credit back later. */
 static CUresult reserve(CUdevice dev, uint64_t bytes, int *entry, const char *what)
 {
@@ -108,7 +117,7 @@ GPULIMIT_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 		usage_adjust(e, -(int64_t)bytesize);
 		return res;
 	}
-	books_put(*dptr, bytesize, AK_LINEAR, e, NULL);
+	books_put(*dptr, bytesize, AK_LINEAR, e, NULL, current_ctx());
 	return res;
 }
 
@@ -142,7 +151,7 @@ GPULIMIT_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, s
 			return CUDA_ERROR_OUT_OF_MEMORY;
 		}
 	}
-	books_put(*dptr, real_bytes > guess ? real_bytes : guess, AK_LINEAR, e, NULL);
+	books_put(*dptr, real_bytes > guess ? real_bytes : guess, AK_LINEAR, e, NULL, current_ctx());
 	return res;
 }
 
@@ -163,7 +172,7 @@ GPULIMIT_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, u
 		usage_adjust(e, -(int64_t)bytesize);
 		return res;
 	}
-	books_put(*dptr, bytesize, AK_MANAGED, e, NULL);
+	books_put(*dptr, bytesize, AK_MANAGED, e, NULL, current_ctx());
 	return res;
 }
 
@@ -201,26 +210,43 @@ static int pool_note(CUmemoryPool pool, CUdevice dev)
 	return got;
 }
 
-static uint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
+/* pool_attr reads a cuuint64_t attribute of pool; 0 if the driver refuses. */
+static uint64_t pool_attr_res(CUmemoryPool pool, CUmemPool_attribute a, CUresult *res)
 {
 	const struct real_table *r = hook_real();
 	cuuint64_t v = 0;
-	if (r->cuMemPoolGetAttribute == NULL || r->cuMemPoolGetAttribute(pool, a, &v) != CUDA_SUCCESS)
-		return 0;
-	return v;
+	*res = r->cuMemPoolGetAttribute == NULL ? CUDA_ERROR_NOT_INITIALIZED : r->cuMemPoolGetAttribute(pool, a, &v);
+	return *res == CUDA_SUCCESS ? v : 0;
 }
 
-/* pool_settle sets the charge of pool to its reservation, given precharged bytes already added. */
+static uint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
+{
+	CUresult res;
+	return pool_attr_res(pool, a, &res);
+}
+
+/*
+ * pool_settle sets the charge of pool to its reservation, given precharged
+ * bytes already added. A pool the driver no longer knows (destroyed with its
+ * context) holds nothing: its charge goes to 0 and its record is dropped.
+ */
 static void pool_settle(CUmemoryPool pool, uint64_t precharged)
 {
 	struct hook_state *s = hook_state();
-	uint64_t reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+	CUresult res;
+	uint64_t reserved = pool_attr_res(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &res);
+	int gone = res == CUDA_ERROR_INVALID_VALUE || res == CUDA_ERROR_INVALID_HANDLE ||
+	           res == CUDA_ERROR_INVALID_CONTEXT || res == CUDA_ERROR_DEINITIALIZED;
+	if (res != CUDA_SUCCESS && !gone)
+		return; /* cannot tell: keep the charge */
 	pthread_mutex_lock(&s->books_lock);
 	struct pool_rec *p = pool_find_locked(pool);
 	if (p != NULL) {
 		int64_t delta = (int64_t)reserved - (int64_t)p->charged - (int64_t)precharged;
 		p->charged = reserved;
 		usage_adjust(p->dev, delta);
+		if (gone)
+			*p = (struct pool_rec){0};
 	}
 	pthread_mutex_unlock(&s->books_lock);
 }
@@ -280,7 +306,7 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool poo
 		         "stream-ordered allocation of %zu bytes refused: pool reservation passes the slice", bytesize);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	books_put(*dptr, bytesize, AK_POOL, e, pool);
+	books_put(*dptr, bytesize, AK_POOL, e, pool, current_ctx());
 	return res;
 }
 
@@ -339,7 +365,8 @@ static void credit(const struct alloc_rec *rec)
 			if (res_ == CUDA_SUCCESS)                                                                      \
 				credit(&rec_);                                                                         \
 			else                                                                                           \
-				books_put(rec_.key, rec_.bytes, (enum alloc_kind)rec_.kind, rec_.dev, rec_.pool);      \
+				books_put(rec_.key, rec_.bytes, (enum alloc_kind)rec_.kind, rec_.dev, rec_.pool,       \
+				          rec_.ctx);                                                                   \
 		}                                                                                                      \
 		return res_;                                                                                           \
 	} while (0)
@@ -458,7 +485,7 @@ GPULIMIT_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_
 		usage_adjust(e, -(int64_t)size);
 		return res;
 	}
-	books_put(*handle, size, AK_VMM, e, NULL);
+	books_put(*handle, size, AK_VMM, e, NULL, current_ctx());
 	return res;
 }
 
@@ -518,7 +545,7 @@ static CUresult array_create(uint64_t bytes, const char *what, void *out, const 
 		usage_adjust(e, -(int64_t)bytes);
 		return res;
 	}
-	books_put((uint64_t)(uintptr_t) * (void **)out, bytes, kind, e, NULL);
+	books_put((uint64_t)(uintptr_t) * (void **)out, bytes, kind, e, NULL, current_ctx());
 	return res;
 }
 
@@ -642,6 +669,72 @@ GPULIMIT_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	CUresult res = r->cuDeviceGraphMemTrim(dev);
 	graph_mem_settle();
+	return res;
+}
+
+/* ---- contexts: their end frees their allocations ---- */
+
+/* forget_ctx credits back everything context ctx held, after the driver freed it. */
+static void forget_ctx(CUcontext ctx)
+{
+	books_drop_ctx(ctx);
+	pools_settle_all(); /* pools of a destroyed context stop existing: their charge goes to 0 */
+	graph_mem_settle();
+}
+
+/* primary_ctx returns the active primary context of dev, or NULL. */
+static CUcontext primary_ctx(CUdevice dev)
+{
+	const struct real_table *r = hook_real();
+	unsigned int flags;
+	int active = 0;
+	CUcontext c = NULL;
+	if (r->cuDevicePrimaryCtxGetState == NULL || r->cuDevicePrimaryCtxRetain == NULL ||
+	    r->cuDevicePrimaryCtxRelease_v2 == NULL ||
+	    r->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active)
+		return NULL;
+	/* Retain and release again: the count ends where it was, and the handle is known. */
+	if (r->cuDevicePrimaryCtxRetain(&c, dev) != CUDA_SUCCESS)
+		return NULL;
+	r->cuDevicePrimaryCtxRelease_v2(dev);
+	return c;
+}
+
+GPULIMIT_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+	const struct real_table *r = hook_real();
+	if (r->cuCtxDestroy_v2 == NULL)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	CUresult res = r->cuCtxDestroy_v2(ctx);
+	if (res == CUDA_SUCCESS)
+		forget_ctx(ctx);
+	return res;
+}
+
+GPULIMIT_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+	const struct real_table *r = hook_real();
+	if (r->cuDevicePrimaryCtxReset_v2 == NULL)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	CUcontext c = primary_ctx(dev);
+	CUresult res = r->cuDevicePrimaryCtxReset_v2(dev);
+	if (res == CUDA_SUCCESS && c != NULL)
+		forget_ctx(c);
+	return res;
+}
+
+GPULIMIT_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+	const struct real_table *r = hook_real();
+	if (r->cuDevicePrimaryCtxRelease_v2 == NULL)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	CUcontext c = primary_ctx(dev);
+	CUresult res = r->cuDevicePrimaryCtxRelease_v2(dev);
+	unsigned int flags;
+	int active = 1;
+	if (res == CUDA_SUCCESS && c != NULL && r->cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS &&
+	    !active)
+		forget_ctx(c); /* that was the last reference */
 	return res;
 }
 

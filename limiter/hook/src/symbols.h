@@ -49,6 +49,10 @@
 	HOOK(CUDA, cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, 0)         \
 	HOOK(CUDA, cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 11040, 0)          \
 	HOOK(CUDA, cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 11040, 0)              \
+	/* memory: contexts whose end frees their allocations */                         \
+	HOOK(CUDA, cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0)                            \
+	HOOK(CUDA, cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0)     \
+	HOOK(CUDA, cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0) \
 	/* memory: what the program is told */                                          \
 	HOOK(CUDA, cuMemGetInfo_v2, "cuMemGetInfo", 3020, 0)                            \
 	HOOK(CUDA, cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, 0)                    \
@@ -63,6 +67,9 @@
 	HOOK(CUDA, cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, 1)                       \
 	/* called only */                                                               \
 	CALL(CUDA, cuCtxGetDevice)                                                      \
+	CALL(CUDA, cuCtxGetCurrent)                                                     \
+	CALL(CUDA, cuDevicePrimaryCtxGetState)                                          \
+	CALL(CUDA, cuDevicePrimaryCtxRetain)                                            \
 	CALL(CUDA, cuDeviceGetUuid)                                                     \
 	CALL(CUDA, cuDeviceGetAttribute)                                                \
 	CALL(CUDA, cuDeviceGetMemPool)                                                  \

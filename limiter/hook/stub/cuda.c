@@ -56,7 +56,8 @@ static int g_inited;
 static struct stub_stream g_default_stream = {STREAM_MAGIC, 0};
 static uint64_t g_all_free_ns; /* max over this process's streams */
 static __thread CUcontext t_ctx;
-static char g_ctx_token;
+static char g_ctx_token, g_created_token;
+static int g_primary_refs, g_primary_active;
 
 static struct stub_device *dev_or_null(void)
 {
@@ -206,6 +207,29 @@ STUB_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * Contexts: the primary context (&g_ctx_token, reference counted) and one
+ * created context (&g_created_token). The stub keeps one set of books per
+ * process, so destroying a context, resetting the primary context or
+ * releasing its last reference frees everything the process holds, as it
+ * does for the common single-context program on a real driver.
+ */
+static void forget_process_memory(void)
+{
+	struct stub_device *d = dev_or_null();
+	if (d == NULL)
+		return;
+	stub_lock(d);
+	struct stub_proc *me = stub_self_locked(d);
+	if (me != NULL) {
+		stub_release_proc_locked(d, me->pid);
+		d->used_bytes -= me->graph_reserved;
+		me->graph_reserved = 0;
+		me->mem_bytes = 0;
+	}
+	stub_unlock(d);
+}
+
 STUB_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
 	if (dev_or_null() == NULL)
@@ -214,28 +238,69 @@ STUB_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 		return CUDA_ERROR_INVALID_DEVICE;
 	if (pctx == NULL)
 		return CUDA_ERROR_INVALID_VALUE;
+	__atomic_add_fetch(&g_primary_refs, 1, __ATOMIC_ACQ_REL);
+	__atomic_store_n(&g_primary_active, 1, __ATOMIC_RELEASE);
 	*pctx = (CUcontext)&g_ctx_token;
 	return CUDA_SUCCESS;
 }
 
 STUB_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
-	return dev == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	int refs = __atomic_load_n(&g_primary_refs, __ATOMIC_ACQUIRE);
+	if (refs <= 0)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (__atomic_sub_fetch(&g_primary_refs, 1, __ATOMIC_ACQ_REL) == 0) {
+		forget_process_memory();
+		__atomic_store_n(&g_primary_active, 0, __ATOMIC_RELEASE);
+	}
+	return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+	if (dev_or_null() == NULL)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	forget_process_memory();
+	__atomic_store_n(&g_primary_active, 0, __ATOMIC_RELEASE);
+	return CUDA_SUCCESS;
+}
+
+STUB_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
+{
+	if (dev_or_null() == NULL)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (flags == NULL || active == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	*flags = 0;
+	*active = __atomic_load_n(&g_primary_active, __ATOMIC_ACQUIRE);
+	return CUDA_SUCCESS;
 }
 
 STUB_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
 	(void)flags;
-	CUresult r = cuDevicePrimaryCtxRetain(pctx, dev);
-	if (r == CUDA_SUCCESS)
-		t_ctx = *pctx;
-	return r;
+	if (dev_or_null() == NULL)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (dev != 0)
+		return CUDA_ERROR_INVALID_DEVICE;
+	if (pctx == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	*pctx = (CUcontext)&g_created_token;
+	t_ctx = *pctx;
+	return CUDA_SUCCESS;
 }
 
 STUB_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
-	if (ctx != (CUcontext)&g_ctx_token)
-		return CUDA_ERROR_INVALID_CONTEXT;
+	if (ctx != (CUcontext)&g_created_token)
+		return CUDA_ERROR_INVALID_CONTEXT; /* the primary context is released, not destroyed */
+	forget_process_memory();
 	if (t_ctx == ctx)
 		t_ctx = NULL;
 	return CUDA_SUCCESS;
@@ -243,7 +308,7 @@ STUB_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 
 STUB_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx)
 {
-	if (ctx != NULL && ctx != (CUcontext)&g_ctx_token)
+	if (ctx != NULL && ctx != (CUcontext)&g_ctx_token && ctx != (CUcontext)&g_created_token)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	t_ctx = ctx;
 	return CUDA_SUCCESS;
@@ -1190,6 +1255,8 @@ static const struct {
     P("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2),
     P("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxReset", 11000, 0, cuDevicePrimaryCtxReset_v2),
+    P("cuDevicePrimaryCtxGetState", 7000, 0, cuDevicePrimaryCtxGetState),
     P("cuCtxCreate", 3020, 0, cuCtxCreate_v2),
     P("cuCtxDestroy", 4000, 0, cuCtxDestroy_v2),
     P("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent),

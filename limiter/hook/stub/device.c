@@ -245,7 +245,7 @@ int stub_proc_alive(uint32_t pid, uint64_t start_time)
 	return st != 0 && st == start_time;
 }
 
-static void release_proc_locked(struct stub_device *d, uint32_t pid)
+void stub_release_proc_locked(struct stub_device *d, uint32_t pid)
 {
 	for (int i = 0; i < STUB_MAX_ALLOCS; i++) {
 		struct stub_alloc *a = &d->allocs[i];
@@ -271,7 +271,7 @@ void stub_reap_locked(struct stub_device *d)
 		if (p->pid == 0 || stub_proc_alive(p->pid, p->start_time))
 			continue;
 		d->used_bytes -= p->graph_reserved;
-		release_proc_locked(d, p->pid);
+		stub_release_proc_locked(d, p->pid);
 		memset(p, 0, sizeof(*p));
 		d->c_reaped++;
 	}

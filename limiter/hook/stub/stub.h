@@ -119,6 +119,8 @@ struct stub_proc *stub_self_locked(struct stub_device *d);
 struct stub_proc *stub_self_cached(struct stub_device *d);
 /* stub_reap_locked releases everything of processes that have died. */
 void stub_reap_locked(struct stub_device *d);
+/* stub_release_proc_locked frees every allocation and pool of pid (not its graph memory). */
+void stub_release_proc_locked(struct stub_device *d, uint32_t pid);
 /* stub_reap_soon_locked does the same at most every millisecond (allocation paths). */
 void stub_reap_soon_locked(struct stub_device *d);
 uint64_t stub_now_ns(void);

@@ -31,6 +31,8 @@
  *   threads N CHUNK      N threads allocate CHUNK-byte blocks until refused, then free them all;
  *                        prints total blocks held at the peak (sum over threads)
  *   fork CHUNK           fork; the child allocates CHUNK bytes and exits; prints the child's CUresult
+ *   reset                cuDevicePrimaryCtxReset (frees everything); forgets the live list
+ *   ctxcycle BYTES       cuCtxCreate, allocate BYTES in it, cuCtxDestroy, back to the primary context
  *   dlcheck              dlsym interposition: prints 1/0 for (hooked symbol -> libgpulimit,
  *                        unhooked symbol -> libcuda, RTLD_NEXT malloc == libc malloc)
  */
@@ -56,6 +58,9 @@ struct api {
 	__typeof__(&cuDevicePrimaryCtxRetain) ctxRetain;
 	__typeof__(&cuCtxSetCurrent) ctxSetCurrent;
 	__typeof__(&cuCtxSynchronize) ctxSynchronize;
+	__typeof__(&cuCtxCreate_v2) ctxCreate;
+	__typeof__(&cuCtxDestroy_v2) ctxDestroy;
+	__typeof__(&cuDevicePrimaryCtxReset_v2) ctxReset;
 	__typeof__(&cuModuleLoadData) moduleLoad;
 	__typeof__(&cuModuleGetFunction) getFunction;
 	__typeof__(&cuStreamSynchronize) streamSynchronize;
@@ -111,39 +116,44 @@ static uint64_t now_us(void)
 
 static void fill_direct(void)
 {
-	A = (struct api){cuInit,
-	                 cuDeviceGet,
-	                 cuDevicePrimaryCtxRetain,
-	                 cuCtxSetCurrent,
-	                 cuCtxSynchronize,
-	                 cuModuleLoadData,
-	                 cuModuleGetFunction,
-	                 cuStreamSynchronize,
-	                 cuMemGetInfo_v2,
-	                 cuDeviceTotalMem_v2,
-	                 cuMemAlloc_v2,
-	                 cuMemAllocPitch_v2,
-	                 cuMemAllocManaged,
-	                 cuMemFree_v2,
-	                 cuMemAllocAsync,
-	                 cuMemAllocFromPoolAsync,
-	                 cuMemFreeAsync,
-	                 cuMemPoolCreate,
-	                 cuMemCreate,
-	                 cuMemRelease,
-	                 cuArrayCreate_v2,
-	                 cuArray3DCreate_v2,
-	                 cuArrayDestroy,
-	                 cuMipmappedArrayCreate,
-	                 cuMipmappedArrayDestroy,
-	                 cuGraphCreate,
-	                 cuGraphAddMemAllocNode,
-	                 cuGraphAddKernelNode_v2,
-	                 cuGraphInstantiateWithFlags,
-	                 cuGraphLaunch,
-	                 cuLaunchKernel,
-	                 cuLaunchKernelEx,
-	                 cuLaunchCooperativeKernel};
+	A = (struct api){
+	    .init = cuInit,
+	    .deviceGet = cuDeviceGet,
+	    .ctxRetain = cuDevicePrimaryCtxRetain,
+	    .ctxSetCurrent = cuCtxSetCurrent,
+	    .ctxSynchronize = cuCtxSynchronize,
+	    .ctxCreate = cuCtxCreate_v2,
+	    .ctxDestroy = cuCtxDestroy_v2,
+	    .ctxReset = cuDevicePrimaryCtxReset_v2,
+	    .moduleLoad = cuModuleLoadData,
+	    .getFunction = cuModuleGetFunction,
+	    .streamSynchronize = cuStreamSynchronize,
+	    .memGetInfo = cuMemGetInfo_v2,
+	    .totalMem = cuDeviceTotalMem_v2,
+	    .memAlloc = cuMemAlloc_v2,
+	    .memAllocPitch = cuMemAllocPitch_v2,
+	    .memAllocManaged = cuMemAllocManaged,
+	    .memFree = cuMemFree_v2,
+	    .memAllocAsync = cuMemAllocAsync,
+	    .memAllocFromPoolAsync = cuMemAllocFromPoolAsync,
+	    .memFreeAsync = cuMemFreeAsync,
+	    .poolCreate = cuMemPoolCreate,
+	    .memCreate = cuMemCreate,
+	    .memRelease = cuMemRelease,
+	    .arrayCreate = cuArrayCreate_v2,
+	    .array3DCreate = cuArray3DCreate_v2,
+	    .arrayDestroy = cuArrayDestroy,
+	    .mipmapCreate = cuMipmappedArrayCreate,
+	    .mipmapDestroy = cuMipmappedArrayDestroy,
+	    .graphCreate = cuGraphCreate,
+	    .graphAddMemAllocNode = cuGraphAddMemAllocNode,
+	    .graphAddKernelNode = cuGraphAddKernelNode_v2,
+	    .graphInstantiate = cuGraphInstantiateWithFlags,
+	    .graphLaunch = cuGraphLaunch,
+	    .launchKernel = cuLaunchKernel,
+	    .launchKernelEx = cuLaunchKernelEx,
+	    .launchCoop = cuLaunchCooperativeKernel,
+	};
 }
 
 static int fill_procaddr(cuuint64_t flags)
@@ -175,6 +185,9 @@ static int fill_procaddr(cuuint64_t flags)
 	GET(ctxRetain, "cuDevicePrimaryCtxRetain");
 	GET(ctxSetCurrent, "cuCtxSetCurrent");
 	GET(ctxSynchronize, "cuCtxSynchronize");
+	GET(ctxCreate, "cuCtxCreate");
+	GET(ctxDestroy, "cuCtxDestroy");
+	GET(ctxReset, "cuDevicePrimaryCtxReset");
 	GET(moduleLoad, "cuModuleLoadData");
 	GET(getFunction, "cuModuleGetFunction");
 	GET(streamSynchronize, "cuStreamSynchronize");
@@ -533,6 +546,20 @@ static int run(char **argv, int argc)
 		int status = 0;
 		waitpid(child, &status, 0);
 		printf("fork 0 %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 255);
+	} else if (strcmp(cmd, "reset") == 0) {
+		CUresult r = A.ctxReset(0);
+		if (r == CUDA_SUCCESS)
+			nlive = 0; /* the driver freed them */
+		printf("reset %d\n", r);
+	} else if (strcmp(cmd, "ctxcycle") == 0 && argc >= 2) {
+		CUcontext c;
+		CUdeviceptr p;
+		CUresult r = A.ctxCreate(&c, 0, 0);
+		CUresult ra = r == CUDA_SUCCESS ? A.memAlloc(&p, ARG(1)) : r;
+		if (r == CUDA_SUCCESS)
+			r = A.ctxDestroy(c);
+		A.ctxSetCurrent(g_ctx);
+		printf("ctxcycle %d %d\n", r, ra);
 	} else if (strcmp(cmd, "dlcheck") == 0) {
 		void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
 		Dl_info a, b;
