@@ -10,9 +10,15 @@
     starting: 'Starting the notebook', running: 'Running', stopping: 'Stopping', stopped: 'Stopped', failed: 'Failed'
   };
 
+  // ORDER ranks the states of one spawn. The stream replays the spawn's
+  // events from its start, so events ranked below the state the page was
+  // rendered with are history and are skipped.
+  var ORDER = { pending: 0, placing: 1, creating: 2, starting: 3, running: 4, stopping: 5, stopped: 6, failed: 7 };
+
   function follow(box) {
     var url = box.getAttribute('data-events');
     var spawn = box.getAttribute('data-spawn');
+    var rendered = ORDER[box.getAttribute('data-state')] || 0;
     if (!url || !window.EventSource) { return; }
     var label = document.getElementById('state-label');
     var msg = document.getElementById('message');
@@ -23,13 +29,14 @@
       var ev;
       try { ev = JSON.parse(e.data); } catch (err) { return; }
       if (spawn && ev.spawnId !== spawn) { return; } // an older spawn's event
+      if (!(ev.state in ORDER) || ORDER[ev.state] < rendered) { return; } // history
       if (label) { label.textContent = LABELS[ev.state] || ev.state; label.className = 'state state-' + ev.state; }
       if (msg) { msg.textContent = ev.message; }
       var i = STEPS.indexOf(ev.state);
       if (bar && i >= 0) { bar.value = i + 1; if (step) { step.textContent = String(i + 1); } }
       box.setAttribute('data-state', ev.state);
       if (ev.state === 'running') {
-        es.close();
+        // Keep listening: a stop may follow.
         showOpen(box.getAttribute('data-server'));
       } else if (ev.state === 'stopped' || ev.state === 'failed') {
         es.close();

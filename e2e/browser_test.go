@@ -1,0 +1,467 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/devissuer"
+	"github.com/gpubroker/gpubroker/broker/redistest"
+	"github.com/gpubroker/gpubroker/e2e/harness"
+)
+
+// The browser tests drive Debian's Chromium (headless, through chromedp)
+// against a real `gpubroker serve` with its web pages on, a real
+// redis-server, the kube-apiserver and kwok of the suite, and a devissuer
+// doing the authorization-code flow. The broker sits behind a small reverse
+// proxy whose address is known before the broker starts, because the
+// issuer's registered redirect URI and the broker's --public-url need it
+// (an ingress plays that part in a cluster).
+//
+// Every page visited is saved as a PNG under test-artifacts/screenshots/
+// at the repository root (gitignored), named after the test and the page.
+
+// chromiumPath is Debian's Chromium.
+const chromiumPath = "/usr/bin/chromium"
+
+// screenshotDir is where the pages' screenshots go (the e2e tests run in
+// e2e/).
+var screenshotDir = filepath.Join("..", "test-artifacts", "screenshots")
+
+// pageTimeout bounds one wait for a page state.
+const pageTimeout = 30 * time.Second
+
+// browserEnv is an env whose broker serves the web pages at public.
+type browserEnv struct {
+	*env
+	public string
+}
+
+// newBrowserEnv starts the parts for one browser test: namespace, one kwok
+// node with one GPU, redis-server, devissuer (users alice in ml and root in
+// the admin group, the broker as a confidential client), the broker with
+// --public-url and --oidc-client-secret-file, and the proxy.
+func newBrowserEnv(t *testing.T) *browserEnv {
+	t.Helper()
+	c := needCluster(t)
+	bin := brokerBinary(t)
+	e := &env{t: t, cluster: c}
+	e.ns = newNamespace(t, c)
+	e.nodes = newNodes(t, c, 1)
+	e.gpus = []v1.GPU{{UUID: "GPU-" + e.ns + "-0", Node: e.nodes[0], Model: gpuModel, MemoryMiB: gpuMemoryMiB, SMCount: gpuSMs, Healthy: true}}
+	e.redis = redistest.Start(t)
+
+	proxy := httptest.NewUnstartedServer(nil)
+	public := "http://" + proxy.Listener.Addr().String()
+	secret := "web-" + harness.UniqueName("secret")
+	e.issuer = devissuer.StartTest(t,
+		devissuer.WithUsers(
+			devissuer.User{Username: "alice", Email: "alice@example.org", Groups: []string{"ml"}},
+			devissuer.User{Username: "root", Email: "root@example.org", Groups: []string{adminGroup}}),
+		devissuer.WithClient(devissuer.Client{ID: audience, Secret: secret,
+			RedirectURIs: []string{public + "/auth/callback"}, PostLogoutRedirectURIs: []string{public + "/auth/signed-out"}}))
+	dir := t.TempDir()
+	secretFile := filepath.Join(dir, "client-secret")
+	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := harness.StartBroker(t.Context(), harness.BrokerOptions{
+		Binary: bin, Dir: dir, RedisURL: e.redis.URL(), Kubeconfig: c.BrokerKubeconfig, Namespace: e.ns,
+		IssuerURL: e.issuer.URL(), Audience: audience, ProfilesYAML: testProfiles,
+		ReconcileInterval: time.Second, OrphanGrace: 2 * time.Second,
+		Args: []string{"--public-url=" + public, "--oidc-client-secret-file=" + secretFile},
+	})
+	if err != nil {
+		t.Fatalf("start broker: %v", err)
+	}
+	e.broker = b
+	t.Cleanup(func() {
+		if err := b.Stop(); err != nil {
+			t.Errorf("stop broker: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("--- %s, last 80 lines:\n%s", b.LogPath, b.LogTail(80))
+			keepLog(t, b.LogPath)
+		}
+	})
+	target, err := url.Parse(b.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Config.Handler = httputil.NewSingleHostReverseProxy(target) // keeps the public Host header
+	proxy.Start()
+	t.Cleanup(proxy.Close)
+	e.admin = e.client("admin", adminGroup)
+	e.registerGPUs()
+	return &browserEnv{env: e, public: public}
+}
+
+// tab is one headless Chromium tab of a test.
+type tab struct {
+	t   *testing.T
+	ctx context.Context
+	n   int // screenshots taken
+}
+
+// newTab starts Chromium with a fresh profile; it is closed when t ends.
+func newTab(t *testing.T) *tab {
+	t.Helper()
+	if _, err := exec.LookPath(chromiumPath); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("chromium: %v", err)
+		}
+		t.Skipf("chromium not available: %v", err)
+	}
+	alloc, cancelAlloc := chromedp.NewExecAllocator(t.Context(),
+		chromedp.ExecPath(chromiumPath),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1280, 900),
+	)
+	t.Cleanup(cancelAlloc) // waits for the browser to exit
+	ctx, cancel := chromedp.NewContext(alloc)
+	t.Cleanup(cancel)
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	// Screenshots of an earlier run of this test would mislead.
+	old, _ := filepath.Glob(filepath.Join(screenshotDir, shotPrefix(t)+"-*.png"))
+	for _, f := range old {
+		if err := os.Remove(f); err != nil {
+			t.Logf("remove old screenshot: %v", err)
+		}
+	}
+	return &tab{t: t, ctx: ctx}
+}
+
+// do runs actions, failing the test with the page's state on error.
+func (b *tab) do(what string, actions ...chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	if err := chromedp.Do(b.ctx, actions...); err != nil {
+		b.fail(what, err)
+	}
+}
+
+func (b *tab) open(u string) { b.t.Helper(); b.do("open "+u, chromedp.Navigate(u)) }
+
+func (b *tab) click(css string) {
+	b.t.Helper()
+	b.do("click "+css, chromedp.Click(chromedp.CSS(css)))
+}
+
+func (b *tab) set(css, value string) {
+	b.t.Helper()
+	b.do("set "+css, chromedp.SetValue(chromedp.CSS(css), value))
+}
+
+// eval returns a JavaScript expression's value, awaiting a promise.
+func eval[T any](b *tab, expr string) T {
+	b.t.Helper()
+	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[T](expr, chromedp.EvalAwaitPromise))
+	if err != nil {
+		b.fail("evaluate "+expr, err)
+	}
+	return v
+}
+
+// waitFor waits until the JavaScript expression is true on the current
+// page; pages that are loading or navigating count as false.
+func (b *tab) waitFor(what, expr string) {
+	b.t.Helper()
+	err := harness.Poll(b.ctx, 100*time.Millisecond, pageTimeout, func(ctx context.Context) (bool, string, error) {
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool]("Boolean("+expr+")"))
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return ok, "false", nil
+	})
+	if err != nil {
+		b.fail(what, err)
+	}
+}
+
+// text is the visible text of the page's main element.
+func (b *tab) text() string {
+	b.t.Helper()
+	return eval[string](b, `(document.querySelector('main') || document.body).innerText`)
+}
+
+// location is the page's URL.
+func (b *tab) location() string {
+	u, err := chromedp.Run(b.ctx, chromedp.Location())
+	if err != nil {
+		return "(unknown: " + err.Error() + ")"
+	}
+	return u
+}
+
+// shot saves a full-page PNG screenshot as <test>-<nn>-<name>.png.
+func (b *tab) shot(name string) {
+	b.t.Helper()
+	png, err := chromedp.Run(b.ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		b.t.Errorf("screenshot %s: %v", name, err)
+		return
+	}
+	if err := os.MkdirAll(screenshotDir, 0o755); err != nil {
+		b.t.Errorf("screenshot %s: %v", name, err)
+		return
+	}
+	b.n++
+	file := filepath.Join(screenshotDir, fmt.Sprintf("%s-%02d-%s.png", shotPrefix(b.t), b.n, name))
+	if err := os.WriteFile(file, png, 0o644); err != nil {
+		b.t.Errorf("screenshot %s: %v", name, err)
+	}
+}
+
+// shotPrefix starts the names of t's screenshots.
+func shotPrefix(t *testing.T) string { return strings.ReplaceAll(t.Name(), "/", "_") }
+
+func (b *tab) fail(what string, err error) {
+	b.t.Helper()
+	b.shot("failure")
+	body, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ''`))
+	b.t.Fatalf("%s: %v\nat %s\npage text:\n%s", what, err, b.location(), body)
+}
+
+// signIn signs in as user through the issuer's form, starting at path.
+func (e *browserEnv) signIn(b *tab, user, path string) {
+	b.t.Helper()
+	b.open(e.public + path)
+	b.waitFor("the issuer's sign-in form", `location.href.startsWith(`+jsString(e.issuer.URL()+devissuer.AuthorizePath)+`) && document.querySelector('button[value="`+user+`"]')`)
+	b.shot("issuer-form")
+	b.click(`button[value="` + user + `"]`)
+	b.waitFor("back on "+path+" signed in", `location.href === `+jsString(e.public+path)+` && document.querySelector('.who strong') && document.querySelector('.who strong').textContent === `+jsString(user))
+}
+
+func jsString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+// TestBrowserUserJourney: alice signs in, launches a server, watches the
+// progress bar reach running, sees an honest empty usage chart, stops the
+// server; admin pages refuse her; a form post without the CSRF token is
+// refused; logout ends the session.
+func TestBrowserUserJourney(t *testing.T) {
+	t.Parallel()
+	e := newBrowserEnv(t)
+	b := newTab(t)
+	e.signIn(b, "alice", "/servers")
+	b.waitFor("the servers page", `document.querySelector('h1').textContent === 'My servers'`)
+	if got := eval[[]string](b, `[...document.querySelectorAll('input[name=profile]')].map(i => i.value)`); strings.Join(got, ",") != "small,medium" {
+		t.Errorf("profiles offered %v, want small,medium", got)
+	}
+	b.shot("servers-empty")
+
+	// Launch with the keyboard's way of choosing: the labelled radio.
+	b.click(`input[name=profile][value=small]`)
+	b.set(`#name`, "nb1")
+	b.click(`form[action="/servers"] button[type=submit]`)
+	b.waitFor("the server page", `document.querySelector('h1') && document.querySelector('h1').textContent === 'Server nb1'`)
+	live := eval[bool](b, `document.getElementById('status').hasAttribute('data-events')`)
+	b.shot("server-starting")
+	b.waitFor("the progress bar at running", `document.getElementById('status').dataset.state === 'running' && document.getElementById('progress').value === 5`)
+	if live {
+		// The page loaded while the server started: the event stream moved
+		// the bar and revealed "Open" without a reload.
+		b.waitFor("the Open link from the event stream", `!document.getElementById('open').hidden && document.getElementById('open').href.startsWith('http://')`)
+		if got := eval[string](b, `document.getElementById('message').textContent`); got == "" {
+			t.Error("the progress message is empty")
+		}
+	} else {
+		t.Log("the server was already running when its page loaded; the event stream had nothing to show")
+	}
+	text := b.text()
+	for _, want := range []string{"No data yet", "Resize and extend are not available yet", "Reclaim countdown"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("server page lacks %q:\n%s", want, text)
+		}
+	}
+	b.shot("server-running")
+
+	b.click(`#stop`)
+	b.waitFor("stopped", `document.getElementById('status').dataset.state === 'stopped'`)
+	b.shot("server-stopped")
+	if s, err := e.client("alice", "ml").GetServer(t.Context(), "alice", "nb1"); err != nil || s.State != v1.StateStopped {
+		t.Errorf("API after stop: %+v, %v", s.State, err)
+	}
+
+	// Admin pages are not hers.
+	for _, p := range []string{"/admin/reclaim", "/admin/fleet", "/admin/audit"} {
+		resp, err := chromedp.RunResponse(b.ctx, chromedp.Navigate(e.public+p))
+		if err != nil {
+			b.fail("open "+p, err)
+		}
+		if resp.Status != http.StatusForbidden || !strings.Contains(b.text(), "for administrators") {
+			t.Errorf("%s: status %d, text %q; want 403", p, resp.Status, b.text())
+		}
+	}
+	b.shot("admin-forbidden")
+	if strings.Contains(eval[string](b, `document.querySelector('nav').innerText`), "Fleet") {
+		t.Error("the navigation offers admin pages to a non-admin")
+	}
+
+	// A form posted without the CSRF token (as another site would) is
+	// refused and starts nothing.
+	b.open(e.public + "/servers")
+	b.do("post a form without the CSRF token", chromedp.Evaluate[chromedp.Void](`(() => {
+		const f = document.createElement('form');
+		f.method = 'post'; f.action = '/servers';
+		for (const [k, v] of [['name', 'forged'], ['profile', 'small']]) {
+			const i = document.createElement('input'); i.type = 'hidden'; i.name = k; i.value = v; f.appendChild(i);
+		}
+		document.body.appendChild(f); f.submit();
+	})()`))
+	b.waitFor("the CSRF refusal", `document.querySelector('h1') && document.querySelector('h1').textContent === 'Not allowed'`)
+	if !strings.Contains(b.text(), "security token") {
+		t.Errorf("CSRF refusal text: %q", b.text())
+	}
+	b.shot("csrf-refused")
+	if _, err := e.client("alice", "ml").GetServer(t.Context(), "alice", "forged"); err == nil {
+		t.Error("a form without the CSRF token created a server")
+	}
+	// The API refuses a cookie-authenticated write without the header too.
+	status := eval[int](b, `fetch('/api/v1/users/alice/servers/forged2', {method: 'PUT', headers: {'Content-Type': 'application/json'}, body: '{"profile":"small"}'}).then(r => r.status)`)
+	if status != http.StatusForbidden {
+		t.Errorf("API PUT with the cookie but no CSRF header: %d, want 403", status)
+	}
+
+	// Logout ends the session, here and at the issuer.
+	b.open(e.public + "/servers")
+	b.click(`.who button[type=submit]`)
+	b.waitFor("the signed-out page", `location.href === `+jsString(e.public+"/auth/signed-out")+` && document.querySelector('h1').textContent === 'You are signed out'`)
+	b.shot("signed-out")
+	b.open(e.public + "/servers")
+	b.waitFor("a fresh sign-in", `location.href.startsWith(`+jsString(e.issuer.URL()+devissuer.AuthorizePath)+`)`)
+}
+
+// TestBrowserAdminPolicy: an admin enters an invalid policy (errors shown
+// inline, nothing saved), then a valid one (saved and audited); the fleet
+// page shows the GPU; pages fit a phone's width.
+func TestBrowserAdminPolicy(t *testing.T) {
+	t.Parallel()
+	e := newBrowserEnv(t)
+	b := newTab(t)
+	e.signIn(b, "root", "/admin/reclaim")
+	b.waitFor("the policy page", `document.querySelector('h1').textContent === 'Idle reclaim settings'`)
+	if !strings.Contains(b.text(), "Not available yet: the reclaimer") {
+		t.Errorf("the dry-run preview does not say it is not available yet:\n%s", b.text())
+	}
+	b.shot("reclaim-defaults")
+
+	b.set(`#idleComputePercent`, "150")
+	b.set(`#warnMinutes`, "600")
+	b.click(`#save`)
+	b.waitFor("the error summary", `document.getElementById('error-summary') !== null`)
+	invalid := eval[[]string](b, `[...document.querySelectorAll('[aria-invalid=true]')].map(e => e.id)`)
+	if strings.Join(invalid, ",") != "idleComputePercent,warnMinutes" {
+		t.Errorf("fields marked invalid %v, want idleComputePercent and warnMinutes", invalid)
+	}
+	if focused := eval[string](b, `document.activeElement.id`); focused != "error-summary" {
+		t.Errorf("focus on %q after a refused save, want the error summary", focused)
+	}
+	b.shot("reclaim-invalid")
+	var p v1.ReclaimPolicy
+	if _, err := e.admin.Do(t.Context(), http.MethodGet, "/api/v1/admin/reclaim-policy", nil, nil, &p); err != nil || p.Version != 0 {
+		t.Fatalf("policy after the invalid save: version %d, %v; want 0 (nothing saved)", p.Version, err)
+	}
+
+	b.set(`#idleComputePercent`, "10")
+	b.set(`#warnMinutes`, "10")
+	b.set(`#reason`, "e2e: night shift")
+	b.click(`input[name=action][value=stop]`)
+	b.click(`#save`)
+	b.waitFor("the saved notice", `document.querySelector('.ok') !== null`)
+	b.shot("reclaim-saved")
+	if _, err := e.admin.Do(t.Context(), http.MethodGet, "/api/v1/admin/reclaim-policy", nil, nil, &p); err != nil ||
+		p.Version != 1 || p.IdleComputePercent != 10 || p.Action != v1.ReclaimStop || p.WarnSeconds != 600 || p.UpdatedBy != "root" {
+		t.Errorf("saved policy %+v, %v", p, err)
+	}
+
+	b.open(e.public + "/admin/audit")
+	b.waitFor("the audit entry", `document.querySelector('#audit tbody tr') !== null`)
+	row := eval[string](b, `document.querySelector('#audit tbody tr').innerText`)
+	for _, want := range []string{"root", "reclaim-policy.update", "e2e: night shift", "action", "warn → stop"} {
+		if !strings.Contains(row, want) {
+			t.Errorf("audit row %q lacks %q", row, want)
+		}
+	}
+	b.shot("audit")
+	b.set(`#f-actor`, "nobody")
+	b.click(`form.filters button[type=submit]`)
+	b.waitFor("the filtered audit log", `location.search.includes('actor=nobody') && document.body.innerText.includes('No entries match')`)
+
+	b.open(e.public + "/admin/fleet")
+	b.waitFor("the fleet page", `document.querySelector('h1').textContent === 'Fleet'`)
+	if text := b.text(); !strings.Contains(text, e.nodes[0]) || !strings.Contains(text, e.gpus[0].UUID) || !strings.Contains(text, "No data yet") {
+		t.Errorf("fleet page lacks the node, the GPU or the honest real-use column:\n%s", text)
+	}
+	b.shot("fleet")
+
+	// A phone: nothing may be wider than the screen except inside the
+	// scrolling table wrappers.
+	b.do("phone viewport", chromedp.EmulateViewport(390, 844))
+	for _, p := range []string{"/servers", "/admin/reclaim"} {
+		b.open(e.public + p)
+		if w := eval[int](b, `document.documentElement.scrollWidth`); w > 390 {
+			t.Errorf("%s is %d px wide on a 390 px phone", p, w)
+		}
+		b.shot("phone" + strings.ReplaceAll(p, "/", "-"))
+	}
+}
+
+// TestBrowserLoginEdgeCases: a forged callback (state mismatch) and a lost
+// session both lead to a clean new sign-in, never an error page with 500.
+func TestBrowserLoginEdgeCases(t *testing.T) {
+	t.Parallel()
+	e := newBrowserEnv(t)
+	b := newTab(t)
+
+	resp, err := chromedp.RunResponse(b.ctx, chromedp.Navigate(e.public+"/auth/callback?code=stolen&state=forged"))
+	if err != nil {
+		b.fail("open a forged callback", err)
+	}
+	if resp.Status != http.StatusBadRequest || !strings.Contains(b.text(), "state mismatch") {
+		t.Errorf("forged callback: %d %q, want 400 naming the state mismatch", resp.Status, b.text())
+	}
+	b.shot("login-failed")
+	b.click(`a.button[href="/auth/login"]`)
+	b.waitFor("the issuer's form", `location.href.startsWith(`+jsString(e.issuer.URL()+devissuer.AuthorizePath)+`)`)
+	b.click(`button[value="alice"]`)
+	b.waitFor("signed in after the failure", `document.querySelector('.who strong') && document.querySelector('.who strong').textContent === 'alice'`)
+
+	// The session disappears from Redis (expired, or Redis lost it): the
+	// next page starts a clean sign-in.
+	rdb := e.redis.Client(t)
+	keys, err := rdb.Keys(t.Context(), "*:session").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("session keys %v, %v; want one", keys, err)
+	}
+	if err := rdb.Del(t.Context(), keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	b.open(e.public + "/servers/nb?tab=usage")
+	b.waitFor("a fresh sign-in", `location.href.startsWith(`+jsString(e.issuer.URL()+devissuer.AuthorizePath)+`)`)
+	b.click(`button[value="alice"]`)
+	b.waitFor("back where she was going", `location.pathname === '/servers/nb' && location.search === '?tab=usage'`)
+	if text := b.text(); !strings.Contains(text, "Not found") {
+		t.Errorf("page after the new sign-in: %q, want the API's not-found answer", text)
+	}
+}
