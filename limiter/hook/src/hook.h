@@ -177,6 +177,19 @@ void usage_reset_after_fork(void);
 /* device_uuid_of returns 0 and the binary UUID of ordinal dev. */
 int device_uuid_of(CUdevice dev, uint8_t out[GPULIMIT_UUID_BYTES]);
 
+/* mem_limit_now polls the quota (cheaply) and returns the memory limit in force, bytes. */
+uint64_t mem_limit_now(void);
+/* mem_current_device reports the current context's device; -1 without a current context. */
+int mem_current_device(CUdevice *dev);
+/* mem_current_ctx returns the current context, or NULL. */
+CUcontext mem_current_ctx(void);
+
+/* ---- pools (pool.c) ---- */
+/* pool_settle sets pool's charge to its reservation; precharged bytes were already added for it. */
+void pool_settle(CUmemoryPool pool, uint64_t precharged);
+/* pools_settle_all settles every pool this process has used. */
+void pools_settle_all(void);
+
 /* graph_mem_settle charges each known device's graph memory reservation (after graph launches and trims). */
 void graph_mem_settle(void);
 

@@ -9,12 +9,7 @@
  * What is charged:
  *   cuMemAlloc, cuMemAllocPitch (the driver's pitch x height), cuMemAllocManaged,
  *   cuMemCreate: the requested size.
- *   cuMemAllocAsync, cuMemAllocFromPoolAsync: the pool's reservation
- *     (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), not the sum of live
- *     allocations: growth is charged before the call, and after it, after
- *     every free, every synchronization and every trim the charge is set to
- *     what the pool really holds, so memory cached by a pool counts and memory
- *     it gives back stops counting.
+ *   cuMemAllocAsync, cuMemAllocFromPoolAsync: the pool's reservation (pool.c).
  *   Arrays (1D, 3D, mipmapped): width x height x depth x channels x element
  *     size, summed over mip levels (unknown formats count 16 bytes/element).
  *   Graph memory nodes: refused at cuGraphAddMemAllocNode if the node alone
@@ -30,7 +25,7 @@
 
 #include "hook.h"
 
-static uint64_t limit_now(void)
+uint64_t mem_limit_now(void)
 {
 	quota_poll(hook_coarse_ns());
 	return __atomic_load_n(&hook_state()->q_memory_limit_bytes, __ATOMIC_ACQUIRE);
@@ -65,13 +60,13 @@ int device_uuid_of(CUdevice dev, uint8_t out[GPULIMIT_UUID_BYTES])
 	return 0;
 }
 
-static int current_device(CUdevice *dev)
+int mem_current_device(CUdevice *dev)
 {
 	const struct real_table *r = hook_real();
 	return r->cuCtxGetDevice != NULL && r->cuCtxGetDevice(dev) == CUDA_SUCCESS ? 0 : -1;
 }
 
-static CUcontext current_ctx(void)
+CUcontext mem_current_ctx(void)
 {
 	const struct real_table *r = hook_real();
 	CUcontext c = NULL;
@@ -87,7 +82,7 @@ static CUresult reserve(CUdevice dev, uint64_t bytes, int *entry, const char *wh
 	if (device_uuid_of(dev, uuid) != 0)
 		return CUDA_ERROR_INVALID_DEVICE;
 	int e = usage_dev(uuid);
-	uint64_t limit = limit_now();
+	uint64_t limit = mem_limit_now();
 	if (e < 0 || usage_charge(e, bytes, limit) != 0) {
 		hook_log(HOOK_LOG_INFO, "%s of %llu bytes refused: slice uses %llu of %llu bytes on device %d", what,
 		         (unsigned long long)bytes, (unsigned long long)usage_total(uuid), (unsigned long long)limit,
@@ -106,7 +101,7 @@ GPULIMIT_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	if (r->cuMemAlloc_v2 == NULL)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	CUdevice dev;
-	if (dptr == NULL || bytesize == 0 || current_device(&dev) != 0)
+	if (dptr == NULL || bytesize == 0 || mem_current_device(&dev) != 0)
 		return r->cuMemAlloc_v2(dptr, bytesize); /* the driver reports the misuse */
 	int e;
 	CUresult res = reserve(dev, bytesize, &e, "cuMemAlloc");
@@ -117,7 +112,7 @@ GPULIMIT_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 		usage_adjust(e, -(int64_t)bytesize);
 		return res;
 	}
-	books_put(*dptr, bytesize, AK_LINEAR, e, NULL, current_ctx());
+	books_put(*dptr, bytesize, AK_LINEAR, e, NULL, mem_current_ctx());
 	return res;
 }
 
@@ -128,7 +123,7 @@ GPULIMIT_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, s
 	if (r->cuMemAllocPitch_v2 == NULL)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	CUdevice dev;
-	if (dptr == NULL || pPitch == NULL || width == 0 || height == 0 || current_device(&dev) != 0 ||
+	if (dptr == NULL || pPitch == NULL || width == 0 || height == 0 || mem_current_device(&dev) != 0 ||
 	    width > UINT64_MAX / height)
 		return r->cuMemAllocPitch_v2(dptr, pPitch, width, height, elem);
 	/* The pitch is known only afterwards: charge the unpadded size, then the padding. */
@@ -151,7 +146,7 @@ GPULIMIT_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, s
 			return CUDA_ERROR_OUT_OF_MEMORY;
 		}
 	}
-	books_put(*dptr, real_bytes > guess ? real_bytes : guess, AK_LINEAR, e, NULL, current_ctx());
+	books_put(*dptr, real_bytes > guess ? real_bytes : guess, AK_LINEAR, e, NULL, mem_current_ctx());
 	return res;
 }
 
@@ -161,7 +156,7 @@ GPULIMIT_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, u
 	if (r->cuMemAllocManaged == NULL)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	CUdevice dev;
-	if (dptr == NULL || bytesize == 0 || current_device(&dev) != 0)
+	if (dptr == NULL || bytesize == 0 || mem_current_device(&dev) != 0)
 		return r->cuMemAllocManaged(dptr, bytesize, flags);
 	int e;
 	CUresult res = reserve(dev, bytesize, &e, "cuMemAllocManaged");
@@ -172,178 +167,8 @@ GPULIMIT_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, u
 		usage_adjust(e, -(int64_t)bytesize);
 		return res;
 	}
-	books_put(*dptr, bytesize, AK_MANAGED, e, NULL, current_ctx());
+	books_put(*dptr, bytesize, AK_MANAGED, e, NULL, mem_current_ctx());
 	return res;
-}
-
-/* ---- pools ---- */
-
-static struct pool_rec *pool_find_locked(CUmemoryPool pool)
-{
-	struct hook_state *s = hook_state();
-	for (int i = 0; i < HOOK_MAX_POOLS; i++)
-		if (s->pools[i].pool == pool)
-			return &s->pools[i];
-	return NULL;
-}
-
-/* pool_note records pool on ordinal dev; returns its usage entry or -1. */
-static int pool_note(CUmemoryPool pool, CUdevice dev)
-{
-	struct hook_state *s = hook_state();
-	uint8_t uuid[GPULIMIT_UUID_BYTES];
-	if (pool == NULL || device_uuid_of(dev, uuid) != 0)
-		return -1;
-	int e = usage_dev(uuid);
-	if (e < 0)
-		return -1;
-	pthread_mutex_lock(&s->books_lock);
-	struct pool_rec *p = pool_find_locked(pool);
-	if (p == NULL)
-		p = pool_find_locked(NULL);
-	if (p != NULL && p->pool == NULL)
-		*p = (struct pool_rec){.pool = pool, .dev = e, .charged = 0};
-	int got = p != NULL ? p->dev : -1;
-	pthread_mutex_unlock(&s->books_lock);
-	if (got < 0)
-		hook_log(HOOK_LOG_ERROR, "more than %d memory pools: pool not accounted", HOOK_MAX_POOLS);
-	return got;
-}
-
-/* pool_attr reads a cuuint64_t attribute of pool; 0 if the driver refuses. */
-static uint64_t pool_attr_res(CUmemoryPool pool, CUmemPool_attribute a, CUresult *res)
-{
-	const struct real_table *r = hook_real();
-	cuuint64_t v = 0;
-	*res = r->cuMemPoolGetAttribute == NULL ? CUDA_ERROR_NOT_INITIALIZED : r->cuMemPoolGetAttribute(pool, a, &v);
-	return *res == CUDA_SUCCESS ? v : 0;
-}
-
-static uint64_t pool_attr(CUmemoryPool pool, CUmemPool_attribute a)
-{
-	CUresult res;
-	return pool_attr_res(pool, a, &res);
-}
-
-/*
- * pool_settle sets the charge of pool to its reservation, given precharged
- * bytes already added. A pool the driver no longer knows (destroyed with its
- * context) holds nothing: its charge goes to 0 and its record is dropped.
- */
-static void pool_settle(CUmemoryPool pool, uint64_t precharged)
-{
-	struct hook_state *s = hook_state();
-	CUresult res;
-	uint64_t reserved = pool_attr_res(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &res);
-	int gone = res == CUDA_ERROR_INVALID_VALUE || res == CUDA_ERROR_INVALID_HANDLE ||
-	           res == CUDA_ERROR_INVALID_CONTEXT || res == CUDA_ERROR_DEINITIALIZED;
-	if (res != CUDA_SUCCESS && !gone)
-		return; /* cannot tell: keep the charge */
-	pthread_mutex_lock(&s->books_lock);
-	struct pool_rec *p = pool_find_locked(pool);
-	if (p != NULL) {
-		int64_t delta = (int64_t)reserved - (int64_t)p->charged - (int64_t)precharged;
-		p->charged = reserved;
-		usage_adjust(p->dev, delta);
-		if (gone)
-			*p = (struct pool_rec){0};
-	}
-	pthread_mutex_unlock(&s->books_lock);
-}
-
-static void pools_settle_all(void)
-{
-	struct hook_state *s = hook_state();
-	CUmemoryPool pools[HOOK_MAX_POOLS];
-	int n = 0;
-	pthread_mutex_lock(&s->books_lock);
-	for (int i = 0; i < HOOK_MAX_POOLS; i++)
-		if (s->pools[i].pool != NULL)
-			pools[n++] = s->pools[i].pool;
-	pthread_mutex_unlock(&s->books_lock);
-	for (int i = 0; i < n; i++)
-		pool_settle(pools[i], 0);
-}
-
-typedef CUresult (*alloc_async_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-typedef CUresult (*alloc_async_default_fn)(CUdeviceptr *, size_t, CUstream);
-typedef CUresult (*free_async_fn)(CUdeviceptr, CUstream);
-
-/* alloc_async serves both stream-ordered entry points: from_pool == NULL means the device's current pool. */
-static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream stream,
-                            alloc_async_fn from_pool, alloc_async_default_fn current, free_async_fn undo)
-{
-	const struct real_table *r = hook_real();
-	CUdevice dev;
-	if (dptr == NULL || bytesize == 0 || current_device(&dev) != 0 ||
-	    (pool == NULL && (r->cuDeviceGetMemPool == NULL || r->cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS)))
-		return current ? current(dptr, bytesize, stream) : from_pool(dptr, bytesize, pool, stream);
-	int e = pool_note(pool, dev);
-	if (e < 0)
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	uint64_t used = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
-	uint64_t reserved = pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
-	uint64_t growth = used + bytesize > reserved ? used + bytesize - reserved : 0;
-	uint64_t limit = limit_now();
-	if (growth > 0 && usage_charge(e, growth, limit) != 0) {
-		hook_log(HOOK_LOG_INFO,
-		         "stream-ordered allocation of %zu bytes refused: pool would grow past the slice", bytesize);
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	}
-	CUresult res = current ? current(dptr, bytesize, stream) : from_pool(dptr, bytesize, pool, stream);
-	if (res != CUDA_SUCCESS) {
-		usage_adjust(e, -(int64_t)growth);
-		return res;
-	}
-	pool_settle(pool, growth);
-	uint8_t uuid[GPULIMIT_UUID_BYTES];
-	usage_dev_uuid(e, uuid);
-	if (usage_total(uuid) > limit) {
-		/* The pool grew by more than asked (granularity) and that passes the cap: undo. */
-		undo(*dptr, stream);
-		pool_settle(pool, 0);
-		hook_log(HOOK_LOG_INFO,
-		         "stream-ordered allocation of %zu bytes refused: pool reservation passes the slice", bytesize);
-		return CUDA_ERROR_OUT_OF_MEMORY;
-	}
-	books_put(*dptr, bytesize, AK_POOL, e, pool, current_ctx());
-	return res;
-}
-
-GPULIMIT_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream h)
-{
-	const struct real_table *r = hook_real();
-	if (r->cuMemAllocAsync == NULL)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return alloc_async(dptr, bytesize, NULL, h, NULL, r->cuMemAllocAsync, r->cuMemFreeAsync);
-}
-
-GPULIMIT_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream h)
-{
-	const struct real_table *r = hook_real();
-	if (r->cuMemAllocAsync_ptsz == NULL)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	return alloc_async(dptr, bytesize, NULL, h, NULL, r->cuMemAllocAsync_ptsz, r->cuMemFreeAsync_ptsz);
-}
-
-GPULIMIT_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream h)
-{
-	const struct real_table *r = hook_real();
-	if (r->cuMemAllocFromPoolAsync == NULL)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (pool == NULL)
-		return r->cuMemAllocFromPoolAsync(dptr, bytesize, pool, h);
-	return alloc_async(dptr, bytesize, pool, h, r->cuMemAllocFromPoolAsync, NULL, r->cuMemFreeAsync);
-}
-
-GPULIMIT_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream h)
-{
-	const struct real_table *r = hook_real();
-	if (r->cuMemAllocFromPoolAsync_ptsz == NULL)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	if (pool == NULL)
-		return r->cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, h);
-	return alloc_async(dptr, bytesize, pool, h, r->cuMemAllocFromPoolAsync_ptsz, NULL, r->cuMemFreeAsync_ptsz);
 }
 
 /* credit gives back what the books say key holds, after the driver freed it. */
@@ -395,77 +220,6 @@ GPULIMIT_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream h)
 	FREE_COMMON(r->cuMemFreeAsync_ptsz(dptr, h), dptr);
 }
 
-GPULIMIT_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
-{
-	const struct real_table *r = hook_real();
-	if (r->cuMemPoolCreate == NULL)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	CUresult res = r->cuMemPoolCreate(pool, props);
-	if (res == CUDA_SUCCESS && props != NULL && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-		pool_note(*pool, props->location.id);
-	return res;
-}
-
-GPULIMIT_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
-{
-	struct hook_state *s = hook_state();
-	const struct real_table *r = hook_real();
-	if (r->cuMemPoolDestroy == NULL)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	CUresult res = r->cuMemPoolDestroy(pool);
-	if (res != CUDA_SUCCESS)
-		return res;
-	pthread_mutex_lock(&s->books_lock);
-	struct pool_rec *p = pool_find_locked(pool);
-	if (p != NULL) {
-		usage_adjust(p->dev, -(int64_t)p->charged);
-		*p = (struct pool_rec){0};
-	}
-	pthread_mutex_unlock(&s->books_lock);
-	return res;
-}
-
-GPULIMIT_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
-{
-	const struct real_table *r = hook_real();
-	if (r->cuMemPoolTrimTo == NULL)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	CUresult res = r->cuMemPoolTrimTo(pool, keep);
-	pool_settle(pool, 0);
-	return res;
-}
-
-/* Synchronization is where pools give memory above their release threshold back. */
-GPULIMIT_EXPORT CUresult cuStreamSynchronize(CUstream h)
-{
-	const struct real_table *r = hook_real();
-	if (r->cuStreamSynchronize == NULL)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	CUresult res = r->cuStreamSynchronize(h);
-	pools_settle_all();
-	return res;
-}
-
-GPULIMIT_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream h)
-{
-	const struct real_table *r = hook_real();
-	if (r->cuStreamSynchronize_ptsz == NULL)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	CUresult res = r->cuStreamSynchronize_ptsz(h);
-	pools_settle_all();
-	return res;
-}
-
-GPULIMIT_EXPORT CUresult cuCtxSynchronize(void)
-{
-	const struct real_table *r = hook_real();
-	if (r->cuCtxSynchronize == NULL)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	CUresult res = r->cuCtxSynchronize();
-	pools_settle_all();
-	return res;
-}
-
 /* ---- virtual memory management ---- */
 
 GPULIMIT_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
@@ -485,7 +239,7 @@ GPULIMIT_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_
 		usage_adjust(e, -(int64_t)size);
 		return res;
 	}
-	books_put(*handle, size, AK_VMM, e, NULL, current_ctx());
+	books_put(*handle, size, AK_VMM, e, NULL, mem_current_ctx());
 	return res;
 }
 
@@ -534,7 +288,7 @@ static CUresult array_create(uint64_t bytes, const char *what, void *out, const 
                              enum alloc_kind kind, CUresult (*call)(void *, const void *, unsigned))
 {
 	CUdevice dev;
-	if (out == NULL || desc == NULL || current_device(&dev) != 0)
+	if (out == NULL || desc == NULL || mem_current_device(&dev) != 0)
 		return call(out, desc, levels);
 	int e;
 	CUresult res = reserve(dev, bytes, &e, what);
@@ -545,7 +299,7 @@ static CUresult array_create(uint64_t bytes, const char *what, void *out, const 
 		usage_adjust(e, -(int64_t)bytes);
 		return res;
 	}
-	books_put((uint64_t)(uintptr_t) * (void **)out, bytes, kind, e, NULL, current_ctx());
+	books_put((uint64_t)(uintptr_t) * (void **)out, bytes, kind, e, NULL, mem_current_ctx());
 	return res;
 }
 
@@ -628,7 +382,7 @@ GPULIMIT_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *ph, CUgraph g, cons
 	uint8_t uuid[GPULIMIT_UUID_BYTES];
 	if (p != NULL && p->poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
 	    device_uuid_of(p->poolProps.location.id, uuid) == 0) {
-		uint64_t limit = limit_now(), used = usage_total(uuid);
+		uint64_t limit = mem_limit_now(), used = usage_total(uuid);
 		if (p->bytesize > limit || used > limit - p->bytesize) {
 			hook_log(HOOK_LOG_INFO, "graph memory node of %zu bytes refused: slice uses %llu of %llu bytes",
 			         p->bytesize, (unsigned long long)used, (unsigned long long)limit);
@@ -748,9 +502,9 @@ GPULIMIT_EXPORT CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
 	CUresult res = r->cuMemGetInfo_v2(free_b, total);
 	CUdevice dev;
 	uint8_t uuid[GPULIMIT_UUID_BYTES];
-	if (res != CUDA_SUCCESS || current_device(&dev) != 0 || device_uuid_of(dev, uuid) != 0)
+	if (res != CUDA_SUCCESS || mem_current_device(&dev) != 0 || device_uuid_of(dev, uuid) != 0)
 		return res;
-	uint64_t limit = limit_now(), used = usage_total(uuid);
+	uint64_t limit = mem_limit_now(), used = usage_total(uuid);
 	uint64_t slice_free = limit > used ? limit - used : 0;
 	if (*total > limit)
 		*total = (size_t)limit;
@@ -765,7 +519,7 @@ GPULIMIT_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
 	if (r->cuDeviceTotalMem_v2 == NULL)
 		return CUDA_ERROR_NOT_INITIALIZED;
 	CUresult res = r->cuDeviceTotalMem_v2(bytes, dev);
-	uint64_t limit = limit_now();
+	uint64_t limit = mem_limit_now();
 	if (res == CUDA_SUCCESS && *bytes > limit)
 		*bytes = (size_t)limit;
 	return res;
