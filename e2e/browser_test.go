@@ -408,10 +408,20 @@ func TestBrowserAdminPolicy(t *testing.T) {
 	b.click(`form.filters button[type=submit]`)
 	b.waitFor("the filtered audit log", `location.search.includes('actor=nobody') && document.body.innerText.includes('No entries match')`)
 
+	alice := e.client("alice", "ml")
+	if _, _, err := alice.CreateServer(t.Context(), "alice", "on-gpu", "k1", v1.CreateServerRequest{Profile: "small"}); err != nil {
+		t.Fatalf("create a server for the fleet page: %v", err)
+	}
+	if _, err := alice.WaitServer(t.Context(), "alice", "on-gpu", v1.StateRunning, pageTimeout); err != nil {
+		t.Fatal(err)
+	}
 	b.open(e.public + "/admin/fleet")
 	b.waitFor("the fleet page", `document.querySelector('h1').textContent === 'Fleet'`)
-	if text := b.text(); !strings.Contains(text, e.nodes[0]) || !strings.Contains(text, e.gpus[0].UUID) || !strings.Contains(text, "No data yet") {
-		t.Errorf("fleet page lacks the node, the GPU or the honest real-use column:\n%s", text)
+	text := b.text()
+	for _, want := range []string{e.nodes[0], e.gpus[0].UUID, "alice/on-gpu: 8 GiB, 10 %", "8 GiB of 79.6 GiB", "No data yet"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("fleet page lacks %q:\n%s", want, text)
+		}
 	}
 	b.shot("fleet")
 
