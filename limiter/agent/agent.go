@@ -181,7 +181,8 @@ type Agent struct {
 	knownSlices map[string]bool
 
 	quotaMu sync.Mutex
-	applied map[string]int64 // slice → desired generation applied
+	applied map[string]int64  // slice → desired generation applied
+	limits  map[string]uint64 // slice → memory cap in effect, bytes (see limitBytes)
 }
 
 // New validates cfg and returns an agent. It does no I/O and starts nothing.
@@ -197,7 +198,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		cfg: cfg, nvml: deps.NVML, has: deps.HasSymbol, samples: deps.Samples, quotas: deps.Quotas,
 		audit: deps.Audit, pods: deps.Pods, proc: deps.Proc, killer: deps.Killer, clock: deps.Clock, log: deps.Log,
 		enforcer: newEnforcer(cfg.Enforcement), procCache: map[uint32]Process{}, knownSlices: map[string]bool{},
-		applied: map[string]int64{},
+		applied: map[string]int64{}, limits: map[string]uint64{},
 	}
 	if a.proc.Root == "" {
 		a.proc.Root = DefaultProcRoot
@@ -317,6 +318,9 @@ func (a *Agent) SampleOnce(ctx context.Context) {
 	for id := range a.knownSlices {
 		if !live[id] {
 			delete(a.knownSlices, id)
+			a.quotaMu.Lock()
+			delete(a.limits, id)
+			a.quotaMu.Unlock()
 			a.metrics.forgetSlice(id)
 			if f, ok := a.samples.(interface{ Forget(string) }); ok {
 				f.Forget(id)

@@ -80,11 +80,11 @@ func TestParseStartTime(t *testing.T) {
 
 // fakeProc is a proc(5) tree in a temporary directory.
 type fakeProc struct {
-	t    *testing.T
+	t    testing.TB
 	root string
 }
 
-func newFakeProc(t *testing.T) *fakeProc {
+func newFakeProc(t testing.TB) *fakeProc {
 	t.Helper()
 	return &fakeProc{t: t, root: t.TempDir()}
 }

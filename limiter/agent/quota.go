@@ -65,6 +65,9 @@ func (a *Agent) applyQuota(ctx context.Context, s SliceInfo) error {
 			return fmt.Errorf("slice %s: reread quota: %w", s.ID, err)
 		}
 		fileGen = q.Generation
+		a.quotaMu.Lock()
+		a.limits[s.ID] = q.MemoryLimitBytes
+		a.quotaMu.Unlock()
 		a.log.InfoContext(ctx, "quota applied", "slice_id", s.ID, "generation", d.Generation,
 			"file_generation", fileGen, "mem_mib", d.MemoryMiB, "sm_percent", d.ComputePercent)
 	}

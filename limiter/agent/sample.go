@@ -343,11 +343,23 @@ func (a *Agent) readUsage(id string) usageView {
 }
 
 // limitBytes is the memory cap in effect for s: the quota file's when it
-// is valid and names s, else the pod's initial slice.
+// is valid and names s, else the pod's initial slice. The agent is the only
+// writer of quota files, so the value is read once per slice and then kept
+// up to date by applyQuota (forgetLimit drops it).
 func (a *Agent) limitBytes(s SliceInfo) uint64 {
+	a.quotaMu.Lock()
+	l, ok := a.limits[s.ID]
+	a.quotaMu.Unlock()
+	if ok {
+		return l
+	}
+	l = uint64(max(s.Initial.MemoryMiB, 0)) * mib
 	q, err := region.ReadQuota(a.slicePath(s.ID, "quota", v1.QuotaFileName))
 	if err == nil && q.SliceID == s.ID {
-		return q.MemoryLimitBytes
+		l = q.MemoryLimitBytes
 	}
-	return uint64(max(s.Initial.MemoryMiB, 0)) * mib
+	a.quotaMu.Lock()
+	a.limits[s.ID] = l
+	a.quotaMu.Unlock()
+	return l
 }

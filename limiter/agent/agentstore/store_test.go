@@ -22,9 +22,14 @@ func TestMain(m *testing.M) {
 
 func newStore(t *testing.T, opts ...agentstore.Option) (*agentstore.Store, *redis.Client) {
 	t.Helper()
-	srv := redistest.Start(t)
-	c := srv.Client(t)
-	return agentstore.New(c, srv.Prefix(t), opts...), c
+	return newStoreTB(t, opts...)
+}
+
+func newStoreTB(tb testing.TB, opts ...agentstore.Option) (*agentstore.Store, *redis.Client) {
+	tb.Helper()
+	srv := redistest.Start(tb)
+	c := srv.Client(tb)
+	return agentstore.New(c, srv.Prefix(tb), opts...), c
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -279,4 +284,70 @@ func TestKeysShareOneHashTagUnderThePrefix(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("keys (-want +got):\n%s", diff)
 	}
+}
+
+// day24h writes 24 h of 1 Hz samples for one slice through AddSamples, in
+// batches as an agent with many slices would, and returns the stream's
+// memory (MEMORY USAGE ... SAMPLES 0, exact) and length.
+func day24h(tb testing.TB, st *agentstore.Store, c *redis.Client) (bytes, entries int64) {
+	tb.Helper()
+	const day = 24 * 3600
+	batch := make([]agentstore.Sample, 0, 1000)
+	kernel := t0
+	for i := range day {
+		at := t0.Add(time.Duration(i) * time.Second)
+		if i%7 == 0 {
+			kernel = at
+		}
+		batch = append(batch, agentstore.Sample{Slice: "spawn-0123456789abcdef", At: at, Interval: time.Second,
+			SMPercent: ptr(i % 101), MemoryUsedMiB: ptr(int64(40000 + i%30000)), MemoryLimitMiB: 81920,
+			Processes: ptr(1 + i%4), LastKernel: ptr(kernel)})
+		if len(batch) == cap(batch) || i == day-1 {
+			if err := st.AddSamples(tb.Context(), batch); err != nil {
+				tb.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+	}
+	key := st.Keys().Samples("spawn-0123456789abcdef")
+	bytes, err := c.MemoryUsage(tb.Context(), key, 0).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	entries, err = c.XLen(tb.Context(), key).Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return bytes, entries
+}
+
+// sampleBytesBound is the documented bound on one slice's sample stream
+// with the default MaxLen (3600): at most 3700 entries of at most ~70
+// bytes, plus the stream's node overhead.
+const sampleBytesBound = 384 << 10
+
+func TestSampleStreamAfter24hStaysUnderTheBound(t *testing.T) {
+	st, c := newStore(t)
+	bytes, n := day24h(t, st, c)
+	if n > agentstore.DefaultMaxLen+100 {
+		t.Errorf("%d entries after 24 h, want at most MaxLen+100 = %d", n, agentstore.DefaultMaxLen+100)
+	}
+	if bytes > sampleBytesBound {
+		t.Errorf("%d bytes per slice after 24 h, want at most %d", bytes, sampleBytesBound)
+	}
+	t.Logf("24 h of 1 Hz samples: %d entries, %d bytes", n, bytes)
+}
+
+// BenchmarkRedisBytesPerSlice24h prints the Redis memory of one slice's
+// samples after the equivalent of 24 h at 1 Hz (86,400 samples).
+func BenchmarkRedisBytesPerSlice24h(b *testing.B) {
+	var bytes, n int64
+	for b.Loop() {
+		st, c := newStoreTB(b)
+		bytes, n = day24h(b, st, c)
+	}
+	b.ReportMetric(float64(bytes), "bytes/slice")
+	b.ReportMetric(float64(n), "entries/slice")
+	b.Logf("after 24 h of 1 Hz samples: %d bytes and %d entries per slice (bound %d bytes, MaxLen ~%d)",
+		bytes, n, sampleBytesBound, agentstore.DefaultMaxLen)
 }
