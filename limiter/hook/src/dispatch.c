@@ -60,7 +60,20 @@ static void *hook_for(const char *name, void *p)
 	for (size_t i = 0; i < N_ENTRIES; i++) {
 		if (strcmp(entries[i].name, name) != 0)
 			continue;
-		return real_of(hook_real(), &entries[i]) == p ? entries[i].hook : NULL;
+		const struct real_table *r = hook_real_nowait();
+		if (r != NULL)
+			return real_of(r, &entries[i]) == p ? entries[i].hook : NULL;
+		/*
+		 * Another thread is loading the driver, maybe holding what this
+		 * thread's caller needs: do not wait; judge p by the library it is in.
+		 */
+		Dl_info info;
+		const char *lib = entries[i].lib == LIB_CUDA ? "libcuda.so" : "libnvidia-ml.so";
+		if (dladdr(p, &info) == 0 || info.dli_fname == NULL)
+			return NULL;
+		const char *base = strrchr(info.dli_fname, '/');
+		base = base ? base + 1 : info.dli_fname;
+		return strncmp(base, lib, strlen(lib)) == 0 ? entries[i].hook : NULL;
 	}
 	return NULL;
 }

@@ -105,7 +105,7 @@ struct hook_state {
 
 	/* driver */
 	void *real_dlsym; /* the C library's dlsym (dlvsym), resolved on first use */
-	pthread_once_t real_once;
+	int real_state;   /* 0 unresolved, 1 resolving, 2 ready; see hook_real */
 	struct real_table real;
 	void *cuda_lib, *nvml_lib;
 	int nvml_inited;
@@ -138,8 +138,11 @@ struct hook_state {
 
 /* hook_state returns the process's single state; initialized by the constructor. */
 struct hook_state *hook_state(void);
-/* hook_real returns the driver table, resolving it on first use. Fields may be NULL. */
+/* hook_real returns the driver table, resolving it on first use (waiting for another thread doing so). Fields may be
+ * NULL. */
 const struct real_table *hook_real(void);
+/* hook_real_nowait is hook_real, except that it returns NULL instead of waiting for another thread's resolution. */
+const struct real_table *hook_real_nowait(void);
 /* hook_in_init reports whether this thread is resolving the driver (dlsym must not hook then). */
 int hook_in_init(void);
 /* hook_real_dlsym is the C library's dlsym, bypassing the interposer. */

@@ -33,7 +33,6 @@
 
 static struct hook_state g_state = {
     .log_level = HOOK_LOG_WARN,
-    .real_once = PTHREAD_ONCE_INIT,
     .books_lock = PTHREAD_MUTEX_INITIALIZER,
     .pace_lock = PTHREAD_MUTEX_INITIALIZER,
     .poll_lock = PTHREAD_MUTEX_INITIALIZER,
@@ -151,11 +150,46 @@ static void hook_config(void)
 	pthread_once(&g_state.config_once, config_once);
 }
 
+/*
+ * Resolution runs once, in the first thread that needs it (state 0 -> 1 ->
+ * 2). It is not a pthread_once: a thread that must not wait for it (dlsym,
+ * which may run under the loader's lock that the resolving thread's dlopen
+ * needs) can ask whether it is done instead of blocking.
+ */
+enum { REAL_UNRESOLVED = 0, REAL_RESOLVING = 1, REAL_READY = 2 };
+
 const struct real_table *hook_real(void)
 {
+	if (__atomic_load_n(&g_state.real_state, __ATOMIC_ACQUIRE) == REAL_READY)
+		return &g_state.real;
 	hook_config();
-	pthread_once(&g_state.real_once, resolve_real);
+	int expected = REAL_UNRESOLVED;
+	if (__atomic_compare_exchange_n(&g_state.real_state, &expected, REAL_RESOLVING, 0, __ATOMIC_ACQ_REL,
+	                                __ATOMIC_ACQUIRE)) {
+		resolve_real();
+		__atomic_store_n(&g_state.real_state, REAL_READY, __ATOMIC_RELEASE);
+		return &g_state.real;
+	}
+	if (t_in_init)
+		return &g_state.real; /* re-entered from our own dlopen: what is resolved so far */
+	/* Another thread is loading the driver: wait for its dlopen, but not forever. */
+	for (int i = 0; __atomic_load_n(&g_state.real_state, __ATOMIC_ACQUIRE) != REAL_READY; i++) {
+		if (i == 300000) { /* 30 s of 100 us naps */
+			hook_log(HOOK_LOG_ERROR,
+			         "driver resolution by another thread takes over 30 s: going on without it");
+			break;
+		}
+		struct timespec ts = {0, 100000};
+		nanosleep(&ts, NULL);
+	}
 	return &g_state.real;
+}
+
+const struct real_table *hook_real_nowait(void)
+{
+	if (__atomic_load_n(&g_state.real_state, __ATOMIC_ACQUIRE) == REAL_RESOLVING && !t_in_init)
+		return NULL;
+	return hook_real();
 }
 
 /* ---- configuration ---- */
@@ -347,6 +381,10 @@ static void poll_locked(struct hook_state *s)
 
 static void after_fork_child(void)
 {
+	/* A thread that was resolving the driver does not exist in the child. */
+	int resolving = REAL_RESOLVING;
+	__atomic_compare_exchange_n(&g_state.real_state, &resolving, REAL_UNRESOLVED, 0, __ATOMIC_ACQ_REL,
+	                            __ATOMIC_RELAXED);
 	usage_reset_after_fork();
 	books_reset_after_fork();
 	pthread_mutex_init(&g_state.books_lock, NULL);
