@@ -70,12 +70,13 @@ func needStub(t *testing.T) {
 
 // cudaprog is an interactive cudaprog (-i) in one slice, with the hook.
 type cudaprog struct {
-	t     *testing.T
-	cmd   *exec.Cmd
-	in    io.WriteCloser
-	out   *bufio.Scanner
-	mu    sync.Mutex
-	stder strings.Builder
+	t       *testing.T
+	cmd     *exec.Cmd
+	in      io.WriteCloser
+	out     *bufio.Scanner
+	stder   strings.Builder
+	exited  chan struct{} // closed when the process has been waited for
+	waitErr error         // valid after exited is closed
 }
 
 func startCudaprog(t *testing.T, env []string) *cudaprog {
@@ -96,10 +97,15 @@ func startCudaprog(t *testing.T, env []string) *cudaprog {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	p.exited = make(chan struct{})
+	go func() {
+		p.waitErr = cmd.Wait()
+		close(p.exited)
+	}()
 	t.Cleanup(func() {
 		_ = p.in.Close()
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		<-p.exited
 	})
 	return p
 }
@@ -213,9 +219,11 @@ func TestAgentOnStubDriver(t *testing.T) {
 	clock := &fakeClock{now: time.Now()}
 	pods := StaticPods{{ID: id, PodUID: uidA, Pod: "nb", Namespace: "ns", GPU: stubUUID,
 		Initial: v1.Slice{MemoryMiB: 1024, ComputePercent: 50, ComputeLimitPercent: 50}}}
-	a, err := New(Config{Node: "gpu-1", HostRoot: root, TrustUsagePIDs: true},
+	// Kill mode with the real pidfd killer: the hooked program stays within
+	// its slice; an unhooked one started later belongs to no slice.
+	a, err := New(Config{Node: "gpu-1", HostRoot: root, TrustUsagePIDs: true, Enforcement: Policy{Mode: ModeKill, Samples: 2}},
 		Deps{NVML: nvml.New(nvml.WithLibraryPath(filepath.Join(hookBuildDir(), "stub", "libnvidia-ml.so.1"))),
-			Samples: store, Quotas: store, Audit: store, Pods: pods, Killer: &fakeKiller{}, Clock: clock})
+			Samples: store, Quotas: store, Audit: store, Pods: pods, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,6 +321,37 @@ func TestAgentOnStubDriver(t *testing.T) {
 		s, err := store.LatestSample(t.Context(), id)
 		return err == nil && s.MemoryLimitMiB == 512, fmt.Sprintf("%+v %v", s, err)
 	})
+
+	// Bypass: a program without the hook, in no slice, is killed after two
+	// samples, with an audit record; the hooked program is untouched.
+	rogue := startCudaprog(t, env)
+	if res, _ := rogue.do("alloc linear 2147483648"); res != 0 {
+		t.Fatalf("unhooked alloc of 2 GiB: CUresult %d", res)
+	}
+	for range 2 {
+		clock.Advance(time.Second)
+		clock.fire(t.Context(), time.Second)
+	}
+	select {
+	case <-rogue.exited:
+		if err := rogue.waitErr; err == nil || !strings.Contains(err.Error(), "killed") {
+			t.Errorf("unhooked program ended with %v, want killed", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("unhooked program not killed within 20 s")
+	}
+	eventually(t, "audit record", func() (bool, string) {
+		recs, err := store.RecentAudit(t.Context(), 10)
+		if err != nil || len(recs) != 1 {
+			return false, fmt.Sprintf("%+v %v", recs, err)
+		}
+		r := recs[0]
+		return r.Action == "kill" && r.Reason == "no-slice" && r.PID == uint32(rogue.cmd.Process.Pid) &&
+			r.GPU == stubUUID && r.MemoryUsedMiB == 2048, fmt.Sprintf("%+v", r)
+	})
+	if res, _ := prog.do("meminfo"); res != 0 {
+		t.Errorf("hooked program after the kill: CUresult %d, want it alive and well", res)
+	}
 
 	// The agent stops: its last sample is stale within three intervals.
 	stop()
