@@ -168,7 +168,9 @@ func (w *PodWatcher) upsert(obj any) {
 	if !ok {
 		return
 	}
-	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+	// The field selector already restricts the watch to this node; the
+	// check keeps the index right if a selector is ever dropped.
+	if p.Spec.NodeName != w.node || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 		w.removeUID(string(p.UID))
 		return
 	}
