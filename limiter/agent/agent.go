@@ -180,7 +180,8 @@ type Agent struct {
 	procCache   map[uint32]Process
 	knownSlices map[string]bool
 
-	quotaMu sync.Mutex
+	applyMu sync.Mutex        // held for one applyQuota at a time
+	quotaMu sync.Mutex        // guards applied and limits
 	applied map[string]int64  // slice → desired generation applied
 	limits  map[string]uint64 // slice → memory cap in effect, bytes (see limitBytes)
 }

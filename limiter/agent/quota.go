@@ -26,6 +26,12 @@ type QuotaStore interface {
 // is still recorded once. Without a desired quota the pod env's initial
 // values stay in force and nothing is written.
 func (a *Agent) applyQuota(ctx context.Context, s SliceInfo) error {
+	// The resync loop and the notification handler both apply quotas;
+	// region.WriteQuota must not run twice at once on one file, and the
+	// applied generation must match the file's content, so applications
+	// are serialized.
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
 	d, err := a.quotas.DesiredQuota(ctx, s.ID)
 	if errors.Is(err, agentstore.ErrNotFound) {
 		return nil
