@@ -1,6 +1,10 @@
 package redisstore
 
-import "net/url"
+import (
+	"net/url"
+
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+)
 
 // Keys. Every Redis key of the broker is built here, as
 // <prefix>{gpubroker}:<kind>:<id>, so that all keys of one Store share the
@@ -33,6 +37,9 @@ import "net/url"
 //	                                                    whose record expired are removed by List
 //	srvs                         set     none           servers: all srv: keys, cleaned like usrv:
 //
+// The keys shared with the node agents (agent:*) are built by
+// agentstore.Keys under the same prefix and hash tag; see its table.
+//
 // GPU records have no TTL: they are inventory, refreshed by the agents, and a
 // GPU that leaves the fleet is expected to be marked unhealthy. The index,
 // allocation and counter keys are derived data: they are rebuilt from pods
@@ -43,8 +50,11 @@ type keys struct {
 	p string // the configured prefix followed by the hash tag
 }
 
-// hashTag is the one hash tag of every key.
-const hashTag = "{gpubroker}:"
+// hashTag is the one hash tag of every key. It is the agent contract's
+// (limiter/agent/agentstore), so the broker's keys and the keys it shares
+// with the node agents (samples, node reports, desired and applied quotas)
+// hash to one Cluster slot and the broker's scripts may touch both.
+const hashTag = agentstore.HashTag
 
 func newKeys(prefix string) keys { return keys{p: prefix + hashTag} }
 
