@@ -138,3 +138,27 @@ func TestProcFSProcess(t *testing.T) {
 		})
 	}
 }
+
+func FuzzParseCgroup(f *testing.F) {
+	f.Add([]byte("0::/kubepods/burstable/pod" + testUID + "/" + testCID + "\n"))
+	f.Add([]byte("12:memory:/kubepods.slice/kubepods-pod0b5c4e1a_3f2d_4c8b_9a7e_1d2c3b4a5f60.slice/docker-" + testCID + ".scope\n"))
+	f.Add([]byte("::::\n:\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		pod, cid := ParseCgroup(b)
+		if pod != "" && len(pod) != 36 {
+			t.Errorf("pod uid %q is not a uuid", pod)
+		}
+		if cid != "" && pod == "" {
+			t.Errorf("container %q without a pod", cid)
+		}
+	})
+}
+
+func FuzzParseStartTime(f *testing.F) {
+	f.Add([]byte("1 (a) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 42 0 0"))
+	f.Add([]byte("1 (a) b) S"))
+	f.Add([]byte(")"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = ParseStartTime(b) // must not panic
+	})
+}
