@@ -417,3 +417,13 @@ func (a *Agent) watchLoop(ctx context.Context) error {
 		}
 	}
 }
+
+// The implementations main wires in.
+var (
+	_ PodIndex   = (*PodWatcher)(nil)
+	_ PodIndex   = StaticPods(nil)
+	_ SampleSink = (*agentstore.Store)(nil)
+	_ QuotaStore = (*agentstore.Store)(nil)
+	_ Auditor    = (*agentstore.Store)(nil)
+	_ Clock      = RealClock{}
+)
