@@ -125,6 +125,10 @@ func (r realTicker) Stop()               { r.t.Stop() }
 type PodIndex interface {
 	Slices() []SliceInfo
 	ByPodUID(uid string) (SliceInfo, bool)
+	// Synced reports whether the index reflects the cluster; until then
+	// the agent neither samples nor enforces (every process would look like
+	// one in no slice).
+	Synced() bool
 }
 
 // SampleSink receives samples and node reports.
@@ -300,6 +304,10 @@ func (a *Agent) sampleLoop(ctx context.Context) error {
 // the next round retries. Only one SampleOnce may run at a time, and only
 // after Run has discovered the devices.
 func (a *Agent) SampleOnce(ctx context.Context) {
+	if !a.pods.Synced() {
+		a.log.DebugContext(ctx, "pod index not synced; round skipped")
+		return
+	}
 	start := time.Now()
 	r := a.sampleRound(ctx)
 	samples := make([]agentstore.Sample, 0, len(r.Slices))

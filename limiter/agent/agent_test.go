@@ -407,17 +407,20 @@ func TestEnforcement(t *testing.T) {
 	tests := []struct {
 		name       string
 		mode       Mode
+		grace      time.Duration // Policy.OrphanGrace; 0 = default 30 s
 		rounds     int
 		wantKilled []uint32
 		wantAudit  []string // action reason pid
 	}{
-		{name: "two rounds over is not enough", mode: ModeKill, rounds: 2},
-		{name: "kill after three rounds: largest process of the slice and the orphans", mode: ModeKill, rounds: 3,
+		{name: "two rounds over is not enough", mode: ModeKill, grace: time.Second, rounds: 2},
+		{name: "orphans wait for the grace period", mode: ModeKill, rounds: 3,
+			wantKilled: []uint32{100}, wantAudit: []string{"kill over-memory 100"}},
+		{name: "kill after three rounds: largest process of the slice and the orphans", mode: ModeKill, grace: 2 * time.Second, rounds: 3,
 			wantKilled: []uint32{100, 300, 600},
 			wantAudit:  []string{"kill over-memory 100", "kill no-slice 300", "kill no-slice 600"}},
-		{name: "report does not kill", mode: ModeReport, rounds: 3,
+		{name: "report does not kill", mode: ModeReport, grace: 2 * time.Second, rounds: 3,
 			wantAudit: []string{"report over-memory 100", "report no-slice 300", "report no-slice 600"}},
-		{name: "a report is not repeated every round", mode: ModeReport, rounds: 5,
+		{name: "a report is not repeated every round", mode: ModeReport, grace: 2 * time.Second, rounds: 5,
 			wantAudit: []string{"report over-memory 100", "report no-slice 300", "report no-slice 600"}},
 		{name: "off does nothing", mode: ModeOff, rounds: 3},
 	}
@@ -427,8 +430,9 @@ func TestEnforcement(t *testing.T) {
 			// Slice A: 1 GiB + 1.2 GiB against a 2 GiB cap + 5 %.
 			e.setProcs(0, []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 1300 << 20}, {Pid: 101, UsedGpuMemory: 900 << 20},
 				{Pid: 300, UsedGpuMemory: 1 << 20}}, nil)
-			a := e.agent(t, Config{Enforcement: Policy{Mode: tc.mode}}, nil)
+			a := e.agent(t, Config{Enforcement: Policy{Mode: tc.mode, OrphanGrace: tc.grace}}, nil)
 			for range tc.rounds {
+				e.clock.Advance(time.Second)
 				if err := a.enforce(t.Context(), a.sampleRound(t.Context())); err != nil {
 					t.Fatal(err)
 				}
@@ -469,7 +473,7 @@ func TestKillOfAGoneProcessIsAudited(t *testing.T) {
 	e.setProcs(0, []nvml.ProcessInfo{{Pid: 300, UsedGpuMemory: 1 << 20}}, nil)
 	e.setProcs(1, nil, nil)
 	e.killer.err = ErrNoProcess
-	a := e.agent(t, Config{Enforcement: Policy{Mode: ModeKill, Samples: 1}}, nil)
+	a := e.agent(t, Config{Enforcement: Policy{Mode: ModeKill, Samples: 1, OrphanGrace: -1}}, nil)
 	if err := a.enforce(t.Context(), a.sampleRound(t.Context())); err != nil {
 		t.Fatal(err)
 	}

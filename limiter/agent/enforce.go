@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 )
@@ -39,6 +40,11 @@ type Policy struct {
 	// Samples is how many consecutive samples a condition must hold before
 	// the agent acts; >= 1, default (0 value) 3.
 	Samples int
+	// OrphanGrace is how long a GPU process must have been seen in no
+	// slice, besides Samples samples, before the agent acts on it, so that
+	// a new pod the pod watcher has not caught up with is not taken for a
+	// bypass. Default (0 value) 30 s; negative means none.
+	OrphanGrace time.Duration
 }
 
 func (p Policy) withDefaults() Policy {
@@ -51,12 +57,15 @@ func (p Policy) withDefaults() Policy {
 	if p.Samples == 0 {
 		p.Samples = 3
 	}
+	if p.OrphanGrace == 0 {
+		p.OrphanGrace = 30 * time.Second
+	}
 	return p
 }
 
 // String is the policy as audit records name it.
 func (p Policy) String() string {
-	return fmt.Sprintf("%s tolerance=%d%% samples=%d", p.Mode, p.TolerancePercent, p.Samples)
+	return fmt.Sprintf("%s tolerance=%d%% samples=%d orphan-grace=%s", p.Mode, p.TolerancePercent, p.Samples, max(p.OrphanGrace, 0))
 }
 
 // Killer ends a process. The consumer-side seam for tests.
@@ -78,10 +87,11 @@ type enforcer struct {
 	policy Policy
 	over   map[string]int // slice id → consecutive over-memory samples
 	orphan map[nsKey]int  // (pid, start) → consecutive samples without a slice
+	since  map[nsKey]time.Time
 }
 
 func newEnforcer(p Policy) *enforcer {
-	return &enforcer{policy: p.withDefaults(), over: map[string]int{}, orphan: map[nsKey]int{}}
+	return &enforcer{policy: p.withDefaults(), over: map[string]int{}, orphan: map[nsKey]int{}, since: map[nsKey]time.Time{}}
 }
 
 // verdict is one action the enforcer decided.
@@ -134,14 +144,19 @@ func (e *enforcer) judge(r round) []verdict {
 		k := nsKey{pid: p.PID, start: p.StartTimeTicks}
 		seen[k] = true
 		e.orphan[k]++
-		if n := e.orphan[k]; n >= e.policy.Samples {
+		if _, ok := e.since[k]; !ok {
+			e.since[k] = r.At
+		}
+		if n := e.orphan[k]; n >= e.policy.Samples && r.At.Sub(e.since[k]) >= e.policy.OrphanGrace {
 			out = append(out, verdict{reason: "no-slice", proc: p, samples: n})
 			delete(e.orphan, k)
+			delete(e.since, k)
 		}
 	}
 	for k := range e.orphan {
 		if !seen[k] {
 			delete(e.orphan, k)
+			delete(e.since, k)
 		}
 	}
 	return out

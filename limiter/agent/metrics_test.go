@@ -11,7 +11,7 @@ import (
 func TestMetricsAfterARound(t *testing.T) {
 	e := newEnv(t)
 	reg := prometheus.NewRegistry()
-	a, err := New(Config{Node: "gpu-1", HostRoot: e.root, Enforcement: Policy{Mode: ModeReport, Samples: 1}},
+	a, err := New(Config{Node: "gpu-1", HostRoot: e.root, Enforcement: Policy{Mode: ModeReport, Samples: 1, OrphanGrace: -1}},
 		Deps{NVML: e.lib, Samples: nullStore{}, Quotas: nullStore{}, Audit: e.audit, Pods: e.pods,
 			Proc: ProcFS{Root: e.proc.root}, Killer: e.killer, Clock: e.clock, Metrics: reg})
 	if err != nil {

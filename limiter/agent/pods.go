@@ -91,6 +91,9 @@ type StaticPods []SliceInfo
 // Slices returns the slices.
 func (s StaticPods) Slices() []SliceInfo { return slices.Clone(s) }
 
+// Synced is always true: the list is complete by construction.
+func (s StaticPods) Synced() bool { return true }
+
 // ByPodUID returns the slice of the pod with uid.
 func (s StaticPods) ByPodUID(uid string) (SliceInfo, bool) {
 	for _, x := range s {

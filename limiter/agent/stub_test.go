@@ -221,7 +221,7 @@ func TestAgentOnStubDriver(t *testing.T) {
 		Initial: v1.Slice{MemoryMiB: 1024, ComputePercent: 50, ComputeLimitPercent: 50}}}
 	// Kill mode with the real pidfd killer: the hooked program stays within
 	// its slice; an unhooked one started later belongs to no slice.
-	a, err := New(Config{Node: "gpu-1", HostRoot: root, TrustUsagePIDs: true, Enforcement: Policy{Mode: ModeKill, Samples: 2}},
+	a, err := New(Config{Node: "gpu-1", HostRoot: root, TrustUsagePIDs: true, Enforcement: Policy{Mode: ModeKill, Samples: 2, OrphanGrace: time.Second}},
 		Deps{NVML: nvml.New(nvml.WithLibraryPath(filepath.Join(hookBuildDir(), "stub", "libnvidia-ml.so.1"))),
 			Samples: store, Quotas: store, Audit: store, Pods: pods, Clock: clock})
 	if err != nil {
@@ -323,7 +323,8 @@ func TestAgentOnStubDriver(t *testing.T) {
 	})
 
 	// Bypass: a program without the hook, in no slice, is killed after two
-	// samples, with an audit record; the hooked program is untouched.
+	// samples a second apart (the orphan grace), with an audit record; the
+	// hooked program is untouched.
 	rogue := startCudaprog(t, env)
 	if res, _ := rogue.do("alloc linear 2147483648"); res != 0 {
 		t.Fatalf("unhooked alloc of 2 GiB: CUresult %d", res)
@@ -331,6 +332,13 @@ func TestAgentOnStubDriver(t *testing.T) {
 	for range 2 {
 		clock.Advance(time.Second)
 		clock.fire(t.Context(), time.Second)
+		// The round reads the clock after taking the tick: wait for its
+		// sample before moving the clock again.
+		want := clock.Now()
+		eventually(t, "round sample", func() (bool, string) {
+			s, err := store.LatestSample(t.Context(), id)
+			return err == nil && s.At.Equal(want.Truncate(time.Millisecond)), fmt.Sprintf("%v %v, want %v", s.At, err, want)
+		})
 	}
 	select {
 	case <-rogue.exited:

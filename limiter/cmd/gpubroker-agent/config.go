@@ -65,6 +65,7 @@ func register(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.EnforceMode, "enforce", string(agent.ModeReport), "What to do with a process over its slice or in no slice: report, kill or off (always audited).")
 	fs.IntVar(&c.Agent.Enforcement.TolerancePercent, "enforce-tolerance", 5, "Percent above its memory cap a slice may go before it counts as over.")
 	fs.IntVar(&c.Agent.Enforcement.Samples, "enforce-samples", 3, "Consecutive samples a violation must last before the agent acts.")
+	fs.DurationVar(&c.Agent.Enforcement.OrphanGrace, "enforce-orphan-grace", 30*time.Second, "How long a GPU process must be in no slice before the agent acts (pods the watcher has not seen yet).")
 	fs.BoolVar(&c.Agent.TrustUsagePIDs, "trust-usage-pids", false, "Also map processes outside pod cgroups to slices by the usage regions' pids (advisory; tests and bare metal only).")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9400", "Listen address of /metrics (Prometheus) and /healthz.")
 	fs.StringVar(&c.LogLevel, "log-level", "info", "Log level: debug, info, warn or error (JSON on stderr).")
