@@ -42,6 +42,16 @@
 //     monotonically across broker replicas; the agent records the generation
 //     it applied, so the broker can tell when a resize took effect.
 //
+// # Who calls what
+//
+// The agent: Heartbeat, AddSamples, DesiredQuota, WatchQuotaChanges,
+// SetAppliedQuota, AddAudit. The broker: SyncInventory (every few seconds:
+// registers reported GPUs, marks GPUs of stale nodes unhealthy), Nodes (the
+// reason a GPU is unhealthy, to tell the servers on it), LatestSample,
+// RecentSamples and Sample.Stale (idle detection; stale means unknown),
+// SetDesiredQuota and AppliedQuota (resize, reclaim), DeleteQuotas (on
+// release), RecentAudit (admin view).
+//
 // # Time
 //
 // Record times come from the writer's injected clock and are stored as
