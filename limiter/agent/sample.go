@@ -182,6 +182,10 @@ func (a *Agent) sampleDevice(ctx context.Context, d *device, now time.Time, byID
 		dr.missing = append(dr.missing, "running processes: "+ret.Error())
 	}
 	utils, ret := d.handle.GetProcessUtilization(d.lastSeenUs)
+	if ret == nvml.ERROR_INSUFFICIENT_SIZE && len(utils) > 0 {
+		// More samples arrived between go-nvml's size probe and its read.
+		utils, ret = d.handle.GetProcessUtilization(d.lastSeenUs)
+	}
 	switch {
 	case ret == nvml.SUCCESS, ret == nvml.ERROR_NOT_FOUND,
 		ret == nvml.ERROR_INSUFFICIENT_SIZE && len(utils) == 0:
