@@ -495,3 +495,21 @@ func TestConfigValidateReportsEveryProblem(t *testing.T) {
 }
 
 func itoa(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
+
+func TestUtilizationGrowingBetweenProbeAndReadIsRetried(t *testing.T) {
+	e := newEnv(t)
+	calls := 0
+	full := []nvml.ProcessUtilizationSample{{Pid: 500, TimeStamp: 30, SmUtil: 70}}
+	e.dev(1).GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		calls++
+		if calls == 1 {
+			return full[:1], nvml.ERROR_INSUFFICIENT_SIZE
+		}
+		return full, nvml.SUCCESS
+	}
+	a := e.agent(t, Config{}, nil)
+	s := samples(a.sampleRound(t.Context()))["slice-c"]
+	if s.SMPercent == nil || *s.SMPercent != 70 || calls != 2 {
+		t.Errorf("SM %v after %d calls, want 70 after 2", s.SMPercent, calls)
+	}
+}
