@@ -16,6 +16,9 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/devissuer"
@@ -50,17 +53,23 @@ type browserEnv struct {
 	public string
 }
 
-// newBrowserEnv starts the parts for one browser test: namespace, one kwok
-// node with one GPU, redis-server, devissuer (users alice in ml and root in
-// the admin group, the broker as a confidential client), the broker with
-// --public-url and --oidc-client-secret-file, and the proxy.
-func newBrowserEnv(t *testing.T) *browserEnv {
+// newBrowserEnv starts the parts for one browser test: namespace, one node
+// with one GPU, redis-server, devissuer (users alice in ml and root in the
+// admin group, the broker as a confidential client), the broker with
+// --public-url and --oidc-client-secret-file, and the proxy. With held, the
+// node is not managed by kwok yet, so pods placed there stay pending until
+// the test calls releaseNode: the test decides when a server gets to run.
+func newBrowserEnv(t *testing.T, held bool) *browserEnv {
 	t.Helper()
 	c := needCluster(t)
 	bin := brokerBinary(t)
 	e := &env{t: t, cluster: c}
 	e.ns = newNamespace(t, c)
-	e.nodes = newNodes(t, c, 1)
+	if held {
+		e.nodes = []string{heldNode(t, c)}
+	} else {
+		e.nodes = newNodes(t, c, 1)
+	}
 	e.gpus = []v1.GPU{{UUID: "GPU-" + e.ns + "-0", Node: e.nodes[0], Model: gpuModel, MemoryMiB: gpuMemoryMiB, SMCount: gpuSMs, Healthy: true}}
 	e.redis = redistest.Start(t)
 
@@ -107,6 +116,62 @@ func newBrowserEnv(t *testing.T) *browserEnv {
 	e.admin = e.client("admin", adminGroup)
 	e.registerGPUs()
 	return &browserEnv{env: e, public: public}
+}
+
+// heldNode creates a Node that kwok does not manage (no kwok annotation):
+// a pod pinned to it stays Pending. It is deleted when t ends.
+func heldNode(t *testing.T, c *harness.Cluster) string {
+	t.Helper()
+	name := harness.UniqueName(t.Name()) + "-held"
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name, "gpubroker.io/e2e": "true"}}}
+	if _, err := c.Client.CoreV1().Nodes().Create(t.Context(), node, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create node %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 30*time.Second)
+		defer cancel()
+		if err := c.DeleteNodes(ctx, name); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	return name
+}
+
+// releaseNode hands the held node to kwok, which makes it Ready, and then
+// touches the pods on it: kwok runs a pod when it sees the pod change on a
+// node it manages, not when the node becomes managed.
+func (e *browserEnv) releaseNode() {
+	e.t.Helper()
+	ctx := e.t.Context()
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"fake"}}}`, harness.KwokNodeAnnotation)
+	if _, err := e.cluster.Client.CoreV1().Nodes().Patch(ctx, e.nodes[0], types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		e.t.Fatalf("release node %s: %v", e.nodes[0], err)
+	}
+	err := harness.Poll(ctx, 100*time.Millisecond, pageTimeout, func(ctx context.Context) (bool, string, error) {
+		n, err := e.cluster.Client.CoreV1().Nodes().Get(ctx, e.nodes[0], metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				return true, "", nil
+			}
+		}
+		return false, "not Ready", nil
+	})
+	if err != nil {
+		e.t.Fatalf("released node %s: %v", e.nodes[0], err)
+	}
+	pods, err := e.pods(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, p := range pods {
+		if _, err := e.cluster.Client.CoreV1().Pods(e.ns).Patch(ctx, p.Name, types.MergePatchType,
+			[]byte(`{"metadata":{"annotations":{"gpubroker.io/e2e-released":"true"}}}`), metav1.PatchOptions{}); err != nil {
+			e.t.Fatalf("touch pod %s: %v", p.Name, err)
+		}
+	}
 }
 
 // tab is one headless Chromium tab of a test.
@@ -294,7 +359,7 @@ func jsString(s string) string {
 // refused; logout ends the session.
 func TestBrowserUserJourney(t *testing.T) {
 	t.Parallel()
-	e := newBrowserEnv(t)
+	e := newBrowserEnv(t, true)
 	b := newTab(t)
 	e.signIn(b, "alice", "/servers")
 	b.waitFor("the servers page", `document.querySelector('h1').textContent === 'My servers'`)
@@ -308,18 +373,20 @@ func TestBrowserUserJourney(t *testing.T) {
 	b.set(`#name`, "nb1")
 	b.click(`form[action="/servers"] button[type=submit]`)
 	b.waitFor("the server page", `document.querySelector('h1') && document.querySelector('h1').textContent === 'Server nb1'`)
-	live := eval[bool](b, `document.getElementById('status').hasAttribute('data-events')`)
+	// The node is held: the pod waits, the page follows the event stream.
+	b.waitFor("the progress bar at starting", `document.getElementById('status').dataset.state === 'starting' && document.getElementById('progress').value === 4`)
+	if !eval[bool](b, `document.getElementById('status').hasAttribute('data-events') && document.getElementById('open').hidden`) {
+		t.Error("a starting server's page does not follow its events, or offers Open already")
+	}
 	b.shot("server-starting")
-	b.waitFor("the progress bar at running", `document.getElementById('status').dataset.state === 'running' && document.getElementById('progress').value === 5`)
-	if live {
-		// The page loaded while the server started: the event stream moved
-		// the bar and revealed "Open" without a reload.
-		b.waitFor("the Open link from the event stream", `!document.getElementById('open').hidden && document.getElementById('open').href.startsWith('http://')`)
-		if got := eval[string](b, `document.getElementById('message').textContent`); got == "" {
-			t.Error("the progress message is empty")
-		}
-	} else {
-		t.Log("the server was already running when its page loaded; the event stream had nothing to show")
+	// Mark the page: a reload would lose the mark, so the bar can only
+	// reach running through the event stream.
+	b.do("mark the page", chromedp.Evaluate[chromedp.Void](`window.e2eMark = true`))
+	e.releaseNode()
+	b.waitFor("the progress bar at running", `window.e2eMark && document.getElementById('status').dataset.state === 'running' && document.getElementById('progress').value === 5 && document.getElementById('step').textContent === '5'`)
+	b.waitFor("the Open link from the event stream", `window.e2eMark && !document.getElementById('open').hidden && document.getElementById('open').href.startsWith('http://')`)
+	if got := eval[string](b, `document.getElementById('message').textContent`); !strings.Contains(got, "running") {
+		t.Errorf("progress message %q, want the API's running message", got)
 	}
 	text := b.text()
 	for _, want := range []string{"No data yet", "Resize and extend are not available yet", "Reclaim countdown"} {
@@ -390,7 +457,7 @@ func TestBrowserUserJourney(t *testing.T) {
 // page shows the GPU; pages fit a phone's width.
 func TestBrowserAdminPolicy(t *testing.T) {
 	t.Parallel()
-	e := newBrowserEnv(t)
+	e := newBrowserEnv(t, false)
 	b := newTab(t)
 	e.signIn(b, "root", "/admin/reclaim")
 	b.waitFor("the policy page", `document.querySelector('h1').textContent === 'Idle reclaim settings'`)
@@ -474,7 +541,7 @@ func TestBrowserAdminPolicy(t *testing.T) {
 // session both lead to a clean new sign-in, never an error page with 500.
 func TestBrowserLoginEdgeCases(t *testing.T) {
 	t.Parallel()
-	e := newBrowserEnv(t)
+	e := newBrowserEnv(t, false)
 	b := newTab(t)
 
 	resp, err := chromedp.RunResponse(b.ctx, chromedp.Navigate(e.public+"/auth/callback?code=stolen&state=forged"))
