@@ -375,7 +375,7 @@ func TestBrowserUserJourney(t *testing.T) {
 	b.waitFor("the server page", `document.querySelector('h1') && document.querySelector('h1').textContent === 'Server nb1'`)
 	// The node is held: the pod waits, the page follows the event stream.
 	b.waitFor("the progress bar at starting", `document.getElementById('status').dataset.state === 'starting' && document.getElementById('progress').value === 4`)
-	if !eval[bool](b, `document.getElementById('status').hasAttribute('data-events') && document.getElementById('open').hidden`) {
+	if !eval[bool](b, `document.getElementById('status').hasAttribute('data-events') && getComputedStyle(document.getElementById('open')).display === 'none'`) {
 		t.Error("a starting server's page does not follow its events, or offers Open already")
 	}
 	b.shot("server-starting")
@@ -384,7 +384,7 @@ func TestBrowserUserJourney(t *testing.T) {
 	b.do("mark the page", chromedp.Evaluate[chromedp.Void](`window.e2eMark = true`))
 	e.releaseNode()
 	b.waitFor("the progress bar at running", `window.e2eMark && document.getElementById('status').dataset.state === 'running' && document.getElementById('progress').value === 5 && document.getElementById('step').textContent === '5'`)
-	b.waitFor("the Open link from the event stream", `window.e2eMark && !document.getElementById('open').hidden && document.getElementById('open').href.startsWith('http://')`)
+	b.waitFor("the Open link from the event stream", `window.e2eMark && getComputedStyle(document.getElementById('open')).display !== 'none' && document.getElementById('open').href.startsWith('http://')`)
 	if got := eval[string](b, `document.getElementById('message').textContent`); !strings.Contains(got, "running") {
 		t.Errorf("progress message %q, want the API's running message", got)
 	}
