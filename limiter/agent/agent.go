@@ -21,6 +21,7 @@ const (
 	DefaultSampleInterval    = time.Second
 	DefaultHeartbeatInterval = 10 * time.Second
 	DefaultQuotaResync       = 30 * time.Second
+	DefaultPaceInterval      = 100 * time.Millisecond
 	DefaultHostRoot          = "/var/lib/gpubroker"
 	DefaultProcRoot          = "/proc"
 	// xidPoll bounds one wait for Xid events, so shutdown is prompt.
@@ -44,6 +45,10 @@ type Config struct {
 	// QuotaResync is the time between full passes over desired quotas, to
 	// catch changes whose notification was missed; default 30 s.
 	QuotaResync time.Duration
+	// PaceInterval is the time between the pace feed's samples into the
+	// usage regions (the hooks' compute controller uses samples up to
+	// 500 ms old); default 100 ms; negative turns the feed off.
+	PaceInterval time.Duration
 	// Enforcement is the bypass policy.
 	Enforcement Policy
 	// TrustUsagePIDs maps processes that are in no pod cgroup to slices by
@@ -89,6 +94,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.QuotaResync == 0 {
 		c.QuotaResync = DefaultQuotaResync
+	}
+	if c.PaceInterval == 0 {
+		c.PaceInterval = DefaultPaceInterval
 	}
 	c.Enforcement = c.Enforcement.withDefaults()
 	return c
@@ -156,6 +164,9 @@ type Deps struct {
 	Killer Killer
 	// Clock defaults to RealClock.
 	Clock Clock
+	// Wall stamps the pace feed's samples; it must be the host's
+	// CLOCK_REALTIME, which the hooks compare against. Default time.Now.
+	Wall func() time.Time
 	// Metrics registers the agent's series; default a new registry.
 	Metrics prometheus.Registerer
 	// Log defaults to a discarding logger.
@@ -174,6 +185,7 @@ type Agent struct {
 	proc     ProcFS
 	killer   Killer
 	clock    Clock
+	wall     func() time.Time
 	log      *slog.Logger
 	metrics  *metrics
 	enforcer *enforcer
@@ -183,6 +195,10 @@ type Agent struct {
 	// procCache and knownSlices are used by the sampling goroutine only.
 	procCache   map[uint32]Process
 	knownSlices map[string]bool
+
+	paceMu     sync.Mutex
+	paceOwners map[uint32]string   // pid → slice id, from the last sampling round
+	paceSlices map[string][]string // gpu uuid → local slice ids, from the last round
 
 	applyMu sync.Mutex        // held for one applyQuota at a time
 	quotaMu sync.Mutex        // guards applied and limits
@@ -201,7 +217,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	cfg = cfg.withDefaults()
 	a := &Agent{
 		cfg: cfg, nvml: deps.NVML, has: deps.HasSymbol, samples: deps.Samples, quotas: deps.Quotas,
-		audit: deps.Audit, pods: deps.Pods, proc: deps.Proc, killer: deps.Killer, clock: deps.Clock, log: deps.Log,
+		audit: deps.Audit, pods: deps.Pods, proc: deps.Proc, killer: deps.Killer, clock: deps.Clock, wall: deps.Wall, log: deps.Log,
 		enforcer: newEnforcer(cfg.Enforcement), procCache: map[uint32]Process{}, knownSlices: map[string]bool{},
 		applied: map[string]int64{}, limits: map[string]uint64{},
 	}
@@ -217,6 +233,9 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	}
 	if a.clock == nil {
 		a.clock = RealClock{}
+	}
+	if a.wall == nil {
+		a.wall = wallNow
 	}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -267,6 +286,9 @@ func (a *Agent) Run(ctx context.Context) (rerr error) {
 	g.Go(func() error { return a.heartbeatLoop(ctx) })
 	g.Go(func() error { return a.quotaLoop(ctx) })
 	g.Go(func() error { return a.watchLoop(ctx) })
+	if a.cfg.PaceInterval > 0 {
+		g.Go(func() error { return a.paceLoop(ctx) })
+	}
 	g.Go(func() error {
 		if err := a.watchXids(ctx, xidPoll); err != nil {
 			// Health then comes from NVML errors while sampling; not fatal.
@@ -310,6 +332,7 @@ func (a *Agent) SampleOnce(ctx context.Context) {
 	}
 	start := time.Now()
 	r := a.sampleRound(ctx)
+	a.setPaceOwners(r)
 	samples := make([]agentstore.Sample, 0, len(r.Slices))
 	live := make(map[string]bool, len(r.Slices))
 	for _, s := range r.Slices {

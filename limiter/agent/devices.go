@@ -23,6 +23,10 @@ type device struct {
 	// lastSeenUs is the newest process-utilization timestamp seen
 	// (microseconds, NVML's clock); only the sampler touches it.
 	lastSeenUs uint64
+	// paceSeenUs and pace are the pace feed's own cursor and per-pid
+	// state; only the pace goroutine touches them.
+	paceSeenUs uint64
+	pace       map[uint32]*paceHold
 }
 
 // devices is the node's GPU set with their health. Safe for concurrent use.

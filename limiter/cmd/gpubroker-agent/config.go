@@ -62,6 +62,7 @@ func register(fs *flag.FlagSet, c *Config) {
 	fs.DurationVar(&c.Agent.SampleInterval, "sample-interval", agent.DefaultSampleInterval, "Time between usage samples.")
 	fs.DurationVar(&c.Agent.HeartbeatInterval, "heartbeat-interval", agent.DefaultHeartbeatInterval, "Time between node reports; the broker counts the node stale after three.")
 	fs.DurationVar(&c.Agent.QuotaResync, "quota-resync", agent.DefaultQuotaResync, "Time between full passes over desired quotas (changes also arrive by pub/sub).")
+	fs.DurationVar(&c.Agent.PaceInterval, "pace-interval", agent.DefaultPaceInterval, "Time between the slice utilization samples written into the usage regions for the hooks' compute pacing; negative turns them off.")
 	fs.StringVar(&c.EnforceMode, "enforce", string(agent.ModeReport), "What to do with a process over its slice or in no slice: report, kill or off (always audited).")
 	fs.IntVar(&c.Agent.Enforcement.TolerancePercent, "enforce-tolerance", 5, "Percent above its memory cap a slice may go before it counts as over.")
 	fs.IntVar(&c.Agent.Enforcement.Samples, "enforce-samples", 3, "Consecutive samples a violation must last before the agent acts.")
