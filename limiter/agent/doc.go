@@ -20,6 +20,10 @@
 //     into its quota file with a higher generation (region.WriteQuota,
 //     atomic rename) when it differs, and the applied generation is
 //     recorded; on every pub/sub notification and every QuotaResync.
+//   - pace feed: every PaceInterval (100 ms), each slice's and each GPU's
+//     SM use, measured through NVML with host pids, into the slice's usage
+//     region (region.WriteAgentSample); inside a pod's pid namespace the
+//     hook cannot match NVML's pids to its own and paces by these samples.
 //   - enforcement: a slice whose NVML memory exceeds its cap by more than
 //     the tolerance for Samples consecutive samples, and a GPU process in no
 //     slice, are reported or killed (Policy), always with an audit record.

@@ -142,11 +142,24 @@ func (p *cudaprog) do(command string) (int, []uint64) {
 type stubState struct {
 	UUID       string `json:"uuid"`
 	TotalBytes uint64 `json:"total_bytes"`
+	SMCount    uint64 `json:"sm_count"`
+	NowNs      uint64 `json:"now_ns"`
 	Procs      []struct {
 		PID      uint32 `json:"pid"`
 		MemBytes uint64 `json:"mem_bytes"`
+		SMNs     uint64 `json:"sm_ns"`
 		Launches uint64 `json:"launches"`
 	} `json:"procs"`
+}
+
+// smNs returns the SM-nanoseconds charged to pid so far.
+func (s stubState) smNs(pid uint32) uint64 {
+	for _, p := range s.Procs {
+		if p.PID == pid {
+			return p.SMNs
+		}
+	}
+	return 0
 }
 
 func readStub(t *testing.T, env []string) stubState {
@@ -392,4 +405,109 @@ func deref[T any](p *T) any {
 		return nil
 	}
 	return *p
+}
+
+// TestPaceFeedSteersASliceWhosePidsTheHookCannotSee runs the agent in real
+// time on the stub whose NVML reports every pid shifted by 1,000,000, as
+// NVML reports host pids inside a pod's pid namespace: the hook cannot
+// measure its slice, the agent (mapping the shifted pids through a /proc
+// tree that puts them in the pod, with the real pids as NSpid) feeds the
+// slice's SM use into the usage region, and the hook's controller holds the
+// slice at its 25 % share.
+func TestPaceFeedSteersASliceWhosePidsTheHookCannotSee(t *testing.T) {
+	needStub(t)
+	if testing.Short() {
+		t.Skip("3 s measurement; skipped with -short")
+	}
+	const offset = 1000000
+	dir := t.TempDir()
+	t.Setenv("GPUBROKER_STUB_STATE", filepath.Join(dir, "stub.state"))
+	t.Setenv("GPUBROKER_STUB_NVML_PID_OFFSET", strconv.Itoa(offset))
+	root := filepath.Join(dir, "host")
+	const id = "spawn-pace"
+	sliceDir := filepath.Join(root, v1.HostSlicesSubdir, id)
+	for _, sub := range []string{"quota", "usage"} {
+		if err := os.MkdirAll(filepath.Join(sliceDir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GPUBROKER_") && !strings.HasPrefix(kv, "LD_") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "GPUBROKER_STUB_STATE="+filepath.Join(dir, "stub.state"),
+		"GPUBROKER_STUB_NVML_PID_OFFSET="+strconv.Itoa(offset),
+		"LD_LIBRARY_PATH="+filepath.Join(hookBuildDir(), "stub"))
+	usageFile := filepath.Join(sliceDir, "usage", v1.UsageFileName)
+	progEnv := append(append([]string{}, env...),
+		"LD_PRELOAD="+filepath.Join(hookBuildDir(), "libgpulimit.so"),
+		v1.EnvSliceID+"="+id, v1.EnvGPUUUID+"="+stubUUID,
+		v1.EnvQuotaFile+"="+filepath.Join(sliceDir, "quota", v1.QuotaFileName), v1.EnvUsageFile+"="+usageFile,
+		v1.EnvMemoryLimitMiB+"=4096", v1.EnvComputePercent+"=25", v1.EnvComputeLimitPercent+"=25")
+
+	lib := nvml.New(nvml.WithLibraryPath(filepath.Join(hookBuildDir(), "stub", "libnvidia-ml.so.1")))
+	prog := startCudaprog(t, progEnv)
+	if res, _ := prog.do("alloc linear 1048576"); res != 0 { // creates the context: NVML lists the process
+		t.Fatalf("alloc: CUresult %d", res)
+	}
+	pid := uint32(prog.cmd.Process.Pid)
+	start, err := ProcFS{Root: "/proc"}.StartTime(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc := newFakeProc(t)
+	proc.add(pid+offset, pid, start, uidA, testCID)
+
+	srv := redistest.Start(t)
+	store := agentstore.New(srv.Client(t), srv.Prefix(t))
+	pods := StaticPods{{ID: id, PodUID: uidA, Pod: "nb", Namespace: "ns", GPU: stubUUID,
+		Initial: v1.Slice{MemoryMiB: 4096, ComputePercent: 25, ComputeLimitPercent: 25}}}
+	a, err := New(Config{Node: "gpu-1", HostRoot: root, SampleInterval: 200 * time.Millisecond, PaceInterval: 50 * time.Millisecond,
+		Enforcement: Policy{Mode: ModeOff}},
+		Deps{NVML: lib, Samples: store, Quotas: store, Audit: store, Pods: pods, Proc: ProcFS{Root: proc.root}, Killer: &fakeKiller{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	// Kernels of 300 µs blocks: the hook's start rate assumes 100 µs, so
+	// without measurements the slice would run at about 75 %. Warm up while
+	// the controller converges from its start rate.
+	if res, _ := prog.do("saturate busy_300us 264 1500"); res != 0 {
+		t.Fatalf("saturate: CUresult %d", res)
+	}
+	before := readStub(t, env)
+	if res, _ := prog.do("saturate busy_300us 264 2000"); res != 0 {
+		t.Fatalf("saturate: CUresult %d", res)
+	}
+	after := readStub(t, env)
+	share := float64(after.smNs(pid)-before.smNs(pid)) / (float64(after.NowNs-before.NowNs) * float64(after.SMCount)) * 100
+	t.Logf("SM share over 2 s: %.1f %% (target 25 %%)", share)
+	if share < 20 || share > 30 {
+		t.Errorf("SM share %.1f %%, want 25 ± 5 %%", share)
+	}
+	u, err := region.ReadUsage(usageFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Agent.Time.IsZero() || u.Agent.SliceUtilPermille == 0 {
+		t.Errorf("usage region agent sample %+v, want the agent's measurements", u.Agent)
+	}
+	s, err := store.LatestSample(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Processes == nil || *s.Processes != 1 || s.SMPercent == nil {
+		t.Errorf("redis sample %+v, want the hidden-pid process mapped to the slice", s)
+	}
 }
