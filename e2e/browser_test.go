@@ -368,10 +368,20 @@ func TestBrowserUserJourney(t *testing.T) {
 	}
 	b.shot("servers-empty")
 
-	// Launch with the keyboard's way of choosing: the labelled radio.
-	b.click(`input[name=profile][value=small]`)
-	b.set(`#name`, "nb1")
-	b.click(`form[action="/servers"] button[type=submit]`)
+	// The keyboard alone: the first Tab reaches the skip link; the launch
+	// form submits with Enter from the name field (profile small is the
+	// preselected radio).
+	b.open(e.public + "/servers")
+	b.do("press Tab", chromedp.KeyEvent("\t"))
+	if got := eval[string](b, `document.activeElement.className + ' ' + document.activeElement.getAttribute('href')`); got != "skip #main" {
+		t.Errorf("first Tab focuses %q, want the skip link to #main", got)
+	}
+	if !eval[bool](b, `document.querySelector('input[name=profile][value=small]').checked && document.querySelector('label[for=name]') !== null`) {
+		t.Error("the first profile is not preselected, or the name field has no label")
+	}
+	b.do("clear the name field", chromedp.Evaluate[chromedp.Void](`document.getElementById('name').value = ''`))
+	b.retry("focus the name field", chromedp.Focus(chromedp.CSS(`#name`)))
+	b.do("type the name and press Enter", chromedp.KeyEvent("nb1\r"))
 	b.waitFor("the server page", `document.querySelector('h1') && document.querySelector('h1').textContent === 'Server nb1'`)
 	// The node is held: the pod waits, the page follows the event stream.
 	b.waitFor("the progress bar at starting", `document.getElementById('status').dataset.state === 'starting' && document.getElementById('progress').value === 4`)
