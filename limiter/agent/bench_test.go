@@ -17,7 +17,6 @@ import (
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
-	"github.com/gpubroker/gpubroker/limiter/region"
 )
 
 // cpuTime is this process's user + system CPU time.
@@ -30,36 +29,29 @@ func cpuTime(tb testing.TB) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// BenchmarkSampleWrites8x50 measures whole sampling rounds of an agent on
-// 8 GPUs × 50 slices (one process each, on go-nvml's dgxh200 mock over a
-// fake /proc, with a usage region per slice) writing into a real
-// redis-server, against a raw pipeline of the same XADD commands on the
-// same server, and Store.AddSamples alone (the Redis contract's own cost).
-// It reports samples per second for each, the ratios to raw, and the
-// agent's CPU time per sample (this process: NVML calls, /proc and region
-// reads, encoding, the Redis client; not redis-server).
-func BenchmarkSampleWrites8x50(b *testing.B) {
-	const gpus, perGPU, rounds = 8, 50, 20
+// benchAgent is an agent on 8 GPUs × 50 slices (one process each) of the
+// dgxh200 mock over a fake /proc, with a usage region per slice, writing
+// into a real redis-server.
+func benchAgent(b *testing.B) (a *Agent, store *agentstore.Store, rdb *redis.Client, clock *fakeClock) {
+	b.Helper()
 	lib := dgxh200.New()
 	proc := newFakeProc(b)
 	root := b.TempDir()
 	var pods StaticPods
-	for g := range gpus {
+	for g := range benchGPUs {
 		uuid, _ := lib.Devices[g].GetUUID()
 		var procs []nvml.ProcessInfo
 		var util []nvml.ProcessUtilizationSample
-		for s := range perGPU {
-			pid := uint32(10000 + g*perGPU + s)
+		for s := range benchPerGPU {
+			pid := uint32(10000 + g*benchPerGPU + s)
 			uid := fmt.Sprintf("%08x-0000-4000-8000-%012x", g, s)
 			proc.add(pid, 1, uint64(pid), uid, testCID)
 			id := fmt.Sprintf("slice-%d-%d", g, s)
 			if err := os.MkdirAll(filepath.Join(root, v1.HostSlicesSubdir, id, "usage"), 0o755); err != nil {
 				b.Fatal(err)
 			}
-			// An initialized-looking (all-zero) usage region, as the pod's first hook leaves it.
-			if err := region.CreateUsage(filepath.Join(root, v1.HostSlicesSubdir, id, "usage", v1.UsageFileName), 0o644); err != nil {
-				b.Fatal(err)
-			}
+			// A usage region as the pod's first hook leaves it.
+			initUsage(b, filepath.Join(root, v1.HostSlicesSubdir, id, "usage", v1.UsageFileName))
 			pods = append(pods, SliceInfo{ID: id, PodUID: uid, Pod: "nb", Namespace: "ns", GPU: uuid,
 				Initial: v1.Slice{MemoryMiB: 2048, ComputePercent: 2, ComputeLimitPercent: 2}})
 			procs = append(procs, nvml.ProcessInfo{Pid: pid, UsedGpuMemory: uint64(s+1) << 24})
@@ -70,9 +62,9 @@ func BenchmarkSampleWrites8x50(b *testing.B) {
 		d.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) { return util, nvml.SUCCESS }
 	}
 	srv := redistest.Start(b)
-	rdb := srv.Client(b)
-	store := agentstore.New(rdb, srv.Prefix(b))
-	clock := &fakeClock{now: time.Now()}
+	rdb = srv.Client(b)
+	store = agentstore.New(rdb, srv.Prefix(b))
+	clock = &fakeClock{now: time.Now()}
 	a, err := New(Config{Node: "gpu-1", HostRoot: root}, Deps{NVML: lib, Samples: store, Quotas: store, Audit: store,
 		Pods: pods, Proc: ProcFS{Root: proc.root}, Killer: &fakeKiller{}, Clock: clock})
 	if err != nil {
@@ -81,6 +73,22 @@ func BenchmarkSampleWrites8x50(b *testing.B) {
 	if a.devs, err = discoverDevices(lib, "gpu-1", a.has, clock.Now()); err != nil {
 		b.Fatal(err)
 	}
+	return a, store, rdb, clock
+}
+
+const benchGPUs, benchPerGPU = 8, 50
+
+// BenchmarkSampleWrites8x50 measures whole sampling rounds of an agent on
+// 8 GPUs × 50 slices (one process each, on go-nvml's dgxh200 mock over a
+// fake /proc, with a usage region per slice) writing into a real
+// redis-server, against a raw pipeline of the same XADD commands on the
+// same server, and Store.AddSamples alone (the Redis contract's own cost).
+// It reports samples per second for each, the ratios to raw, and the
+// agent's CPU time per sample (this process: NVML calls, /proc and region
+// reads, encoding, the Redis client; not redis-server).
+func BenchmarkSampleWrites8x50(b *testing.B) {
+	const gpus, perGPU, rounds = benchGPUs, benchPerGPU, 20
+	a, store, rdb, clock := benchAgent(b)
 	ctx := b.Context()
 	a.SampleOnce(ctx) // warm the caches and the connection pool
 
@@ -138,4 +146,24 @@ func BenchmarkSampleWrites8x50(b *testing.B) {
 	b.Logf("8 GPUs × 50 slices: whole agent rounds %.0f samples/s, AddSamples alone %.0f samples/s, raw XADD pipeline %.0f samples/s; "+
 		"ratios agent/raw %.3f, store/raw %.2f; agent CPU %.1f µs per sample",
 		agentRate, storeRate, rawRate, agentRate/rawRate, storeRate/rawRate, float64(cpu.Nanoseconds())/float64(samples)/1000)
+}
+
+// BenchmarkPaceRound8x50 measures one pace round (utilization from NVML and
+// a sample into each of the 400 usage regions) and reports its wall and CPU
+// time and the share of one core the feed takes at the default 100 ms.
+func BenchmarkPaceRound8x50(b *testing.B) {
+	a, _, _, _ := benchAgent(b)
+	ctx := b.Context()
+	a.SampleOnce(ctx)
+	c0, t0 := cpuTime(b), time.Now()
+	n := 0
+	for b.Loop() {
+		a.paceRound(ctx)
+		n++
+	}
+	wall, cpu := time.Since(t0)/time.Duration(n), (cpuTime(b)-c0)/time.Duration(n)
+	b.ReportMetric(float64(cpu.Microseconds()), "cpu-µs/round")
+	b.ReportMetric(float64(cpu)/float64(DefaultPaceInterval)*100, "%core@100ms")
+	b.Logf("pace round over 400 slices: %s wall, %s CPU; %.1f %% of a core at one round per %s",
+		wall, cpu, float64(cpu)/float64(DefaultPaceInterval)*100, DefaultPaceInterval)
 }

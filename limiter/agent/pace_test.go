@@ -18,7 +18,7 @@ import (
 // header's magic, layout version, slot and device counts (the first four
 // little-endian uint32 of struct gpulimit_usage), the rest zero. Test-only;
 // the agent itself never initializes a usage region.
-func initUsage(t *testing.T, path string) {
+func initUsage(t testing.TB, path string) {
 	t.Helper()
 	if err := region.CreateUsage(path, 0o644); err != nil {
 		t.Fatal(err)
