@@ -358,6 +358,13 @@ func (w *Web) callback(rw http.ResponseWriter, r *http.Request) {
 		RefreshToken: tok.RefreshToken, Expiry: tokenExpiry(tok, idt), Created: now,
 	}
 	id := rand.Text() + rand.Text() // 52 base32 characters, 260 bits
+	if old, err := r.Cookie(SessionCookie); err == nil && old.Value != "" && len(old.Value) <= maxCookieBytes {
+		// A sign-in replaces the browser's earlier session (always a new id:
+		// no session fixation); the old record goes at once.
+		if err := w.rdb.Del(ctx, w.sessionKey(old.Value)).Err(); err != nil {
+			w.log.WarnContext(ctx, "drop the replaced session", "err", err)
+		}
+	}
 	if err := w.putJSON(ctx, w.sessionKey(id), sess, w.cfg.SessionTTL); err != nil {
 		w.fail(rw, r, http.StatusServiceUnavailable, "sign-in is unavailable right now (session storage); try again shortly", err)
 		return

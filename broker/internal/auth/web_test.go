@@ -322,6 +322,37 @@ func TestWebLoginEdgeCases(t *testing.T) {
 	}
 }
 
+// TestSignInReplacesSession: a second sign-in in the same browser gets a
+// new session id, and the old session is gone.
+func TestSignInReplacesSession(t *testing.T) {
+	e := startWeb(t, 1)
+	b := newBrowser(t)
+	u, _ := url.Parse(e.site(0))
+	var ids []string
+	for range 2 {
+		if p := e.signIn(b, ""); !strings.HasPrefix(p.body, "alice ") {
+			t.Fatalf("sign in: %d %q", p.status, p.body)
+		}
+		for _, c := range b.jar.Cookies(u) {
+			if c.Name == auth.SessionCookie {
+				ids = append(ids, c.Value)
+			}
+		}
+	}
+	if len(ids) != 2 || ids[0] == ids[1] {
+		t.Fatalf("session ids %v, want two different", ids)
+	}
+	keys, err := e.rdb.Keys(t.Context(), e.prefix+"*:session").Result()
+	if err != nil || len(keys) != 1 {
+		t.Errorf("session keys after two sign-ins: %v %v, want one", keys, err)
+	}
+	old := newBrowser(t)
+	old.jar.SetCookies(u, []*http.Cookie{{Name: auth.SessionCookie, Value: ids[0]}})
+	if who := old.follow(e.site(0)+"/whoami", nil); who.status != http.StatusUnauthorized {
+		t.Errorf("the replaced session still works: %d", who.status)
+	}
+}
+
 func TestExpiredSessionEndsCleanly(t *testing.T) {
 	e := startWeb(t, 1)
 	b := newBrowser(t)
