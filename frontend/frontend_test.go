@@ -444,3 +444,41 @@ func golden(t *testing.T, name, got string) {
 		t.Errorf("%s (-want +got):\n%s", name, diff)
 	}
 }
+
+// fakeUsage returns fixed samples for one spawn.
+type fakeUsage struct {
+	spawn   string
+	samples []frontend.Sample
+}
+
+func (f fakeUsage) Samples(_ context.Context, _, _, spawnID string) ([]frontend.Sample, error) {
+	if spawnID != f.spawn {
+		return nil, nil
+	}
+	return f.samples, nil
+}
+
+// TestServerPageChartsSamples: once a Usage source is wired, the page
+// draws the chart instead of "no data yet".
+func TestServerPageChartsSamples(t *testing.T) {
+	api := &fakeAPI{answers: baseAnswers()}
+	usage := fakeUsage{spawn: "sp1", samples: []frontend.Sample{
+		{Time: t0, SMPercent: 40, MemoryMiB: 2048}, {Time: t0.Add(time.Minute), SMPercent: 80, MemoryMiB: 4096},
+	}}
+	h, err := frontend.New(frontend.Deps{API: api, Sessions: fakeSessions{v: alice}, Usage: usage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path, want, notWant string
+	}{
+		{"/servers/nb", `<svg class="chart"`, "No data yet"},
+		{"/servers/new", "No data yet: no usage sample has been reported for this slice so far.", "<svg"},
+	} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), "GET", tc.path, nil))
+		if body := rec.Body.String(); !strings.Contains(body, tc.want) || strings.Contains(body, tc.notWant) {
+			t.Errorf("%s: want %q and not %q in\n%s", tc.path, tc.want, tc.notWant, body)
+		}
+	}
+}
