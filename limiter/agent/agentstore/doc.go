@@ -29,7 +29,7 @@
 //     1 Hz), 24 h of samples leave ~3,600 entries and ~196 KB per slice
 //     (measured with complete samples); the tests assert at most 384 KiB.
 //   - Missing data is recorded as missing, never as zero: a Sample field
-//     that NVML could not provide is absent from the stream entry and nil in
+//     that NVML could not provide is stored empty ("") in the stream entry and nil in
 //     the decoded Sample, with the reason in Sample.Missing.
 //   - Staleness is decided by the reader from the sample's own time and
 //     interval against the reader's clock (Sample.Stale): a sample older than
