@@ -513,3 +513,35 @@ func TestUtilizationGrowingBetweenProbeAndReadIsRetried(t *testing.T) {
 		t.Errorf("SM %v after %d calls, want 70 after 2", s.SMPercent, calls)
 	}
 }
+
+func TestDiscoverUnknownModelTakesSMCountFromAttributes(t *testing.T) {
+	tests := []struct {
+		name        string
+		ret         nvml.Return
+		sms         uint32
+		wantHealthy bool
+		wantSMs     int
+	}{
+		{name: "attributes give the count", ret: nvml.SUCCESS, sms: 152, wantHealthy: true, wantSMs: 152},
+		{name: "attributes not supported leaves it unplaceable", ret: nvml.ERROR_NOT_SUPPORTED},
+		{name: "zero count leaves it unplaceable", ret: nvml.SUCCESS},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			lib := dgxh200.New()
+			d := lib.Devices[0].(*server.Device)
+			d.GetNameFunc = func() (string, nvml.Return) { return "NVIDIA Future X1", nvml.SUCCESS }
+			d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
+				return nvml.DeviceAttributes{MultiprocessorCount: tc.sms}, tc.ret
+			}
+			ds, _ := discoverDevices(lib, "n", func(string) bool { return true }, t0)
+			g := ds.reports()[0]
+			if g.Healthy != tc.wantHealthy || g.SMCount != tc.wantSMs {
+				t.Errorf("gpu: healthy %v, %d SMs, reason %q; want healthy %v, %d SMs", g.Healthy, g.SMCount, g.Reason, tc.wantHealthy, tc.wantSMs)
+			}
+			if !tc.wantHealthy && !strings.Contains(g.Reason, "unknown gpu model") {
+				t.Errorf("reason %q, want it to name the unknown model", g.Reason)
+			}
+		})
+	}
+}

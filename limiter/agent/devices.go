@@ -70,6 +70,13 @@ func describeDevice(lib nvml.Interface, index int, node string, has func(string)
 	if g.UUID == "" {
 		return nil, err
 	}
+	if errors.Is(err, ErrUnknownModel) && has("nvmlDeviceGetAttributes_v2") {
+		// A model missing from the table: NVML reports the SM count of a
+		// whole GPU through its attributes on recent drivers.
+		if attrs, ret := h.GetAttributes(); ret == nvml.SUCCESS && attrs.MultiprocessorCount > 0 {
+			g.SMCount, g.Healthy, err = int(attrs.MultiprocessorCount), true, nil
+		}
+	}
 	d := &device{index: index, handle: h, report: agentstore.GPUReport{GPU: g, Since: now}}
 	if err != nil {
 		d.report.Healthy = false
