@@ -39,6 +39,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/reconcile"
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 	"github.com/gpubroker/gpubroker/spawner"
 )
 
@@ -81,6 +82,7 @@ type parts struct {
 	log        *slog.Logger
 	redis      redis.UniversalClient
 	store      *redisstore.Store
+	agents     *agentstore.Store
 	kube       kubernetes.Interface
 	spawner    *spawner.Client
 	service    *servers.Service
@@ -128,6 +130,7 @@ func Run(ctx context.Context, cfg config.Config, stdout, stderr io.Writer) error
 	}
 	g.Go(func() error { return ignoreCanceled(p.spawner.Run(gctx)) })
 	g.Go(func() error { return forwardPodEvents(gctx, p) })
+	g.Go(func() error { return syncInventory(gctx, p.agents, p.store, log, inventoryInterval) })
 	g.Go(func() error {
 		if err := p.spawner.WaitSynced(gctx); err != nil {
 			return ignoreCanceled(err)
@@ -290,7 +293,8 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 		Namespace: cfg.Namespace, HostRoot: cfg.HostRoot, Exposure: spawner.Exposure(cfg.GPUExposure),
 		RuntimeClassName: cfg.RuntimeClass, StartTimeout: cfg.StartTimeout,
 	}.WithDefaults(), log.With("part", "spawner"))
-	p := &parts{log: log, redis: rdb, store: store, kube: kube, spawner: sp}
+	p := &parts{log: log, redis: rdb, store: store, kube: kube, spawner: sp,
+		agents: agentstore.New(rdb, cfg.RedisPrefix)}
 	var rec *reconcile.Reconciler
 	p.service = servers.New(store, sp, cat, log.With("part", "servers"),
 		servers.WithPolicy(fleet.Policy(cfg.PlacementPolicy)),
