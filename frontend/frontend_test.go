@@ -42,7 +42,9 @@ type fakeSessions struct {
 	err error
 }
 
-func (f fakeSessions) Viewer(context.Context, *http.Request) (frontend.Viewer, error) { return f.v, f.err }
+func (f fakeSessions) Viewer(context.Context, *http.Request) (frontend.Viewer, error) {
+	return f.v, f.err
+}
 
 // call is one in-process API request the pages made.
 type call struct {
