@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // Constants of the region ABI; equal to the GPULIMIT_* macros of
@@ -36,6 +37,9 @@ var (
 	ErrStaleGeneration = errors.New("region: generation not higher than current")
 	// ErrInvalidQuota means a Quota value is out of range and was not written.
 	ErrInvalidQuota = errors.New("region: invalid quota")
+	// ErrNotRegular means a region path names a symbolic link, a FIFO or
+	// anything else that is not a regular file; it is never followed or read.
+	ErrNotRegular = errors.New("region: not a regular file")
 )
 
 // Quota is the content of a slice's quota region. The zero value is not valid.
@@ -208,9 +212,38 @@ func checksum(b []byte) uint32 {
 	return h.Sum32()
 }
 
-// readLimited reads at most max bytes of path.
+// openRegular opens path with flag, refusing to follow a symbolic link in its
+// last component and anything but a regular file. Usage files live in a
+// directory the tenant can write, and the agent that reads and writes them
+// runs as root: a planted link or FIFO must not redirect or block it.
+// O_NONBLOCK keeps a FIFO from blocking the open; it changes nothing for
+// regular files.
+func openRegular(path string, flag int) (*os.File, error) {
+	f, err := os.OpenFile(path, flag|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	switch {
+	case errors.Is(err, syscall.ELOOP):
+		return nil, fmt.Errorf("%s: %w: it is a symbolic link", path, ErrNotRegular)
+	case errors.Is(err, syscall.ENXIO):
+		return nil, fmt.Errorf("%s: %w: it is a FIFO or device without a peer", path, ErrNotRegular)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w: mode %s", path, ErrNotRegular, st.Mode().Type())
+	}
+	return f, nil
+}
+
+// readLimited reads at most max bytes of the regular file at path.
 func readLimited(path string, max int64) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := openRegular(path, os.O_RDONLY)
 	if err != nil {
 		return nil, err
 	}

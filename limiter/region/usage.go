@@ -284,7 +284,7 @@ const (
 // UsageSize bytes (CreateUsage); a missing file yields an error wrapping
 // fs.ErrNotExist. Not safe for concurrent use on the same path.
 func WriteAgentSample(path string, s AgentSample) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	f, err := openRegular(path, os.O_WRONLY)
 	if err != nil {
 		return fmt.Errorf("write agent sample: %w", err)
 	}
