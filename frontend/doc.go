@@ -28,11 +28,11 @@
 // # Honesty
 //
 // Parts of the product that do not exist yet are shown as such, never
-// faked: usage charts say "no data yet" until usage samples are available
-// (Deps.Usage is nil), the reclaim countdown and the policy's dry-run
-// preview say "not available yet", resize and extend are shown disabled
-// with the reason. The chart renderer (chart.go) is in place and tested, so
-// pages fill in when a Usage source is wired.
+// faked: a usage chart says "no data yet" until the node agent has reported
+// samples for the slice (or when Deps.Usage is nil), the reclaim countdown
+// and the policy's dry-run preview say "not available yet", resize and
+// extend are shown disabled with the reason. A sample with a missing
+// reading is left out, never drawn as zero.
 //
 // # Invariants
 //

@@ -14,6 +14,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
 	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/frontend"
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 )
 
 // webSettings turn the web login and pages on; nil leaves them off (serve
@@ -94,8 +95,8 @@ func (s webSessions) Viewer(ctx context.Context, r *http.Request) (frontend.View
 
 // mountPages returns the broker's root handler: the API (and probes) as
 // they are, the web login under /auth/, and the pages everywhere else.
-func mountPages(api http.Handler, w *auth.Web, proxy *pagesProxy, log *slog.Logger, notice string) (http.Handler, error) {
-	pages, err := frontend.New(frontend.Deps{API: api, Sessions: webSessions{w}, Log: log.With("part", "frontend"), Notice: notice})
+func mountPages(api http.Handler, w *auth.Web, proxy *pagesProxy, usage frontend.Usage, log *slog.Logger, notice string) (http.Handler, error) {
+	pages, err := frontend.New(frontend.Deps{API: api, Sessions: webSessions{w}, Usage: usage, Log: log.With("part", "frontend"), Notice: notice})
 	if err != nil {
 		return nil, fmt.Errorf("web pages: %w", err)
 	}
@@ -116,4 +117,30 @@ func redirectHost(u string) string {
 		return u
 	}
 	return p.Host
+}
+
+// usageWindow is how many of a slice's newest samples a usage chart shows.
+const usageWindow = 360
+
+// agentUsage reads the node agents' usage samples for the pages' charts.
+type agentUsage struct{ agents *agentstore.Store }
+
+var _ frontend.Usage = agentUsage{}
+
+// Samples returns the spawn's newest samples, oldest first. Samples whose
+// SM or memory reading is missing are left out: missing is never zero.
+func (u agentUsage) Samples(ctx context.Context, _, _, spawnID string) ([]frontend.Sample, error) {
+	ss, err := u.agents.RecentSamples(ctx, spawnID, usageWindow)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]frontend.Sample, 0, len(ss))
+	for i := len(ss) - 1; i >= 0; i-- {
+		s := ss[i]
+		if s.SMPercent == nil || s.MemoryUsedMiB == nil {
+			continue
+		}
+		out = append(out, frontend.Sample{Time: s.At, SMPercent: float64(*s.SMPercent), MemoryMiB: *s.MemoryUsedMiB})
+	}
+	return out, nil
 }

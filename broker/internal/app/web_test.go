@@ -1,0 +1,66 @@
+package app
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpubroker/gpubroker/broker/internal/config"
+	"github.com/gpubroker/gpubroker/broker/redistest"
+	"github.com/gpubroker/gpubroker/frontend"
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+)
+
+// TestAgentUsageFeedsCharts: the pages' charts read the agent's samples of
+// the spawn, oldest first, leaving out readings with missing fields.
+func TestAgentUsageFeedsCharts(t *testing.T) {
+	srv := redistest.Start(t)
+	agents := agentstore.New(srv.Client(t), srv.Prefix(t))
+	t0 := time.Date(2026, 11, 29, 15, 0, 0, 0, time.UTC)
+	sm := func(v int) *int { return &v }
+	mem := func(v int64) *int64 { return &v }
+	if err := agents.AddSamples(t.Context(), []agentstore.Sample{
+		{Slice: "spawn-1", At: t0, Interval: time.Second, SMPercent: sm(10), MemoryUsedMiB: mem(100), MemoryLimitMiB: 8192},
+		{Slice: "spawn-1", At: t0.Add(time.Second), Interval: time.Second, Missing: "gpu lost"},
+		{Slice: "spawn-1", At: t0.Add(2 * time.Second), Interval: time.Second, SMPercent: sm(30), MemoryUsedMiB: mem(300), MemoryLimitMiB: 8192},
+		{Slice: "spawn-2", At: t0, Interval: time.Second, SMPercent: sm(99), MemoryUsedMiB: mem(999), MemoryLimitMiB: 8192},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := agentUsage{agents}.Samples(t.Context(), "alice", "nb", "spawn-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []frontend.Sample{{Time: t0, SMPercent: 10, MemoryMiB: 100}, {Time: t0.Add(2 * time.Second), SMPercent: 30, MemoryMiB: 300}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("samples (-want +got):\n%s", diff)
+	}
+	if none, err := (agentUsage{agents}).Samples(t.Context(), "alice", "nb", "spawn-3"); err != nil || len(none) != 0 {
+		t.Errorf("samples of a spawn without any: %v, %v", none, err)
+	}
+}
+
+func TestDevPublicURL(t *testing.T) {
+	tests := []struct {
+		name, public, listen, want string
+	}{
+		{"configured wins", "https://gpu.example", "127.0.0.1:0", "https://gpu.example"},
+		{"loopback listener", "", "127.0.0.1:0", "http://127.0.0.1:"},
+		{"unspecified host becomes localhost", "", ":0", "http://localhost:"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", tc.listen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			got := devPublicURL(config.Config{PublicURL: tc.public}, ln)
+			if len(got) < len(tc.want) || got[:len(tc.want)] != tc.want {
+				t.Errorf("devPublicURL = %q, want prefix %q", got, tc.want)
+			}
+		})
+	}
+}
