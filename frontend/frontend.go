@@ -71,6 +71,9 @@ type Usage interface {
 	// Samples returns the samples of the server's current spawn, oldest
 	// first, from the last window (e.g. 1 h); none is not an error.
 	Samples(ctx context.Context, user, server, spawnID string) ([]Sample, error)
+	// Current returns the spawn's newest sample when it is fresh and
+	// complete; ok is false when there is none (unknown, never zero).
+	Current(ctx context.Context, user, server, spawnID string) (s Sample, ok bool, err error)
 }
 
 // Deps are what the pages need. API and Sessions are required.

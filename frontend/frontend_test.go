@@ -460,6 +460,46 @@ func (f fakeUsage) Samples(_ context.Context, _, _, spawnID string) ([]frontend.
 	return f.samples, nil
 }
 
+func (f fakeUsage) Current(_ context.Context, _, _, spawnID string) (frontend.Sample, bool, error) {
+	if spawnID != f.spawn || len(f.samples) == 0 {
+		return frontend.Sample{}, false, nil
+	}
+	return f.samples[len(f.samples)-1], true, nil
+}
+
+// TestFleetRealUse: the sum of fresh samples, or unknown when a slice has
+// none.
+func TestFleetRealUse(t *testing.T) {
+	a := baseAnswers()
+	a["GET /api/v1/admin/gpus"] = answer{200, []map[string]any{
+		{"uuid": "GPU-1", "node": "node-a", "model": "NVIDIA H200", "memoryMiB": 143771, "smCount": 132, "healthy": true},
+	}}
+	sample := []frontend.Sample{{Time: t0, SMPercent: 37, MemoryMiB: 2560}}
+	tests := []struct {
+		name    string
+		servers []v1.Server
+		want    string
+	}{
+		{"every slice reports", []v1.Server{running}, `<td>SM 37 % · 2.5 GiB in use</td>`},
+		{"one slice silent", []v1.Server{running, creating}, `<td class="muted">Unknown: 1 of 2 slices report no fresh sample</td>`},
+		{"no slices", nil, `<td class="muted">No slices</td>`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a["GET /api/v1/servers?all=true"] = answer{200, tc.servers}
+			h, err := frontend.New(frontend.Deps{API: &fakeAPI{answers: a}, Sessions: fakeSessions{v: root}, Usage: fakeUsage{spawn: "sp1", samples: sample}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), "GET", "/admin/fleet", nil))
+			if !strings.Contains(rec.Body.String(), tc.want) {
+				t.Errorf("fleet page lacks %s:\n%s", tc.want, rec.Body)
+			}
+		})
+	}
+}
+
 // TestServerPageChartsSamples: once a Usage source is wired, the page
 // draws the chart instead of "no data yet".
 func TestServerPageChartsSamples(t *testing.T) {

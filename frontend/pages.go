@@ -3,6 +3,7 @@ package frontend
 import (
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"html/template"
 	"math"
 	"net/http"
@@ -325,6 +326,12 @@ type fleetGPU struct {
 	gpuStatus
 	MemoryPercent int
 	Servers       []v1.Server
+	// Use is the measured use of the GPU's slices, in words: their summed
+	// SM utilization and memory when every slice reported a fresh sample,
+	// else why it is unknown.
+	Use string
+	// UseKnown is true when Use is a measurement.
+	UseKnown bool
 }
 
 type fleetNode struct {
@@ -372,6 +379,7 @@ func (h *Handler) fleetPage(w http.ResponseWriter, r *http.Request, v Viewer) {
 			d.Nodes = append(d.Nodes, fleetNode{Name: g.Node})
 		}
 		fg := fleetGPU{gpuStatus: g, Servers: byGPU[g.UUID]}
+		fg.Use, fg.UseKnown = h.realUse(r, fg.Servers)
 		if g.MemoryMiB > 0 {
 			fg.MemoryPercent = int(g.AllocatedMemoryMiB * 100 / g.MemoryMiB)
 		}
@@ -423,4 +431,37 @@ func (h *Handler) auditPage(w http.ResponseWriter, r *http.Request, v Viewer) {
 		d.More = "/admin/audit?" + more.Encode()
 	}
 	h.render(w, r, http.StatusOK, "audit", view{Title: "Audit log", Nav: "audit", Viewer: &v, Data: d})
+}
+
+// realUse sums the fresh samples of servers' slices. Any slice without one
+// makes the sum unknown: missing data never counts as idle.
+func (h *Handler) realUse(r *http.Request, servers []v1.Server) (string, bool) {
+	if h.deps.Usage == nil {
+		return "No data yet", false
+	}
+	if len(servers) == 0 {
+		return "No slices", false
+	}
+	var sm float64
+	var mem int64
+	reporting := 0
+	for _, s := range servers {
+		cur, ok, err := h.deps.Usage.Current(r.Context(), s.User, s.Name, s.SpawnID)
+		if err != nil {
+			h.deps.Log.WarnContext(r.Context(), "page: current usage", "err", err)
+			continue
+		}
+		if ok {
+			reporting++
+			sm += cur.SMPercent
+			mem += cur.MemoryMiB
+		}
+	}
+	switch {
+	case reporting == 0:
+		return "No data yet", false
+	case reporting < len(servers):
+		return fmt.Sprintf("Unknown: %d of %d slices report no fresh sample", len(servers)-reporting, len(servers)), false
+	}
+	return fmt.Sprintf("SM %.0f %% · %s in use", sm, formatMiB(mem)), true
 }

@@ -326,7 +326,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 	}
 	p.handler = h
 	if web != nil {
-		if p.handler, err = mountPages(h, web, proxy, agentUsage{p.agents}, log, mode.Notice); err != nil {
+		if p.handler, err = mountPages(h, web, proxy, agentUsage{agents: p.agents}, log, mode.Notice); err != nil {
 			return nil, err
 		}
 		log.Info("web pages on", "public_url", ws.publicURL, "issuer", redirectHost(ws.issuerURL))

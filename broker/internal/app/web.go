@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -122,8 +123,19 @@ func redirectHost(u string) string {
 // usageWindow is how many of a slice's newest samples a usage chart shows.
 const usageWindow = 360
 
-// agentUsage reads the node agents' usage samples for the pages' charts.
-type agentUsage struct{ agents *agentstore.Store }
+// agentUsage reads the node agents' usage samples for the pages. now is
+// the clock that judges staleness (nil: time.Now).
+type agentUsage struct {
+	agents *agentstore.Store
+	clock  func() time.Time
+}
+
+func (u agentUsage) now() time.Time {
+	if u.clock == nil {
+		return time.Now()
+	}
+	return u.clock()
+}
 
 var _ frontend.Usage = agentUsage{}
 
@@ -143,4 +155,19 @@ func (u agentUsage) Samples(ctx context.Context, _, _, spawnID string) ([]fronte
 		out = append(out, frontend.Sample{Time: s.At, SMPercent: float64(*s.SMPercent), MemoryMiB: *s.MemoryUsedMiB})
 	}
 	return out, nil
+}
+
+// Current returns the spawn's newest sample if it is fresh and complete.
+func (u agentUsage) Current(ctx context.Context, _, _, spawnID string) (frontend.Sample, bool, error) {
+	s, err := u.agents.LatestSample(ctx, spawnID)
+	if errors.Is(err, agentstore.ErrNotFound) {
+		return frontend.Sample{}, false, nil
+	}
+	if err != nil {
+		return frontend.Sample{}, false, err
+	}
+	if s.Stale(u.now()) || s.SMPercent == nil || s.MemoryUsedMiB == nil {
+		return frontend.Sample{}, false, nil
+	}
+	return frontend.Sample{Time: s.At, SMPercent: float64(*s.SMPercent), MemoryMiB: *s.MemoryUsedMiB}, true, nil
 }

@@ -29,7 +29,8 @@ func TestAgentUsageFeedsCharts(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := agentUsage{agents}.Samples(t.Context(), "alice", "nb", "spawn-1")
+	u := agentUsage{agents: agents, clock: func() time.Time { return t0.Add(3 * time.Second) }}
+	got, err := u.Samples(t.Context(), "alice", "nb", "spawn-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,8 +38,25 @@ func TestAgentUsageFeedsCharts(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("samples (-want +got):\n%s", diff)
 	}
-	if none, err := (agentUsage{agents}).Samples(t.Context(), "alice", "nb", "spawn-3"); err != nil || len(none) != 0 {
+	if none, err := u.Samples(t.Context(), "alice", "nb", "spawn-3"); err != nil || len(none) != 0 {
 		t.Errorf("samples of a spawn without any: %v, %v", none, err)
+	}
+	tests := []struct {
+		name   string
+		spawn  string
+		at     time.Duration // reader's clock after t0
+		wantOK bool
+	}{
+		{"fresh and complete", "spawn-2", 2 * time.Second, true},
+		{"stale", "spawn-2", time.Hour, false},
+		{"none", "spawn-3", 0, false},
+	}
+	for _, tc := range tests {
+		u := agentUsage{agents: agents, clock: func() time.Time { return t0.Add(tc.at) }}
+		s, ok, err := u.Current(t.Context(), "alice", "nb", tc.spawn)
+		if err != nil || ok != tc.wantOK || (ok && s.SMPercent != 99) {
+			t.Errorf("%s: Current = %+v, %v, %v; want ok %v", tc.name, s, ok, err, tc.wantOK)
+		}
 	}
 }
 
