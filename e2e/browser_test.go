@@ -24,6 +24,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/devissuer"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/e2e/harness"
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 )
 
 // The browser tests drive Debian's Chromium (headless, through chromedp)
@@ -354,8 +355,8 @@ func jsString(s string) string {
 }
 
 // TestBrowserUserJourney: alice signs in, launches a server, watches the
-// progress bar reach running, sees an honest empty usage chart, stops the
-// server; admin pages refuse her; a form post without the CSRF token is
+// progress bar reach running, sees an honest empty usage chart and then the
+// chart of the samples the node agent reports, stops the server; admin pages refuse her; a form post without the CSRF token is
 // refused; logout ends the session.
 func TestBrowserUserJourney(t *testing.T) {
 	t.Parallel()
@@ -405,6 +406,29 @@ func TestBrowserUserJourney(t *testing.T) {
 		}
 	}
 	b.shot("server-running")
+
+	// The node agent reports samples (written here as the agent writes
+	// them, through its store); the page charts them.
+	srv, err := e.client("alice", "ml").GetServer(t.Context(), "alice", "nb1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agents := agentstore.New(e.redis.Client(t), "gpubroker:")
+	var samples []agentstore.Sample
+	for i, sm := range []int{5, 40, 85, 60} {
+		mem := int64(1024 * (i + 1))
+		samples = append(samples, agentstore.Sample{Slice: srv.SpawnID, At: time.Now().Add(time.Duration(i-3) * 10 * time.Second),
+			Interval: 10 * time.Second, SMPercent: &sm, MemoryUsedMiB: &mem, MemoryLimitMiB: 8192})
+	}
+	if err := agents.AddSamples(t.Context(), samples); err != nil {
+		t.Fatalf("write samples: %v", err)
+	}
+	b.open(e.public + "/servers/nb1")
+	b.waitFor("the usage chart", `document.querySelector('#usage-chart svg.chart') !== null`)
+	if desc := eval[string](b, `document.getElementById('chart-desc').textContent`); !strings.Contains(desc, "4 samples") || !strings.Contains(desc, "peaked at 85 %") {
+		t.Errorf("chart description %q, want 4 samples peaking at 85 %%", desc)
+	}
+	b.shot("server-usage-chart")
 
 	b.click(`#stop`)
 	b.waitFor("stopped", `document.getElementById('status').dataset.state === 'stopped'`)
