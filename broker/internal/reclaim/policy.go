@@ -82,12 +82,132 @@ type Policy struct {
 	ShrinkComputePercent int
 	// ExemptGroups: members' servers are never reclaimed; sorted, unique.
 	ExemptGroups []string
+	// ExemptUsers: these users' servers are never reclaimed; sorted, unique.
+	ExemptUsers []string
+	// StopAfter: with the shrink action, how long a server stays idle
+	// before a shrunken server is stopped too; 0 = never (shrink is the
+	// last rung). When set it must exceed IdleAfter+Warn; at most MaxIdleAfter.
+	StopAfter time.Duration
+	// MinRunning: a server running for less than this is never idle (its
+	// idle clock starts at running+MinRunning); 0..MaxIdleAfter, 0 = none.
+	MinRunning time.Duration
+	// MaxAge: a server running longer than this is stopped whatever its
+	// activity (after Warn notice); 0 = no limit; else 1 h..90 days.
+	MaxAge time.Duration
+	// MaxExtend: the total time a user may extend one spawn's idle clock
+	// by; 0 means DefaultMaxExtend; at most MaxIdleAfter.
+	MaxExtend time.Duration
+	// DryRun: decide and audit every action, but do not warn, shrink or
+	// stop (no events, no quota changes).
+	DryRun bool
+	// Overrides replace fields for servers of one profile or of members of
+	// one group; the first matching override wins, profile ones before
+	// group ones (see Effective). At most maxOverrides.
+	Overrides []Override
 	// Reason is the note of the change that saved this version.
 	Reason string
 	// UpdatedBy and UpdatedAt: who saved this version and when (zero for
 	// the default).
 	UpdatedBy string
 	UpdatedAt time.Time
+}
+
+// Override replaces fields of the policy for the servers of Profile or for
+// the members of Group (exactly one of them is set). Zero fields keep the
+// policy's value.
+type Override struct {
+	Profile string `json:"profile,omitempty"`
+	Group   string `json:"group,omitempty"`
+	// Exempt: matching servers are never reclaimed.
+	Exempt bool `json:"exempt,omitempty"`
+	// IdleAfterSeconds, WarnSeconds, StopAfterSeconds, MinRunningSeconds,
+	// MaxAgeSeconds: as the policy's fields, in seconds; 0 = inherit.
+	IdleAfterSeconds  int64 `json:"idleAfterSeconds,omitempty"`
+	WarnSeconds       int64 `json:"warnSeconds,omitempty"`
+	StopAfterSeconds  int64 `json:"stopAfterSeconds,omitempty"`
+	MinRunningSeconds int64 `json:"minRunningSeconds,omitempty"`
+	MaxAgeSeconds     int64 `json:"maxAgeSeconds,omitempty"`
+	// Action: "" = inherit.
+	Action Action `json:"action,omitempty"`
+	// ShrinkComputePercent: 0 = inherit.
+	ShrinkComputePercent int `json:"shrinkComputePercent,omitempty"`
+}
+
+// Limits of the added fields.
+const (
+	// DefaultMaxExtend is the total extension per spawn when MaxExtend is 0.
+	DefaultMaxExtend = 4 * time.Hour
+	// MinMaxAge and MaxMaxAge bound MaxAge when it is set.
+	MinMaxAge    = time.Hour
+	MaxMaxAge    = 90 * 24 * time.Hour
+	maxOverrides = 64
+)
+
+// Effective returns the policy that applies to a server of profile whose
+// user is in groups: the first override naming profile, else the first
+// (in Overrides order) naming one of groups, applied over p; exempt
+// reports whether the server must never be reclaimed (an exempt user or
+// group, or an exempt override).
+func (p Policy) Effective(user, profile string, groups []string) (eff Policy, exempt bool) {
+	if slices.Contains(p.ExemptUsers, user) {
+		exempt = true
+	}
+	for _, g := range groups {
+		if slices.Contains(p.ExemptGroups, g) {
+			exempt = true
+		}
+	}
+	eff = p
+	match := -1
+	for i, o := range p.Overrides {
+		if o.Profile != "" && o.Profile == profile {
+			match = i
+			break
+		}
+	}
+	if match < 0 {
+		for i, o := range p.Overrides {
+			if o.Group != "" && slices.Contains(groups, o.Group) {
+				match = i
+				break
+			}
+		}
+	}
+	if match >= 0 {
+		exempt = exempt || p.Overrides[match].Exempt
+		eff = p.applyOverride(p.Overrides[match])
+	}
+	if eff.MaxExtend <= 0 {
+		eff.MaxExtend = DefaultMaxExtend
+	}
+	eff.Overrides = nil
+	return eff, exempt
+}
+
+// applyOverride returns p with o's non-zero fields in place and no
+// overrides.
+func (p Policy) applyOverride(o Override) Policy {
+	set := func(dst *time.Duration, secs int64) {
+		if secs > 0 {
+			*dst = time.Duration(secs) * time.Second
+		}
+	}
+	set(&p.IdleAfter, o.IdleAfterSeconds)
+	set(&p.Warn, o.WarnSeconds)
+	set(&p.StopAfter, o.StopAfterSeconds)
+	set(&p.MinRunning, o.MinRunningSeconds)
+	set(&p.MaxAge, o.MaxAgeSeconds)
+	if o.Action != "" {
+		p.Action = o.Action
+	}
+	if o.ShrinkComputePercent > 0 {
+		p.ShrinkComputePercent = o.ShrinkComputePercent
+	}
+	if p.Action != ActionShrink {
+		p.ShrinkComputePercent, p.StopAfter = 0, 0
+	}
+	p.Overrides = nil
+	return p
 }
 
 // DefaultPolicy is the policy before any admin saved one: reclaiming off,
@@ -158,6 +278,45 @@ func (p Policy) Validate() error {
 			break
 		}
 	}
+	if len(p.ExemptUsers) > maxExemptGroups {
+		add("exemptUsers", fmt.Sprintf("at most %d users", maxExemptGroups))
+	}
+	if p.StopAfter != 0 {
+		switch {
+		case p.Action != ActionShrink:
+			add("stopAfterSeconds", "applies only to the shrink action (stop after shrinking); leave it empty")
+		case p.StopAfter <= p.IdleAfter+p.Warn || p.StopAfter > MaxIdleAfter:
+			add("stopAfterSeconds", "must be longer than the idle time plus the warning, and at most 7 days")
+		}
+	}
+	if p.MinRunning < 0 || p.MinRunning > MaxIdleAfter {
+		add("minRunningSeconds", "must be between 0 and 7 days")
+	}
+	if p.MaxAge != 0 && (p.MaxAge < MinMaxAge || p.MaxAge > MaxMaxAge || p.MaxAge <= p.Warn) {
+		add("maxAgeSeconds", "must be 0 (no limit) or between 1 hour and 90 days, and longer than the warning")
+	}
+	if p.MaxExtend < 0 || p.MaxExtend > MaxIdleAfter {
+		add("maxExtendSeconds", "must be between 0 (the default of 4 hours) and 7 days")
+	}
+	if len(p.Overrides) > maxOverrides {
+		add("overrides", fmt.Sprintf("at most %d overrides", maxOverrides))
+	}
+	for i, o := range p.Overrides {
+		f := fmt.Sprintf("overrides[%d]", i)
+		if (o.Profile == "") == (o.Group == "") {
+			add(f, "name exactly one of profile and group")
+		}
+		if o.Action != "" && o.Action != ActionWarn && o.Action != ActionShrink && o.Action != ActionStop {
+			add(f+".action", "must be warn, shrink or stop")
+		}
+		if o.IdleAfterSeconds < 0 || o.WarnSeconds < 0 || o.StopAfterSeconds < 0 || o.MinRunningSeconds < 0 || o.MaxAgeSeconds < 0 || o.ShrinkComputePercent < 0 || o.ShrinkComputePercent > 100 {
+			add(f, "times must not be negative and shrinkComputePercent must be 0..100")
+			continue
+		}
+		if err := p.applyOverride(o).Validate(); err != nil {
+			add(f, "the policy with this override is not valid: "+err.Error())
+		}
+	}
 	if len(p.Reason) > maxReasonBytes {
 		add("reason", fmt.Sprintf("at most %d bytes", maxReasonBytes))
 	}
@@ -178,6 +337,14 @@ func (p Policy) Normalize() Policy {
 	}
 	slices.Sort(gs)
 	p.ExemptGroups = slices.Compact(gs)
+	var us []string
+	for _, u := range p.ExemptUsers {
+		if u = strings.TrimSpace(u); u != "" {
+			us = append(us, u)
+		}
+	}
+	slices.Sort(us)
+	p.ExemptUsers = slices.Compact(us)
 	p.Reason = strings.TrimSpace(p.Reason)
 	return p
 }
@@ -198,6 +365,16 @@ func (p Policy) changes(old Policy) map[string]string {
 	cmp("warnSeconds", strconv.FormatInt(int64(old.Warn/time.Second), 10), strconv.FormatInt(int64(p.Warn/time.Second), 10))
 	cmp("shrinkComputePercent", strconv.Itoa(old.ShrinkComputePercent), strconv.Itoa(p.ShrinkComputePercent))
 	cmp("exemptGroups", "["+strings.Join(old.ExemptGroups, ", ")+"]", "["+strings.Join(p.ExemptGroups, ", ")+"]")
+	cmp("exemptUsers", "["+strings.Join(old.ExemptUsers, ", ")+"]", "["+strings.Join(p.ExemptUsers, ", ")+"]")
+	secs := func(d time.Duration) string { return strconv.FormatInt(int64(d/time.Second), 10) }
+	cmp("stopAfterSeconds", secs(old.StopAfter), secs(p.StopAfter))
+	cmp("minRunningSeconds", secs(old.MinRunning), secs(p.MinRunning))
+	cmp("maxAgeSeconds", secs(old.MaxAge), secs(p.MaxAge))
+	cmp("maxExtendSeconds", secs(old.MaxExtend), secs(p.MaxExtend))
+	cmp("dryRun", strconv.FormatBool(old.DryRun), strconv.FormatBool(p.DryRun))
+	ob, _ := json.Marshal(old.Overrides)
+	nb, _ := json.Marshal(p.Overrides)
+	cmp("overrides", string(ob), string(nb))
 	return out
 }
 
@@ -306,27 +483,48 @@ func (s *PolicyStore) auditKey() string   { return s.prefix + "{reclaim}:audit" 
 
 // storedPolicy is Policy's JSON form in Redis.
 type storedPolicy struct {
-	Version              int64     `json:"version"`
-	Enabled              bool      `json:"enabled"`
-	IdleComputePercent   int       `json:"idleComputePercent"`
-	IdleAfterSeconds     int64     `json:"idleAfterSeconds"`
-	Action               Action    `json:"action"`
-	WarnSeconds          int64     `json:"warnSeconds"`
-	ShrinkComputePercent int       `json:"shrinkComputePercent,omitempty"`
-	ExemptGroups         []string  `json:"exemptGroups,omitempty"`
-	Reason               string    `json:"reason,omitempty"`
-	UpdatedBy            string    `json:"updatedBy,omitempty"`
-	UpdatedAt            time.Time `json:"updatedAt"`
+	Version              int64      `json:"version"`
+	Enabled              bool       `json:"enabled"`
+	IdleComputePercent   int        `json:"idleComputePercent"`
+	IdleAfterSeconds     int64      `json:"idleAfterSeconds"`
+	Action               Action     `json:"action"`
+	WarnSeconds          int64      `json:"warnSeconds"`
+	ShrinkComputePercent int        `json:"shrinkComputePercent,omitempty"`
+	ExemptGroups         []string   `json:"exemptGroups,omitempty"`
+	ExemptUsers          []string   `json:"exemptUsers,omitempty"`
+	StopAfterSeconds     int64      `json:"stopAfterSeconds,omitempty"`
+	MinRunningSeconds    int64      `json:"minRunningSeconds,omitempty"`
+	MaxAgeSeconds        int64      `json:"maxAgeSeconds,omitempty"`
+	MaxExtendSeconds     int64      `json:"maxExtendSeconds,omitempty"`
+	DryRun               bool       `json:"dryRun,omitempty"`
+	Overrides            []Override `json:"overrides,omitempty"`
+	Reason               string     `json:"reason,omitempty"`
+	UpdatedBy            string     `json:"updatedBy,omitempty"`
+	UpdatedAt            time.Time  `json:"updatedAt"`
 }
 
 func toStoredPolicy(p Policy) storedPolicy {
-	return storedPolicy{p.Version, p.Enabled, p.IdleComputePercent, int64(p.IdleAfter / time.Second), p.Action,
-		int64(p.Warn / time.Second), p.ShrinkComputePercent, p.ExemptGroups, p.Reason, p.UpdatedBy, p.UpdatedAt}
+	sec := func(d time.Duration) int64 { return int64(d / time.Second) }
+	return storedPolicy{
+		Version: p.Version, Enabled: p.Enabled, IdleComputePercent: p.IdleComputePercent,
+		IdleAfterSeconds: sec(p.IdleAfter), Action: p.Action, WarnSeconds: sec(p.Warn),
+		ShrinkComputePercent: p.ShrinkComputePercent, ExemptGroups: p.ExemptGroups,
+		ExemptUsers: p.ExemptUsers, StopAfterSeconds: sec(p.StopAfter), MinRunningSeconds: sec(p.MinRunning),
+		MaxAgeSeconds: sec(p.MaxAge), MaxExtendSeconds: sec(p.MaxExtend), DryRun: p.DryRun, Overrides: p.Overrides,
+		Reason: p.Reason, UpdatedBy: p.UpdatedBy, UpdatedAt: p.UpdatedAt,
+	}
 }
 
 func (sp storedPolicy) policy() Policy {
-	return Policy{sp.Version, sp.Enabled, sp.IdleComputePercent, time.Duration(sp.IdleAfterSeconds) * time.Second, sp.Action,
-		time.Duration(sp.WarnSeconds) * time.Second, sp.ShrinkComputePercent, sp.ExemptGroups, sp.Reason, sp.UpdatedBy, sp.UpdatedAt}
+	dur := func(s int64) time.Duration { return time.Duration(s) * time.Second }
+	return Policy{
+		Version: sp.Version, Enabled: sp.Enabled, IdleComputePercent: sp.IdleComputePercent,
+		IdleAfter: dur(sp.IdleAfterSeconds), Action: sp.Action, Warn: dur(sp.WarnSeconds),
+		ShrinkComputePercent: sp.ShrinkComputePercent, ExemptGroups: sp.ExemptGroups,
+		ExemptUsers: sp.ExemptUsers, StopAfter: dur(sp.StopAfterSeconds), MinRunning: dur(sp.MinRunningSeconds),
+		MaxAge: dur(sp.MaxAgeSeconds), MaxExtend: dur(sp.MaxExtendSeconds), DryRun: sp.DryRun, Overrides: sp.Overrides,
+		Reason: sp.Reason, UpdatedBy: sp.UpdatedBy, UpdatedAt: sp.UpdatedAt,
+	}
 }
 
 func decodePolicy(b []byte) (Policy, error) {
