@@ -1,0 +1,165 @@
+package redisstore
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+)
+
+//go:embed scripts/resize.lua
+var resizeLua string
+
+var resizeScript = redis.NewScript(libLua + serversLua + resizeLua)
+
+// Resize changes the slice of server k's current spawn to req.Slice on the
+// GPU it already holds, in one atomic script: the growth (memory and
+// guaranteed compute separately) must fit on the GPU next to the other
+// slices (Σ memory ≤ the GPU's memory, Σ compute ≤ 100) and within the caps
+// of req.UserQuota and req.GroupQuotas for every subject the allocation is
+// charged to (a charged group without a cap there is not limited; the
+// servers cap is not checked, the count does not change); then the
+// allocation, the GPU's counters and indexes, the user and group counters,
+// the server record's slice and allocation and its message are updated and
+// message is appended to the server's events. A shrink always fits, also
+// on an unhealthy GPU; a growth on an unhealthy GPU is refused.
+//
+// req.SliceID is the spawn id the caller acts for; req.User, req.Model and
+// req.Policy are ignored. changed is false when the server already had
+// req.Slice (nothing is written). Errors: fleet.ErrInvalid for a bad slice;
+// fleet.ErrNotFound for an unknown server; fleet.ErrConflict when the spawn
+// is not the current one, the server is not running or holds no
+// allocation; *fleet.QuotaError (Want is the growth); fleet.ErrNoCapacity
+// when the GPU lacks room, with the room there is in the message.
+func (s *Store) Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRequest, message string) (srv fleet.Server, changed bool, err error) {
+	if err := fleet.ValidateSlice(req.Slice); err != nil {
+		return fleet.Server{}, false, fmt.Errorf("%w: resize server %s/%s: %w", fleet.ErrInvalid, k.User, k.Name, err)
+	}
+	cur, err := s.GetServer(ctx, k)
+	if err != nil {
+		return fleet.Server{}, false, err
+	}
+	if cur.SpawnID != req.SliceID {
+		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s: spawn %s is no longer current (current spawn %s)", fleet.ErrConflict, k.Name, k.User, req.SliceID, cur.SpawnID)
+	}
+	if cur.Allocation == nil {
+		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s holds no GPU slice yet", fleet.ErrConflict, k.Name, k.User)
+	}
+	// Every field of an allocation but the slice is fixed for its spawn,
+	// so the record's new allocation is the current one with the new slice.
+	alloc := *cur.Allocation
+	alloc.Slice = req.Slice
+	allocJSON, err := json.Marshal(alloc)
+	if err != nil {
+		return fleet.Server{}, false, fmt.Errorf("resize server %s/%s: encode allocation: %w", k.User, k.Name, err)
+	}
+	sliceJSON, err := json.Marshal(req.Slice)
+	if err != nil {
+		return fleet.Server{}, false, fmt.Errorf("resize server %s/%s: encode slice: %w", k.User, k.Name, err)
+	}
+	args := []any{s.k.gpuPrefix(), req.SliceID,
+		req.Slice.MemoryMiB, req.Slice.ComputePercent, req.Slice.ComputeLimitPercent,
+		string(sliceJSON), string(allocJSON),
+		message, unixNano(s.now()), eventMaxLen, s.retention.Milliseconds(),
+		userFieldPrefix, groupFieldPrefix, 1 + len(req.GroupQuotas),
+		"user", k.User, req.UserQuota.MemoryMiB, req.UserQuota.ComputePercent}
+	for _, g := range fleet.SortedGroups(req.GroupQuotas) {
+		q := req.GroupQuotas[g]
+		args = append(args, "group", g, q.MemoryMiB, q.ComputePercent)
+	}
+	keys := []string{s.k.allocs(), s.k.allAvail(), s.k.allFull(), s.k.usage(),
+		s.k.server(k.User, k.Name), s.k.events(k.User, k.Name)}
+
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	res, err := resizeScript.Run(ctx, s.rdb, keys, args...).Result()
+	if err != nil {
+		return fleet.Server{}, false, fmt.Errorf("resize server %s/%s: %w", k.User, k.Name, err)
+	}
+	srv, changed, refusal, err := resizeResult(k, req, res)
+	if err != nil {
+		return fleet.Server{}, false, fmt.Errorf("resize server %s/%s: %w", k.User, k.Name, err)
+	}
+	return srv, changed, refusal
+}
+
+// resizeResult turns resize.lua's reply into the record, a refusal (a
+// domain error whose text is complete) or an error about the reply itself.
+func resizeResult(k fleet.ServerKey, req fleet.PlaceRequest, res any) (fleet.Server, bool, error, error) {
+	tag, rest, err := tagged(res)
+	if err != nil {
+		return fleet.Server{}, false, nil, err
+	}
+	switch tag {
+	case "resized", "same":
+		if len(rest) < 1 {
+			return fleet.Server{}, false, nil, fmt.Errorf("short script reply")
+		}
+		h, err := flatMap(rest[0])
+		if err != nil {
+			return fleet.Server{}, false, nil, err
+		}
+		srv, err := decodeServer(h)
+		return srv, tag == "resized", nil, err
+	case "notfound":
+		return fleet.Server{}, false, fmt.Errorf("%w: user %s has no server %q", fleet.ErrNotFound, k.User, k.Name), nil
+	case "spawn":
+		f, err := stringsN(rest, 1)
+		if err != nil {
+			return fleet.Server{}, false, nil, err
+		}
+		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s: spawn %s is no longer current (current spawn %s)", fleet.ErrConflict, k.Name, k.User, req.SliceID, f[0]), nil
+	case "state":
+		f, err := stringsN(rest, 1)
+		if err != nil {
+			return fleet.Server{}, false, nil, err
+		}
+		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s is %s; only a running server can be resized", fleet.ErrConflict, k.Name, k.User, f[0]), nil
+	case "noalloc":
+		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s holds no GPU slice", fleet.ErrConflict, k.Name, k.User), nil
+	case "corrupt":
+		f, err := stringsN(rest, 1)
+		if err != nil {
+			return fleet.Server{}, false, nil, err
+		}
+		return fleet.Server{}, false, nil, fmt.Errorf("stored allocation %s: %s", req.SliceID, f[0])
+	case "gpu":
+		f, err := stringsN(rest, 5)
+		if err != nil {
+			return fleet.Server{}, false, nil, err
+		}
+		if f[4] != "1" {
+			return fleet.Server{}, false, fmt.Errorf("%w: GPU %s on node %s is unhealthy; the slice can shrink but not grow", fleet.ErrNoCapacity, f[0], f[1]), nil
+		}
+		free, err1 := atoi64("free memory", f[2])
+		cpFree, err2 := atoi64("free compute", f[3])
+		if err1 != nil || err2 != nil {
+			return fleet.Server{}, false, nil, fmt.Errorf("gpu reply: %w", errors.Join(err1, err2))
+		}
+		return fleet.Server{}, false, fmt.Errorf("%w: GPU %s on node %s has room for at most %d MiB and %d%% compute for this slice; %d MiB and %d%% were asked",
+			fleet.ErrNoCapacity, f[0], f[1], free, cpFree, req.Slice.MemoryMiB, req.Slice.ComputePercent), nil
+	case "quota":
+		f, err := stringsN(rest, 6)
+		if err != nil {
+			return fleet.Server{}, false, nil, err
+		}
+		qe := &fleet.QuotaError{Scope: f[0], Name: f[1], Resource: f[2]}
+		var errs []error
+		for i, dst := range []*int64{&qe.Limit, &qe.Used, &qe.Want} {
+			n, err := atoi64(f[2], f[3+i])
+			errs = append(errs, err)
+			*dst = n
+		}
+		if err := errors.Join(errs...); err != nil {
+			return fleet.Server{}, false, nil, err
+		}
+		return fleet.Server{}, false, qe, nil
+	default:
+		return fleet.Server{}, false, nil, fmt.Errorf("unexpected script reply %q", tag)
+	}
+}
