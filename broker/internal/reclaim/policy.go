@@ -701,6 +701,21 @@ func (s *PolicyStore) Audit(ctx context.Context, q AuditQuery) ([]AuditEntry, st
 	return out, "", nil
 }
 
+// AppendAudit adds e to the audit log (trimmed to about auditMaxLen
+// entries). The reclaimer and the extend route use it.
+func (s *PolicyStore) AppendAudit(ctx context.Context, e AuditEntry) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("reclaim: encode audit entry: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	if err := s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: s.auditKey(), MaxLen: auditMaxLen, Approx: true, Values: []any{"entry", string(b)}}).Err(); err != nil {
+		return fmt.Errorf("reclaim: append audit entry: %w", err)
+	}
+	return nil
+}
+
 // ValidBefore reports whether s is usable as an audit cursor (a stream id).
 func ValidBefore(s string) bool {
 	ms, seq, ok := strings.Cut(s, "-")
