@@ -1,0 +1,232 @@
+package servers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+)
+
+// Defaults of ResizeConfig.
+const (
+	// DefaultResizeWait is how long Resize waits for the node agent to
+	// apply a new quota before it answers "pending".
+	DefaultResizeWait = time.Second
+	// DefaultResizePoll is the interval between reads of the applied
+	// quota while Resize waits.
+	DefaultResizePoll = 10 * time.Millisecond
+	// DefaultResizeDeadline is the deadline a pending answer gives, counted
+	// from the answer: the agent applies desired quotas on notification and
+	// on every full pass (its --quota-resync, 30 s by default).
+	DefaultResizeDeadline = 35 * time.Second
+)
+
+// SliceStore is the store's atomic resize (implemented by
+// broker/internal/redisstore.Store; see its Resize for the contract).
+type SliceStore interface {
+	Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRequest, message string) (fleet.Server, bool, error)
+}
+
+// LiveQuotas is the broker's side of the node agents' live quotas and
+// samples (implemented by limiter/agent/agentstore.Store).
+type LiveQuotas interface {
+	SetDesiredQuota(ctx context.Context, slice string, q v1.Slice) (int64, error)
+	AppliedQuota(ctx context.Context, slice string) (agentstore.AppliedQuota, error)
+	LatestSample(ctx context.Context, slice string) (agentstore.Sample, error)
+}
+
+// SliceAnnotator records a slice in its pod's annotations, the durable
+// record of allocations (implemented by spawner.Client).
+type SliceAnnotator interface {
+	AnnotateSlice(ctx context.Context, user, server, spawnID string, slice v1.Slice) error
+}
+
+// ResizeConfig is what Resize needs besides the lifecycle's parts.
+type ResizeConfig struct {
+	Store  SliceStore
+	Quotas LiveQuotas
+	Pods   SliceAnnotator
+	// Wait bounds how long Resize waits for the agent's acknowledgement;
+	// default DefaultResizeWait. Poll is the interval of its reads of the
+	// applied quota; default DefaultResizePoll.
+	Wait, Poll time.Duration
+	// Deadline is added to the answer's time to give a pending answer's
+	// deadline; default DefaultResizeDeadline.
+	Deadline time.Duration
+}
+
+// resizing is the Service's store together with the resize parts. It is
+// installed by WithResize in place of the store, so that the lifecycle's
+// own code is untouched; Resize finds it there.
+type resizing struct {
+	Store
+	cfg ResizeConfig
+}
+
+// WithResize enables Resize with c. Without it Resize fails with an
+// internal error.
+func WithResize(c ResizeConfig) Option {
+	if c.Wait <= 0 {
+		c.Wait = DefaultResizeWait
+	}
+	if c.Poll <= 0 {
+		c.Poll = DefaultResizePoll
+	}
+	if c.Deadline <= 0 {
+		c.Deadline = DefaultResizeDeadline
+	}
+	return func(s *Service) { s.store = &resizing{Store: s.store, cfg: c} }
+}
+
+// ResizeResult is the outcome of an accepted resize.
+type ResizeResult struct {
+	// Server is the record after the resize.
+	Server fleet.Server
+	// Slice is the slice the server now holds.
+	Slice fleet.Slice
+	// Generation is the desired-quota generation that carries Slice to the
+	// node agent (agentstore.SetDesiredQuota), >= 1.
+	Generation int64
+	// Applied is true when the agent acknowledged Generation (the quota
+	// file holds it; the in-pod hook follows within 100 ms) before Resize
+	// answered.
+	Applied bool
+	// Deadline is, when not Applied, the time by which the agent is
+	// expected to apply Generation (service clock); zero when Applied.
+	Deadline time.Time
+}
+
+// Resize changes the GPU slice of the running server key to want, on the
+// GPU it already holds, while the notebook keeps running. actor is who
+// asks (the user, an admin, "reclaim"); it is named in the event when it
+// is not the server's user.
+//
+// The store checks and charges the change atomically (room on the GPU, the
+// user's and groups' quotas for the growth); the pod's annotations are
+// updated; the desired quota goes to the node agent; then Resize waits up
+// to ResizeConfig.Wait for the agent to apply it and answers applied or
+// pending with a deadline. Shrinking memory is refused unless a fresh
+// sample from the node agent shows the notebook's processes use no more
+// than want.MemoryMiB now: "the notebook uses 6144 MiB now; memory cannot
+// shrink below that"; with no fresh figure the shrink is refused as well,
+// never guessed. Asking for the slice the server has re-sends it to the
+// agent and changes nothing else.
+//
+// Errors: fleet.ErrInvalid (bad names or slice), fleet.ErrNotFound,
+// fleet.ErrConflict (not running; memory in use or unknown), fleet.ErrNoCapacity
+// (the GPU lacks room), *fleet.QuotaError; others are internal.
+func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, actor string) (ResizeResult, error) {
+	r, ok := s.store.(*resizing)
+	if !ok {
+		return ResizeResult{}, errors.New("servers: resize is not configured")
+	}
+	if err := errors.Join(fleet.ValidateName("user", key.User), fleet.ValidateName("server", key.Name), fleet.ValidateSlice(want)); err != nil {
+		return ResizeResult{}, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
+	}
+	rec, err := s.store.GetServer(ctx, key)
+	if err != nil {
+		return ResizeResult{}, err
+	}
+	if rec.State != v1.StateRunning || rec.Allocation == nil {
+		return ResizeResult{}, fmt.Errorf("%w: server %q is %s; only a running server can be resized", fleet.ErrConflict, key.Name, rec.State)
+	}
+	if want.MemoryMiB < rec.Slice.MemoryMiB {
+		if err := s.checkMemoryUse(ctx, r.cfg.Quotas, rec.SpawnID, want.MemoryMiB); err != nil {
+			return ResizeResult{}, err
+		}
+	}
+
+	msg := fmt.Sprintf("resized to %d MiB and %d%% compute", want.MemoryMiB, want.ComputePercent)
+	if want.ComputeLimitPercent > want.ComputePercent {
+		msg += fmt.Sprintf(" (up to %d%%)", want.ComputeLimitPercent)
+	}
+	if actor != "" && actor != key.User {
+		msg += " by " + actor
+	}
+	userQuota, groupQuotas := s.catalog.Quotas().ForUser(key.User, rec.Allocation.Groups)
+	out, changed, err := r.cfg.Store.Resize(ctx, key, fleet.PlaceRequest{
+		SliceID: rec.SpawnID, User: key.User, Slice: want, UserQuota: userQuota, GroupQuotas: groupQuotas,
+	}, msg)
+	if err != nil {
+		return ResizeResult{}, err
+	}
+	log := s.log.With("user", key.User, "server", key.Name, "slice_id", rec.SpawnID)
+	if changed {
+		log.InfoContext(ctx, "slice resized", "actor", actor, "mem_mib", want.MemoryMiB, "sm_percent", want.ComputePercent)
+		// The store holds the new slice now; the pod must say so too, or a
+		// rebuild from pods would bring the old one back. A failure here
+		// leaves the resize in force (the store is the lock) and is logged:
+		// the reconciler's rebuild reports a mismatch it cannot settle.
+		if err := r.cfg.Pods.AnnotateSlice(ctx, key.User, key.Name, rec.SpawnID, want); err != nil {
+			log.WarnContext(ctx, "record resized slice in pod annotations", "err", err)
+		}
+	}
+	gen, err := r.cfg.Quotas.SetDesiredQuota(ctx, rec.SpawnID, want)
+	if err != nil {
+		return ResizeResult{}, fmt.Errorf("server %s/%s: send the new quota to the node agent: %w", key.User, key.Name, err)
+	}
+	res := ResizeResult{Server: out, Slice: want, Generation: gen}
+	applied, err := waitApplied(ctx, r.cfg, rec.SpawnID, gen)
+	if err != nil {
+		return ResizeResult{}, fmt.Errorf("server %s/%s: %w", key.User, key.Name, err)
+	}
+	res.Applied = applied
+	if !applied {
+		res.Deadline = s.now().Add(r.cfg.Deadline)
+	}
+	return res, nil
+}
+
+// checkMemoryUse refuses a memory shrink to wantMiB unless a fresh sample
+// shows the slice's processes hold at most that much.
+func (s *Service) checkMemoryUse(ctx context.Context, q LiveQuotas, slice string, wantMiB int64) error {
+	sample, err := q.LatestSample(ctx, slice)
+	switch {
+	case errors.Is(err, agentstore.ErrNotFound):
+		return fmt.Errorf("%w: the notebook's current GPU memory use is unknown (the node agent has reported no sample yet); memory cannot shrink until it is known", fleet.ErrConflict)
+	case err != nil:
+		return fmt.Errorf("read the notebook's memory use: %w", err)
+	case sample.Stale(s.now()):
+		return fmt.Errorf("%w: the notebook's current GPU memory use is unknown (the node agent's last sample is from %s); memory cannot shrink until it is known",
+			fleet.ErrConflict, sample.At.UTC().Format(time.RFC3339))
+	case sample.MemoryUsedMiB == nil:
+		why := sample.Missing
+		if why == "" {
+			why = "not measured"
+		}
+		return fmt.Errorf("%w: the notebook's current GPU memory use is unknown (%s); memory cannot shrink until it is known", fleet.ErrConflict, why)
+	case *sample.MemoryUsedMiB > wantMiB:
+		return fmt.Errorf("%w: the notebook uses %d MiB now; memory cannot shrink below that", fleet.ErrConflict, *sample.MemoryUsedMiB)
+	}
+	return nil
+}
+
+// waitApplied polls the applied quota of slice until it reaches gen
+// (true), c.Wait passes (false) or ctx ends (its error).
+func waitApplied(ctx context.Context, c ResizeConfig, slice string, gen int64) (bool, error) {
+	wctx, cancel := context.WithTimeout(ctx, c.Wait)
+	defer cancel()
+	t := time.NewTicker(c.Poll)
+	defer t.Stop()
+	for {
+		a, err := c.Quotas.AppliedQuota(wctx, slice)
+		switch {
+		case err == nil && a.Generation >= gen:
+			return true, nil
+		case err != nil && !errors.Is(err, agentstore.ErrNotFound) && wctx.Err() == nil:
+			return false, fmt.Errorf("read the applied quota: %w", err)
+		}
+		select {
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			return false, nil
+		case <-t.C:
+		}
+	}
+}
