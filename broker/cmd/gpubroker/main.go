@@ -16,6 +16,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/gpubroker/gpubroker/broker/internal/app"
@@ -67,15 +68,16 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintf(stderr, "gpubroker %s: %v\n", args[0], err)
 		return 2
 	}
-	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(stderr, "gpubroker %s: invalid configuration:\n%s\n", args[0], indent(err))
+	err = cfg.Validate()
+	if cfg.CheckConfig {
+		// Report the files' problems too, next to the flags' ones.
+		err = errors.Join(err, app.CheckConfig(cfg))
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "gpubroker %s: invalid configuration:\n%s", args[0], indent(err))
 		return 2
 	}
 	if cfg.CheckConfig {
-		if err := app.CheckConfig(cfg); err != nil {
-			fmt.Fprintf(stderr, "gpubroker %s: invalid configuration:\n%s\n", args[0], indent(err))
-			return 2
-		}
 		fmt.Fprintf(stdout, "gpubroker %s: configuration is valid\n", args[0])
 		return 0
 	}
@@ -88,15 +90,37 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	return 0
 }
 
-// indent prints each joined problem on its own line.
+// indent prints each problem on its own line, flattening joined errors at
+// every depth.
 func indent(err error) string {
-	var out string
-	var joined interface{ Unwrap() []error }
-	if errors.As(err, &joined) {
-		for _, e := range joined.Unwrap() {
-			out += "  - " + e.Error() + "\n"
+	var b strings.Builder
+	var walk func(error)
+	walk = func(e error) {
+		if joined, ok := e.(interface{ Unwrap() []error }); ok && isJoin(e) {
+			for _, inner := range joined.Unwrap() {
+				walk(inner)
+			}
+			return
 		}
-		return out
+		for _, line := range strings.Split(e.Error(), "\n") {
+			b.WriteString("  - " + line + "\n")
+		}
 	}
-	return "  - " + err.Error() + "\n"
+	walk(err)
+	return b.String()
+}
+
+// isJoin reports whether err came from errors.Join (whose text is just its
+// parts' texts on separate lines), as opposed to an fmt.Errorf with several
+// %w, whose text carries its own words.
+func isJoin(err error) bool {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return false
+	}
+	var parts []string
+	for _, e := range joined.Unwrap() {
+		parts = append(parts, e.Error())
+	}
+	return err.Error() == strings.Join(parts, "\n")
 }

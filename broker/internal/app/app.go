@@ -61,18 +61,25 @@ func Version() string {
 	return "devel"
 }
 
-// CheckConfig loads the files a validated config names (profiles, hub
-// token), reporting every problem at once; it is what --check-config adds
-// to Validate.
+// CheckConfig loads the files a config names (profiles, hub token,
+// kubeconfig or the in-cluster service account), reporting every problem at
+// once, without contacting anything; it is what --check-config adds to
+// Validate.
 func CheckConfig(cfg config.Config) error {
 	var errs []error
 	if cfg.ProfilesFile != "" {
 		if _, err := catalog.Load(cfg.ProfilesFile); err != nil {
-			errs = append(errs, fmt.Errorf("profiles file %s: %w", cfg.ProfilesFile, err))
+			errs = append(errs, err) // catalog names the file in each problem
 		}
 	}
 	if _, err := cfg.HubToken(); err != nil {
 		errs = append(errs, err)
+	}
+	if cfg.Mode == config.ModeServe || cfg.Kubeconfig != "" {
+		// Builds the client config only; nothing is contacted.
+		if _, err := kubeClient(cfg.Kubeconfig); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

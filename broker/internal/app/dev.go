@@ -10,8 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
 	nvmlgpus "github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	nvmlserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"k8s.io/client-go/kubernetes"
@@ -165,9 +167,17 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 }
 
 // registerSimulatedGPUs registers count simulated H200 GPUs for placement,
-// discovered through the same code the node agent uses.
+// discovered through the same code the node agent uses. Their UUIDs are fixed
+// (GPU-00000000-0000-4000-8000-00000000000N; go-nvml's mock draws random
+// ones), so dev runs against one real Redis reuse the same GPUs instead of
+// adding phantom ones each time.
 func registerSimulatedGPUs(ctx context.Context, p *parts, node string, count int) error {
-	gpus, err := agent.Discover(dgxh200.NewWithGPUs(nvmlgpus.Multiple(count, nvmlgpus.H200_SXM5_141GB)...), node)
+	lib := dgxh200.NewWithGPUs(nvmlgpus.Multiple(count, nvmlgpus.H200_SXM5_141GB)...)
+	for i, d := range lib.Devices {
+		uuid := fmt.Sprintf("GPU-00000000-0000-4000-8000-%012d", i)
+		d.(*nvmlserver.Device).GetUUIDFunc = func() (string, nvml.Return) { return uuid, nvml.SUCCESS }
+	}
+	gpus, err := agent.Discover(lib, node)
 	if err != nil {
 		return fmt.Errorf("simulated gpus: %w", err)
 	}
@@ -195,7 +205,7 @@ func printBanner(w io.Writer, base, web, token string, profiles []fleet.Profile)
 	}
 	if token != "" {
 		fmt.Fprintf(&b, "\nCreate a server (profile %q) as the dev user:\n", profile)
-		fmt.Fprintf(&b, "  curl -sS -X PUT -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -H 'Idempotency-Key: demo-1' -d '{\"profile\":\"%s\"}' %s/api/v1/users/%s/servers/demo\n",
+		fmt.Fprintf(&b, "  curl -sS -X PUT -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -d '{\"profile\":\"%s\"}' %s/api/v1/users/%s/servers/demo\n",
 			token, profile, base, devUser)
 		fmt.Fprintf(&b, "\nWatch it start (server-sent events):\n")
 		fmt.Fprintf(&b, "  curl -sS -N -H 'Authorization: Bearer %s' %s/api/v1/users/%s/servers/demo/events\n", token, base, devUser)

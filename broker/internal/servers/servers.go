@@ -135,8 +135,15 @@ func (s *Service) Create(ctx context.Context, user string, groups []string, name
 		CreatedAt:      now,
 		UpdatedAt:      now,
 	})
-	if err != nil || !created {
+	if err != nil {
 		return rec, false, err
+	}
+	if !created {
+		if rec.Profile != prof.Name {
+			return rec, false, fmt.Errorf("%w: Idempotency-Key %q was already used for a create with profile %q; use a new key for another request",
+				fleet.ErrConflict, idempotencyKey, rec.Profile)
+		}
+		return rec, false, nil
 	}
 	// From here on the server exists: finish on a context the caller cannot
 	// cancel, so a hung-up client leaves no half-created server.
@@ -187,7 +194,15 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 		return s.fail(ctx, rec, err, true), err
 	}
 	pod := spawner.PodName(rec.User, rec.Name)
-	return s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStarting, "pod created; waiting for it to start", fleet.ServerPatch{Pod: &pod})
+	out, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStarting, "pod created; waiting for it to start", fleet.ServerPatch{Pod: &pod})
+	if errors.Is(err, fleet.ErrConflict) {
+		// The pod's own events (starting, running) got there first: the
+		// spawn went on, so the create succeeded; answer with where it is.
+		if cur, gerr := s.store.GetServer(ctx, rec.ServerKey); gerr == nil && cur.SpawnID == rec.SpawnID {
+			return cur, nil
+		}
+	}
+	return out, err
 }
 
 // fail records a failed spawn and releases what it held. It returns the

@@ -1,6 +1,7 @@
 package servers_test
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/servers"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
 	"github.com/gpubroker/gpubroker/spawner"
 )
@@ -304,5 +306,52 @@ func TestPodRefusedByTheClusterIsAReadableConflict(t *testing.T) {
 	}
 	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 0 {
 		t.Errorf("allocations %v, want the slice released", allocs)
+	}
+}
+
+// eagerPods is the spawner with a pod watcher that wins the race: the pod's
+// running event is applied before Create returns to the service.
+type eagerPods struct {
+	inner servers.Pods
+	svc   *servers.Service
+}
+
+func (p *eagerPods) Delete(ctx context.Context, user, server, spawnID string) error {
+	return p.inner.Delete(ctx, user, server, spawnID)
+}
+
+func (p *eagerPods) Pods() ([]spawner.ManagedPod, error) { return p.inner.Pods() }
+
+func (p *eagerPods) Create(ctx context.Context, s spawner.Spec, secret map[string]string) error {
+	if err := p.inner.Create(ctx, s, secret); err != nil {
+		return err
+	}
+	return p.svc.HandlePodEvent(ctx, spawner.PodEvent{User: s.User, Server: s.Server, SpawnID: s.SpawnID,
+		Pod: spawner.PodName(s.User, s.Server), Phase: spawner.PhaseRunning, URL: "http://10.0.0.9:8888"})
+}
+
+func TestCreateSucceedsWhenPodEventsOvertakeIt(t *testing.T) {
+	f := serverstest.New(t)
+	pods := &eagerPods{inner: f.Pods}
+	svc := servers.New(f.Store, pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+	pods.svc = svc
+	s, created, err := svc.Create(t.Context(), "hana", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
+	if err != nil || !created {
+		t.Fatalf("Create = %v (created %v), want success although the pod ran first", err, created)
+	}
+	if s.State != v1.StateRunning || s.URL != "http://10.0.0.9:8888" {
+		t.Errorf("answer %s %q, want the server as it is now: running at http://10.0.0.9:8888", s.State, s.URL)
+	}
+}
+
+func TestIdempotencyKeyReusedForAnotherProfileIsAConflict(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	if _, _, err := f.Service.Create(ctx, "ivy", []string{"ml"}, "nb", v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := f.Service.Create(ctx, "ivy", []string{"ml"}, "nb", v1.CreateServerRequest{Profile: "big"}, "k1")
+	if !errors.Is(err, fleet.ErrConflict) || !strings.Contains(fleet.Message(err), `already used for a create with profile "small"`) {
+		t.Errorf("reuse with another profile = %v, want a conflict naming the first profile", err)
 	}
 }
