@@ -51,6 +51,10 @@ const (
 	readTimeout       = 30 * time.Second  // whole request, body included
 	writeTimeout      = 60 * time.Second  // ordinary answers; SSE extends per write
 	idleTimeout       = 120 * time.Second // keep-alive between requests
+	// eventsBlock is how long an event stream waits in Redis before a
+	// keepalive. A blocked read does not see its request end, so this also
+	// bounds how long an open stream can hold up shutdown.
+	eventsBlock = 3 * time.Second
 )
 
 // Version is the module version the binary was built from, or "devel".
@@ -327,7 +331,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 			checker{"kubernetes", func(ctx context.Context) error { return kubeReady(ctx, kube, cfg.Namespace, sp) }},
 			checker{"oidc", bearer.Ready},
 		},
-	})
+	}, httpapi.WithEventsBlock(eventsBlock))
 	if err != nil {
 		return nil, fmt.Errorf("http api: %w", err)
 	}
