@@ -1,0 +1,499 @@
+package reclaim_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
+	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
+	"github.com/gpubroker/gpubroker/broker/redistest"
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+)
+
+// clock is a fake clock safe for concurrent use.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) Add(d time.Duration) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+	return c.now
+}
+
+// notebook is a Jupyter server's activity API with settable state; it
+// refuses any request without no_track_activity=1, as a probe that counted
+// as activity would be a bug.
+type notebook struct {
+	mu           sync.Mutex
+	busyKernels  int
+	idleKernels  int
+	lastActivity time.Time
+	failStatus   int // non-zero: every request answers this status
+	tracked      int // requests that lacked no_track_activity=1
+	srv          *httptest.Server
+}
+
+func newNotebook(t *testing.T, last time.Time) *notebook {
+	t.Helper()
+	nb := &notebook{lastActivity: last}
+	nb.srv = httptest.NewServer(http.HandlerFunc(nb.serve))
+	t.Cleanup(nb.srv.Close)
+	return nb
+}
+
+func (nb *notebook) set(f func(nb *notebook)) { nb.mu.Lock(); defer nb.mu.Unlock(); f(nb) }
+
+func (nb *notebook) serve(w http.ResponseWriter, r *http.Request) {
+	nb.mu.Lock()
+	defer nb.mu.Unlock()
+	if r.URL.Query().Get("no_track_activity") != "1" {
+		nb.tracked++
+		http.Error(w, "tracked", http.StatusBadRequest)
+		return
+	}
+	if nb.failStatus != 0 {
+		http.Error(w, "broken", nb.failStatus)
+		return
+	}
+	last := nb.lastActivity.UTC().Format(time.RFC3339Nano)
+	var body any
+	switch strings.TrimPrefix(r.URL.Path, "/user/ada/") {
+	case "api/status":
+		body = map[string]any{"started": last, "last_activity": last, "connections": 0, "kernels": nb.busyKernels + nb.idleKernels}
+	case "api/kernels":
+		var ks []map[string]any
+		for i := 0; i < nb.busyKernels+nb.idleKernels; i++ {
+			st := "idle"
+			if i < nb.busyKernels {
+				st = "busy"
+			}
+			ks = append(ks, map[string]any{"id": "k", "name": "python3", "last_activity": last, "execution_state": st, "connections": 0})
+		}
+		if ks == nil {
+			ks = []map[string]any{}
+		}
+		body = ks
+	case "api/terminals":
+		body = []any{}
+	default:
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// stopper stops through the store like servers.Service.Delete does for a
+// pod that is already gone, and counts the calls.
+type stopper struct {
+	store *redisstore.Store
+	mu    sync.Mutex
+	calls int
+}
+
+func (s *stopper) Delete(ctx context.Context, k fleet.ServerKey) (fleet.Server, error) {
+	s.mu.Lock()
+	s.calls++
+	s.mu.Unlock()
+	rec, err := s.store.GetServer(ctx, k)
+	if err != nil {
+		return rec, err
+	}
+	if _, err := s.store.Transition(ctx, k, rec.SpawnID, v1.StateStopping, "stopping: deleting the pod", fleet.ServerPatch{}); err != nil {
+		return rec, err
+	}
+	return s.store.Transition(ctx, k, rec.SpawnID, v1.StateStopped, "stopped", fleet.ServerPatch{})
+}
+
+type fixture struct {
+	t        *testing.T
+	clock    *clock
+	rdb      *redis.Client
+	store    *redisstore.Store
+	agents   *agentstore.Store
+	policies *reclaim.PolicyStore
+	stopper  *stopper
+	rec      *reclaim.Reclaimer
+}
+
+const interval = 30 * time.Second
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	rs := redistest.Start(t)
+	rdb := rs.Client(t)
+	prefix := rs.Prefix(t)
+	c := &clock{now: t0}
+	store := redisstore.New(rdb, prefix, redisstore.WithClock(c.Now))
+	agents := agentstore.New(rdb, prefix)
+	policies := reclaim.NewPolicyStore(rdb, prefix, c.Now)
+	st := &stopper{store: store}
+	rec, err := reclaim.New(reclaim.Config{
+		Redis: rdb, Prefix: prefix, Policies: policies, Servers: store, Stopper: st,
+		Shrinker: reclaim.QuotaShrinker{Quotas: agents}, Prober: reclaim.NewProber(nil, 0),
+		SampleKeys: agents.Keys(), Interval: interval, Now: c.Now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{t: t, clock: c, rdb: rdb, store: store, agents: agents, policies: policies, stopper: st, rec: rec}
+}
+
+func (f *fixture) policy(p reclaim.Policy) reclaim.Policy {
+	f.t.Helper()
+	cur, err := f.policies.Get(f.t.Context())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	p.Version = cur.Version
+	saved, err := f.policies.Put(f.t.Context(), p, "admin")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return saved
+}
+
+var slice = fleet.Slice{MemoryMiB: 8192, ComputePercent: 40, ComputeLimitPercent: 100}
+
+// server writes a running server of ada with spawn id and notebook nb.
+func (f *fixture) server(name, spawn string, nb *notebook, groups ...string) fleet.Server {
+	f.t.Helper()
+	srv := fleet.Server{
+		ServerKey: fleet.ServerKey{User: "ada", Name: name}, Profile: "small", SpawnID: spawn, State: v1.StateRunning,
+		Slice: slice, URL: nb.srv.URL + "/user/ada/", CreatedAt: f.clock.Now(),
+		Allocation: &fleet.Allocation{SliceID: spawn, User: "ada", Groups: groups, Slice: slice, GPUUUID: "GPU-1", Node: "n1"},
+	}
+	if ok, err := f.store.RestoreServer(f.t.Context(), srv); err != nil || !ok {
+		f.t.Fatalf("restore server: %v %v", ok, err)
+	}
+	return srv
+}
+
+func (f *fixture) sample(spawn string, sm int) {
+	f.t.Helper()
+	zero := time.Time{}
+	if err := f.agents.AddSamples(f.t.Context(), []agentstore.Sample{{
+		Slice: spawn, At: f.clock.Now(), Interval: 10 * time.Second, SMPercent: &sm, LastKernel: &zero,
+	}}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// run advances the clock by interval and runs a cycle, d/interval times;
+// sm returns the SM % the agent reports for spawn at each step (a negative
+// value: no sample).
+func (f *fixture) run(d time.Duration, spawn string, sm func(time.Time) int) {
+	f.t.Helper()
+	for end := f.clock.Now().Add(d); f.clock.Now().Before(end); {
+		now := f.clock.Add(interval)
+		if v := sm(now); v >= 0 {
+			f.sample(spawn, v)
+		}
+		if _, err := f.rec.Cycle(f.t.Context()); err != nil {
+			f.t.Fatalf("cycle at %s: %v", now.Format("15:04:05"), err)
+		}
+	}
+}
+
+func constSM(v int) func(time.Time) int { return func(time.Time) int { return v } }
+
+func (f *fixture) get(name string) fleet.Server {
+	f.t.Helper()
+	s, err := f.store.GetServer(f.t.Context(), fleet.ServerKey{User: "ada", Name: name})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return s
+}
+
+func (f *fixture) audit() []reclaim.AuditEntry {
+	f.t.Helper()
+	es, _, err := f.policies.Audit(f.t.Context(), reclaim.AuditQuery{Actor: reclaim.Actor, Limit: 200})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return es
+}
+
+func (f *fixture) state(name string) reclaim.IdleState {
+	f.t.Helper()
+	st, err := f.rec.State(f.t.Context(), f.get(name))
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return st
+}
+
+// stopPolicy stops after 10 idle minutes with 2 minutes' warning.
+func stopPolicy() reclaim.Policy {
+	p := reclaim.DefaultPolicy()
+	p.Enabled, p.IdleAfter, p.Action, p.Warn = true, 10*time.Minute, reclaim.ActionStop, 2*time.Minute
+	return p
+}
+
+type outcome struct {
+	State   v1.ServerState
+	Verdict reclaim.Verdict
+	Reason  string
+	Audits  int
+	Stops   int
+}
+
+func TestNotReclaimed(t *testing.T) {
+	tests := []struct {
+		name    string
+		setup   func(nb *notebook)
+		sm      func(time.Time) int
+		groups  []string
+		want    outcome
+		inWhy   string
+		dryAuds bool
+	}{
+		{name: "a silent busy kernel with an idle GPU is active", setup: func(nb *notebook) { nb.busyKernels = 1 },
+			sm: constSM(0), want: outcome{State: v1.StateRunning, Verdict: reclaim.VerdictActive, Reason: "a kernel is running code"}},
+		{name: "a busy GPU without browser or kernel traffic is active", setup: func(nb *notebook) {},
+			sm: constSM(80), want: outcome{State: v1.StateRunning, Verdict: reclaim.VerdictActive, Reason: "the GPU is busy"}},
+		{name: "a failing activity probe is unknown with the reason", setup: func(nb *notebook) { nb.failStatus = http.StatusBadGateway },
+			sm: constSM(0), want: outcome{State: v1.StateRunning, Verdict: reclaim.VerdictUnknown}, inWhy: "api/status answered 502 Bad Gateway"},
+		{name: "stale samples are unknown", setup: func(nb *notebook) {},
+			sm: func(now time.Time) int {
+				if now.Sub(t0) > 2*time.Minute {
+					return -1 // the agent stopped reporting
+				}
+				return 0
+			}, want: outcome{State: v1.StateRunning, Verdict: reclaim.VerdictUnknown}, inWhy: "the GPU samples are stale"},
+		{name: "an agent that never reported is unknown", setup: func(nb *notebook) {},
+			sm: constSM(-1), want: outcome{State: v1.StateRunning, Verdict: reclaim.VerdictUnknown}, inWhy: "no GPU samples"},
+		{name: "an exempt group is never reclaimed", setup: func(nb *notebook) {}, groups: []string{"vip"},
+			sm: constSM(0), want: outcome{State: v1.StateRunning, Verdict: reclaim.VerdictIdle}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			p := stopPolicy()
+			p.ExemptGroups = []string{"vip"}
+			f.policy(p)
+			nb := newNotebook(t, t0.Add(-time.Hour))
+			nb.set(tc.setup)
+			f.server("a", "spawn-1", nb, tc.groups...)
+			f.run(45*time.Minute, "spawn-1", tc.sm)
+			st := f.state("a")
+			got := outcome{State: f.get("a").State, Verdict: st.Verdict, Reason: st.Reason, Audits: len(f.audit()), Stops: f.stopper.calls}
+			if tc.inWhy != "" {
+				if !strings.Contains(st.Reason, tc.inWhy) {
+					t.Errorf("reason %q does not contain %q", st.Reason, tc.inWhy)
+				}
+				got.Reason = ""
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("after 45 min (-want +got):\n%s", diff)
+			}
+			if nb.tracked != 0 {
+				t.Errorf("%d probes lacked no_track_activity=1", nb.tracked)
+			}
+		})
+	}
+}
+
+// A control: the same setup with nothing busy is stopped, so the cases
+// above can fail.
+func TestIdleServerIsStopped(t *testing.T) {
+	f := newFixture(t)
+	f.policy(stopPolicy())
+	nb := newNotebook(t, t0.Add(-time.Hour))
+	f.server("a", "spawn-1", nb)
+	f.run(45*time.Minute, "spawn-1", constSM(0))
+	if got := f.get("a").State; got != v1.StateStopped {
+		t.Fatalf("state %s, want stopped", got)
+	}
+	if f.stopper.calls != 1 {
+		t.Errorf("stop calls %d, want 1", f.stopper.calls)
+	}
+}
+
+func TestLadderRunsInOrderWithTheConfiguredTimes(t *testing.T) {
+	f := newFixture(t)
+	p := stopPolicy()
+	p.Action, p.ShrinkComputePercent, p.StopAfter = reclaim.ActionShrink, 5, 20*time.Minute
+	saved := f.policy(p)
+	nb := newNotebook(t, t0.Add(-time.Hour))
+	f.server("a", "spawn-1", nb)
+	start := f.clock.Now().Add(interval) // the first cycle starts the idle clock
+	f.run(25*time.Minute, "spawn-1", constSM(0))
+
+	type step struct {
+		Action  string
+		After   time.Duration
+		Version int64
+	}
+	var got []step
+	es := f.audit()
+	for i := len(es) - 1; i >= 0; i-- {
+		got = append(got, step{es[i].Action, es[i].Time.Sub(start), es[i].PolicyVersion})
+	}
+	want := []step{
+		{reclaim.AuditWarn, 8 * time.Minute, saved.Version},
+		{reclaim.AuditShrink, 10 * time.Minute, saved.Version},
+		{reclaim.AuditWarn, 18 * time.Minute, saved.Version},
+		{reclaim.AuditStop, 20 * time.Minute, saved.Version},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("ladder (-want +got):\n%s", diff)
+	}
+	q, err := f.agents.DesiredQuota(t.Context(), "spawn-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(fleet.Slice{MemoryMiB: 8192, ComputePercent: 5, ComputeLimitPercent: 5}, q.Slice); diff != "" {
+		t.Errorf("desired quota after shrink (-want +got):\n%s", diff)
+	}
+	evs, err := f.store.Events(t.Context(), fleet.ServerKey{User: "ada", Name: "a"}, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []string
+	for _, e := range evs {
+		msgs = append(msgs, e.Message)
+	}
+	wantMsgs := []string{
+		redisstore.RestoreMessage,
+		"idle for 8 min; compute will shrink to 5 % at 15:10 UTC unless extended",
+		"idle for 10 min; compute shrunk to 5 % of the GPU until the server is busy again",
+		"idle for 18 min; will stop at 15:20 UTC unless extended (your files are kept)",
+		"idle for 20 min; stopping the server (your files are kept)",
+		"stopping: deleting the pod",
+		"stopped",
+	}
+	if diff := cmp.Diff(wantMsgs, msgs); diff != "" {
+		t.Errorf("events the user sees (-want +got):\n%s", diff)
+	}
+}
+
+func TestDryRunOnlyWritesAuditRecords(t *testing.T) {
+	f := newFixture(t)
+	p := stopPolicy()
+	p.DryRun = true
+	f.policy(p)
+	nb := newNotebook(t, t0.Add(-time.Hour))
+	f.server("a", "spawn-1", nb)
+	f.run(45*time.Minute, "spawn-1", constSM(0))
+
+	if got := f.get("a").State; got != v1.StateRunning {
+		t.Errorf("state %s, want running", got)
+	}
+	evs, err := f.store.Events(t.Context(), fleet.ServerKey{User: "ada", Name: "a"}, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 1 {
+		t.Errorf("%d events, want only the restore event: %+v", len(evs), evs)
+	}
+	var got [][2]string
+	for _, e := range f.audit() {
+		got = append(got, [2]string{e.Action, e.Inputs["dryRun"]})
+	}
+	want := [][2]string{{reclaim.AuditStop, "true"}, {reclaim.AuditWarn, "true"}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("audit (newest first) (-want +got):\n%s", diff)
+	}
+	if f.stopper.calls != 0 {
+		t.Errorf("stop calls %d, want 0", f.stopper.calls)
+	}
+}
+
+func TestStartAgainGetsAFreshIdleClock(t *testing.T) {
+	f := newFixture(t)
+	f.policy(stopPolicy())
+	nb := newNotebook(t, t0.Add(-time.Hour))
+	f.server("a", "spawn-1", nb)
+	f.run(9*time.Minute, "spawn-1", constSM(0)) // warned, 1 min before the stop
+	if st := f.state("a"); st.Verdict != reclaim.VerdictIdle || st.Rung != 1 {
+		t.Fatalf("before restart: %+v, want idle and warned", st)
+	}
+	// The user stops and starts the server again: a new spawn.
+	k := fleet.ServerKey{User: "ada", Name: "a"}
+	if _, err := f.stopper.Delete(t.Context(), k); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.store.DeleteServer(t.Context(), k, "spawn-1"); err != nil {
+		t.Fatal(err)
+	}
+	f.server("a", "spawn-2", nb)
+	restart := f.clock.Now().Add(interval)
+	f.run(9*time.Minute, "spawn-2", constSM(0))
+	st := f.state("a")
+	if st.SpawnID != "spawn-2" || !st.Since.Equal(restart) {
+		t.Errorf("idle clock of the new spawn: %s since %s, want spawn-2 since %s", st.SpawnID, st.Since, restart)
+	}
+	if got := f.get("a").State; got != v1.StateRunning {
+		t.Errorf("9 min after the restart: %s, want running", got)
+	}
+}
+
+func TestExtendPostponesTheStopWithinTheLimit(t *testing.T) {
+	f := newFixture(t)
+	p := stopPolicy()
+	p.MaxExtend = 30 * time.Minute
+	f.policy(p)
+	nb := newNotebook(t, t0.Add(-time.Hour))
+	f.server("a", "spawn-1", nb)
+	f.run(9*time.Minute, "spawn-1", constSM(0))
+	st, err := f.rec.Extend(t.Context(), f.get("a"), 20*time.Minute, "ada")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := f.clock.Now().Add(20 * time.Minute); !st.ExtendedUntil.Equal(want) {
+		t.Errorf("extended until %s, want %s", st.ExtendedUntil, want)
+	}
+	if _, err := f.rec.Extend(t.Context(), f.get("a"), 11*time.Minute, "ada"); err == nil || !strings.Contains(err.Error(), "at most 10 min more") {
+		t.Errorf("extension past the limit: %v, want the remaining 10 min named", err)
+	}
+	f.run(25*time.Minute, "spawn-1", constSM(0)) // 20 min extension + 5 min: not yet 10 idle
+	if got := f.get("a").State; got != v1.StateRunning {
+		t.Fatalf("during the extension: %s, want running", got)
+	}
+	f.run(10*time.Minute, "spawn-1", constSM(0))
+	if got := f.get("a").State; got != v1.StateStopped {
+		t.Errorf("10 min after the extension: %s, want stopped", got)
+	}
+}
+
+func TestBusyAgainRestoresCompute(t *testing.T) {
+	f := newFixture(t)
+	p := stopPolicy()
+	p.Action, p.ShrinkComputePercent, p.Warn = reclaim.ActionShrink, 5, 0
+	f.policy(p)
+	nb := newNotebook(t, t0.Add(-time.Hour))
+	f.server("a", "spawn-1", nb)
+	f.run(11*time.Minute, "spawn-1", constSM(0))
+	f.run(time.Minute, "spawn-1", constSM(90))
+	q, err := f.agents.DesiredQuota(t.Context(), "spawn-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(slice, q.Slice); diff != "" {
+		t.Errorf("desired quota when busy again (-want +got):\n%s", diff)
+	}
+	var got []string
+	for _, e := range f.audit() {
+		got = append(got, e.Action)
+	}
+	if diff := cmp.Diff([]string{reclaim.AuditRestore, reclaim.AuditShrink}, got); diff != "" {
+		t.Errorf("audit (-want +got):\n%s", diff)
+	}
+}
