@@ -190,7 +190,7 @@ func (r *Reclaimer) Cycle(ctx context.Context) (CycleReport, error) {
 		}
 	}
 	rep.Servers = len(run)
-	samples, states, seen, err := r.read(ctx, run)
+	samples, states, seen, err := r.read(ctx, run, now.Add(-r.lookback))
 	if err != nil {
 		return rep, err
 	}
@@ -280,9 +280,10 @@ func changed(prev, next IdleState) bool {
 	return prev != next
 }
 
-// read fetches, in pipelined batches, each server's newest samples and its
-// idle state; seen[i] is false when no state was stored for the spawn.
-func (r *Reclaimer) read(ctx context.Context, run []fleet.Server) ([][]agentstore.Sample, []IdleState, []bool, error) {
+// read fetches, in pipelined batches, each server's newest samples (only
+// the newest one and those taken after from are decoded) and its idle
+// state; seen[i] is false when no state was stored for the spawn.
+func (r *Reclaimer) read(ctx context.Context, run []fleet.Server, from time.Time) ([][]agentstore.Sample, []IdleState, []bool, error) {
 	samples := make([][]agentstore.Sample, len(run))
 	states := make([]IdleState, len(run))
 	seen := make([]bool, len(run))
@@ -311,6 +312,9 @@ func (r *Reclaimer) read(ctx context.Context, run []fleet.Server) ([][]agentstor
 					break // a corrupt sample ends the usable history: older ones are not trusted either
 				}
 				samples[i] = append(samples[i], s)
+				if s.At.Before(from) {
+					break // older samples are outside the window
+				}
 			}
 			if h := hs[i-lo].Val(); len(h) > 0 {
 				states[i], seen[i] = decodeState(id, h), true

@@ -1,0 +1,4 @@
+package reclaim
+
+// DecodeBatchSample exposes decodeBatchSample to the external tests.
+var DecodeBatchSample = decodeBatchSample
