@@ -91,6 +91,8 @@ type Deps struct {
 	Fleet Fleet
 	// Auth authenticates every /api/v1 route except / and /openapi.yaml.
 	Auth Authenticator
+	// Resize serves PATCH .../servers/{name}/slice; nil: not served.
+	Resize Resizer
 	// Policy serves the reclaim policy and audit routes; nil: not served.
 	Policy Policy
 	// Checkers run concurrently on GET /readyz; none means always ready.

@@ -28,6 +28,9 @@ func (a *api) routes(e *echo.Echo) {
 	e.GET("/api/v1/users/:user/servers/:name", a.getServer, user)
 	e.DELETE("/api/v1/users/:user/servers/:name", a.deleteServer, user)
 	e.GET("/api/v1/users/:user/servers/:name/events", a.serverEvents, user)
+	if a.deps.Resize != nil {
+		e.PATCH("/api/v1/users/:user/servers/:name/slice", a.resizeServer, user)
+	}
 
 	e.GET("/api/v1/admin/gpus", a.listGPUs, user, a.adminOnly)
 	e.PUT("/api/v1/admin/gpus/:uuid", a.putGPU, user, a.adminOnly)
