@@ -309,7 +309,8 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 	var rec *reconcile.Reconciler
 	p.service = servers.New(store, sp, cat, log.With("part", "servers"),
 		servers.WithPolicy(fleet.Policy(cfg.PlacementPolicy)),
-		servers.WithReconcileTrigger(func() { rec.Trigger() }))
+		servers.WithReconcileTrigger(func() { rec.Trigger() }),
+		servers.WithResize(servers.ResizeConfig{Store: store, Quotas: p.agents, Pods: sp}))
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
 	p.reconciler = rec
 	authn := []auth.Authenticator{hub, bearer}
@@ -323,7 +324,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 		authn = append(authn, web)
 	}
 	h, err := httpapi.New(httpapi.Deps{
-		Log: log, Servers: p.service, Profiles: cat, Fleet: store,
+		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
 		Policy: reclaim.NewPolicyStore(rdb, cfg.RedisPrefix, nil),
 		Auth:   auth.Chain(authn...), Version: Version(), Mode: mode,
 		Checkers: []httpapi.Checker{
