@@ -3,11 +3,16 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
+
+// gpuUUID is the shape of an NVML GPU or MIG UUID ("GPU-8f3c…"), loose
+// enough for test and simulated devices ("GPU-a") but never free text.
+var gpuUUID = regexp.MustCompile(`^(?i:GPU|MIG)-[A-Za-z0-9._-]{1,128}$`)
 
 // GPU is one physical device registered for placement.
 type GPU struct {
@@ -24,6 +29,8 @@ func (g GPU) Validate() error {
 	var errs []error
 	if strings.TrimSpace(g.UUID) == "" {
 		errs = append(errs, errors.New("gpu uuid is empty"))
+	} else if !gpuUUID.MatchString(g.UUID) {
+		errs = append(errs, fmt.Errorf("gpu uuid %q is not GPU- or MIG- followed by letters, digits, '.', '_' or '-' (at most 128)", g.UUID))
 	}
 	if strings.TrimSpace(g.Node) == "" {
 		errs = append(errs, errors.New("gpu node is empty"))

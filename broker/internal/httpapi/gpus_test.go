@@ -32,7 +32,7 @@ func TestPutGPUThenList(t *testing.T) {
 		return v1.GPU{UUID: uuid, Node: node, Model: "NVIDIA H200", MemoryMiB: 143771, SMCount: 132, Healthy: healthy}
 	}
 	want := []v1.GPUStatus{
-		{GPU: h200("GPU-c", "gpu-0", false)},
+		{GPU: h200("GPU-c", "gpu-0", true)}, // healthy omitted: true
 		{GPU: h200("GPU-a", "gpu-1", true), AllocatedMemoryMiB: 12288, AllocatedComputePercent: 30, Slices: 2},
 		{GPU: h200("GPU-b", "gpu-1", true)},
 	}
@@ -56,6 +56,8 @@ func TestPutGPURefusals(t *testing.T) {
 			wantMsg: `field "memoryMiB" holds number 1e30, which is not a whole number in range (byte 28)`},
 		{name: "unknown field", uuid: "GPU-a", body: `{"node":"n","memoryMiB":1,"smCount":1,"mig":true}`,
 			wantMsg: `the body has an unknown field "mig"`},
+		{name: "not a gpu uuid", uuid: "not%20a%20uuid", body: `{"node":"n","memoryMiB":1,"smCount":1}`,
+			wantMsg: `gpu uuid "not a uuid" is not GPU- or MIG- followed by letters, digits, '.', '_' or '-' (at most 128)`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -83,5 +85,21 @@ func TestGPUStoreFailureIs500(t *testing.T) {
 		if got := decode[v1.Error](t, rec); rec.Code != 500 || got.Code != v1.CodeInternal {
 			t.Errorf("%s %s: %d %+v", r.method, r.path, rec.Code, got)
 		}
+	}
+}
+
+func TestPutGPUCannotShrinkBelowItsSlices(t *testing.T) {
+	h := newHarness(t)
+	h.fleet.allocs = []fleet.Allocation{
+		{SliceID: "s1", GPUUUID: "GPU-a", Slice: fleet.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50}},
+		{SliceID: "s2", GPUUUID: "GPU-a", Slice: fleet.Slice{MemoryMiB: 4096, ComputePercent: 10, ComputeLimitPercent: 10}},
+	}
+	rec := h.do(t, req{method: "PUT", path: "/api/v1/admin/gpus/GPU-a", token: tokAdmin, body: `{"node":"n","memoryMiB":1000,"smCount":132}`})
+	want := v1.Error{Code: v1.CodeConflict, Message: "GPU GPU-a holds 2 slices with 12288 MiB; its memory cannot be set to 1000 MiB"}
+	if diff := cmp.Diff(want, decode[v1.Error](t, rec)); rec.Code != http.StatusConflict || diff != "" {
+		t.Errorf("status %d, error (-want +got):\n%s", rec.Code, diff)
+	}
+	if len(h.fleet.gpus) != 0 {
+		t.Errorf("the refused GPU was registered: %v", h.fleet.gpus)
 	}
 }

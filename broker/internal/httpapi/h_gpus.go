@@ -31,10 +31,20 @@ func (a *api) putGPU(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var g v1.GPU
-	if err := decodeJSON(c, &g); err != nil {
+	// v1.GPU with healthy optional (omitted: true).
+	var body struct {
+		UUID      string `json:"uuid"`
+		Node      string `json:"node"`
+		Model     string `json:"model"`
+		MemoryMiB int64  `json:"memoryMiB"`
+		SMCount   int    `json:"smCount"`
+		Healthy   *bool  `json:"healthy"`
+	}
+	if err := decodeJSON(c, &body); err != nil {
 		return err
 	}
+	g := v1.GPU{UUID: body.UUID, Node: body.Node, Model: body.Model, MemoryMiB: body.MemoryMiB,
+		SMCount: body.SMCount, Healthy: body.Healthy == nil || *body.Healthy}
 	switch g.UUID {
 	case "":
 		g.UUID = uuid
@@ -46,7 +56,24 @@ func (a *api) putGPU(c echo.Context) error {
 	if err := fg.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}
-	if err := a.deps.Fleet.RegisterGPU(c.Request().Context(), fg); err != nil {
+	ctx := c.Request().Context()
+	allocs, err := a.deps.Fleet.Allocations(ctx)
+	if err != nil {
+		return err
+	}
+	var heldMiB int64
+	var slices int
+	for _, al := range allocs {
+		if al.GPUUUID == fg.UUID {
+			heldMiB += al.Slice.MemoryMiB
+			slices++
+		}
+	}
+	if fg.MemoryMiB < heldMiB {
+		return fmt.Errorf("%w: GPU %s holds %d slices with %d MiB; its memory cannot be set to %d MiB",
+			fleet.ErrConflict, fg.UUID, slices, heldMiB, fg.MemoryMiB)
+	}
+	if err := a.deps.Fleet.RegisterGPU(ctx, fg); err != nil {
 		return err
 	}
 	return c.JSON(http.StatusOK, toGPU(fg))
