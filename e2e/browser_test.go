@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto"
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,6 +40,12 @@ import (
 //
 // Every page visited is saved as a PNG under test-artifacts/screenshots/
 // at the repository root (gitignored), named after the test and the page.
+// Screenshots are artifacts, never verdicts: one that cannot be taken in
+// time is skipped with a note in the test's log.
+//
+// No browser call runs without a deadline, and each test has a browser
+// budget (browserBudget): a slow machine makes a test slower or, past the
+// budget, fail with the page's URL and HTML, never hang.
 
 // chromiumPath is Debian's Chromium.
 const chromiumPath = "/usr/bin/chromium"
@@ -45,8 +54,34 @@ const chromiumPath = "/usr/bin/chromium"
 // e2e/).
 var screenshotDir = filepath.Join("..", "test-artifacts", "screenshots")
 
-// pageTimeout bounds one wait for a page state.
-const pageTimeout = 30 * time.Second
+// The deadlines of the browser calls. A loaded CI machine (two cores, the
+// race detector, three browsers) is slow, never stuck: these are generous,
+// and every call has one.
+const (
+	// pageTimeout bounds one wait for a page state, and one interaction
+	// with an element (waiting for it to be visible included).
+	pageTimeout = 30 * time.Second
+	// actionTimeout bounds one browser call that does not wait for a page
+	// state: a navigation, an evaluation, a key press.
+	actionTimeout = 30 * time.Second
+	// attemptTimeout bounds one try within a wait, so that a single stuck
+	// call does not eat the whole wait.
+	attemptTimeout = 10 * time.Second
+	// shotTimeout bounds one screenshot, waiting for the page included.
+	shotTimeout = 10 * time.Second
+	// reportTimeout bounds reading the page's state when a test fails.
+	reportTimeout = 15 * time.Second
+	// browserBudget bounds a whole browser test from its tab's start: once
+	// it is spent, every browser call fails and the test with it, saying
+	// so.
+	browserBudget = 3 * time.Minute
+	// browserGrace is how long after the budget the browser itself is
+	// stopped, the backstop for anything that ignored a deadline.
+	browserGrace = time.Minute
+)
+
+// htmlTailBytes is how much of the page's HTML a failure shows.
+const htmlTailBytes = 3000
 
 // browserEnv is an env whose broker serves the web pages at public.
 type browserEnv struct {
@@ -176,13 +211,26 @@ func (e *browserEnv) releaseNode() {
 }
 
 // tab is one headless Chromium tab of a test.
+//
+// Every browser call runs under a context with a deadline, derived from the
+// tab's context as chromedp documents (the tab itself is started without
+// one): a call ends after its own timeout, or when the test's browser budget
+// is spent, whichever comes first. Nothing the browser does can hang a test.
 type tab struct {
-	t   *testing.T
-	ctx context.Context
-	n   int // screenshots taken
+	t *testing.T
+	// tabCtx is chromedp's context of the tab; it lives until t ends. Only
+	// the failure report derives from it directly, so that it can still
+	// read the page after the budget is spent.
+	tabCtx context.Context
+	// ctx is tabCtx ending with the browser budget; every call derives
+	// from it.
+	ctx   context.Context
+	start time.Time
+	n     int // screenshots taken
 }
 
-// newTab starts Chromium with a fresh profile; it is closed when t ends.
+// newTab starts Chromium with a fresh profile and a 1280×900 viewport; it is
+// closed when t ends. The test's browser budget starts now.
 func newTab(t *testing.T) *tab {
 	t.Helper()
 	if _, err := exec.LookPath(chromiumPath); err != nil {
@@ -191,7 +239,13 @@ func newTab(t *testing.T) *tab {
 		}
 		t.Skipf("chromium not available: %v", err)
 	}
-	alloc, cancelAlloc := chromedp.NewExecAllocator(t.Context(),
+	start := time.Now()
+	// The browser's own lifetime is the backstop: whatever ignored a
+	// deadline, the browser is gone shortly after the budget, which ends
+	// every call on it.
+	life, cancelLife := context.WithDeadline(t.Context(), start.Add(browserBudget+browserGrace))
+	t.Cleanup(cancelLife)
+	alloc, cancelAlloc := chromedp.NewExecAllocator(life,
 		chromedp.ExecPath(chromiumPath),
 		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
 		chromedp.Flag("disable-background-networking", true),
@@ -201,11 +255,20 @@ func newTab(t *testing.T) *tab {
 		chromedp.WindowSize(1280, 900),
 	)
 	t.Cleanup(cancelAlloc) // waits for the browser to exit
-	ctx, cancel := chromedp.NewContext(alloc)
-	t.Cleanup(cancel)
-	if err := chromedp.Do(ctx); err != nil {
+	tabCtx, cancelTab := chromedp.NewContext(alloc)
+	t.Cleanup(cancelTab)
+	// The first call starts the browser and binds it to the context it
+	// gets: no timeout of its own here (chromedp.NewContext), the
+	// browser's lifetime above bounds it.
+	if err := chromedp.Do(tabCtx); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
+	ctx, cancel := context.WithDeadline(tabCtx, start.Add(browserBudget))
+	t.Cleanup(cancel)
+	b := &tab{t: t, tabCtx: tabCtx, ctx: ctx, start: start}
+	// A viewport that is set, not left to the headless window: a page
+	// never lays out at zero width.
+	b.viewport(1280, 900)
 	// Screenshots of an earlier run of this test would mislead.
 	old, _ := filepath.Glob(filepath.Join(screenshotDir, shotPrefix(t)+"-*.png"))
 	for _, f := range old {
@@ -213,52 +276,137 @@ func newTab(t *testing.T) *tab {
 			t.Logf("remove old screenshot: %v", err)
 		}
 	}
-	return &tab{t: t, ctx: ctx}
+	return b
 }
 
-// do runs actions, failing the test with the page's state on error.
+// run runs one browser action under a context that ends after d, or with
+// the budget.
+func run[T any](b *tab, d time.Duration, a chromedp.Action[T]) (T, error) {
+	ctx, cancel := context.WithTimeout(b.ctx, d)
+	defer cancel()
+	return chromedp.Run(ctx, a)
+}
+
+// do runs actions within actionTimeout, failing the test with the page's
+// state on error.
 func (b *tab) do(what string, actions ...chromedp.Action[chromedp.Void]) {
 	b.t.Helper()
-	if err := chromedp.Do(b.ctx, actions...); err != nil {
+	if _, err := run(b, actionTimeout, chromedp.Steps(actions...)); err != nil {
 		b.fail(what, err)
 	}
 }
 
+// open navigates to u and waits for the page to load.
 func (b *tab) open(u string) { b.t.Helper(); b.do("open "+u, chromedp.Navigate(u)) }
+
+// openResponse navigates to u, waits for the page to load and returns the
+// HTTP response of its document.
+func (b *tab) openResponse(u string) *network.Response {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(b.ctx, actionTimeout)
+	defer cancel()
+	resp, err := chromedp.RunResponse(ctx, chromedp.Navigate(u))
+	if err != nil {
+		b.fail("open "+u, err)
+	}
+	return resp
+}
+
+// viewport sets the page's viewport in CSS pixels (kept across
+// navigations).
+func (b *tab) viewport(width, height int64) {
+	b.t.Helper()
+	b.do(fmt.Sprintf("set the viewport to %d×%d", width, height), chromedp.EmulateViewport(width, height))
+}
 
 func (b *tab) click(css string) {
 	b.t.Helper()
-	b.retry("click "+css, chromedp.Click(chromedp.CSS(css)))
+	b.act("click "+css, css, chromedp.Click(chromedp.CSS(css)))
 }
 
 func (b *tab) set(css, value string) {
 	b.t.Helper()
-	b.retry("set "+css, chromedp.SetValue(chromedp.CSS(css), value))
+	b.act("set "+css, css, chromedp.SetValue(chromedp.CSS(css), value))
 }
 
-// retry runs a query action until it succeeds: right after a navigation
-// the browser may answer "Could not find node with given id" for a
-// document it is replacing.
-func (b *tab) retry(what string, a chromedp.Action[chromedp.Void]) {
+func (b *tab) focus(css string) {
 	b.t.Helper()
-	var last error
-	err := harness.Poll(b.ctx, 100*time.Millisecond, 10*time.Second, func(ctx context.Context) (bool, string, error) {
-		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		if last = chromedp.Do(qctx, a); last != nil {
-			return false, last.Error(), nil
+	b.act("focus "+css, css, chromedp.Focus(chromedp.CSS(css)))
+}
+
+// act waits until the element css selects (DOM.querySelector) is visible
+// and then runs a on it, all within pageTimeout. A page that replaces its
+// document meanwhile (a navigation, a reload) leaves the query with a node
+// the browser no longer knows ("Could not find node with given id"): act
+// then runs the query and a again on the new document, until the deadline.
+// Other errors fail at once.
+func (b *tab) act(what, css string, a chromedp.Action[chromedp.Void]) {
+	b.t.Helper()
+	err := harness.Poll(b.ctx, 100*time.Millisecond, pageTimeout, func(ctx context.Context) (bool, string, error) {
+		err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(css)), a)
+		switch {
+		case err == nil:
+			return true, "", nil
+		case ctx.Err() != nil: // Poll reports the deadline
+			return false, "not visible: " + err.Error(), nil
+		case stale(err):
+			return false, err.Error(), nil
 		}
-		return true, "", nil
+		return false, "", err
 	})
 	if err != nil {
 		b.fail(what, err)
 	}
 }
 
-// eval returns a JavaScript expression's value, awaiting a promise.
+// staleMessages are the browser's answers about a node or a script context
+// of a document that a navigation has replaced.
+var staleMessages = []string{
+	"Could not find node with given id",
+	"No node with given id found",
+	"Node with given id does not belong to the document",
+	"Cannot find context with specified id",
+	"Execution context was destroyed",
+	"Inspected target navigated or closed",
+}
+
+// stale reports whether err says that the document changed under the call,
+// so that the same call on the new document may well succeed.
+func stale(err error) bool {
+	if errors.Is(err, chromedp.ErrInvalidDimensions) { // not laid out yet
+		return true
+	}
+	var e *cdproto.Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	for _, m := range staleMessages {
+		if strings.Contains(e.Message, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// eval returns a JavaScript expression's value, awaiting a promise. An
+// evaluation that a navigation interrupts runs again on the new page, within
+// pageTimeout.
 func eval[T any](b *tab, expr string) T {
 	b.t.Helper()
-	v, err := chromedp.Run(b.ctx, chromedp.Evaluate[T](expr, chromedp.EvalAwaitPromise))
+	var v T
+	err := harness.Poll(b.ctx, 100*time.Millisecond, pageTimeout, func(ctx context.Context) (bool, string, error) {
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		defer cancel()
+		got, err := chromedp.Run(actx, chromedp.Evaluate[T](expr, chromedp.EvalAwaitPromise))
+		switch {
+		case err == nil:
+			v = got
+			return true, "", nil
+		case stale(err), actx.Err() != nil:
+			return false, err.Error(), nil
+		}
+		return false, "", err
+	})
 	if err != nil {
 		b.fail("evaluate "+expr, err)
 	}
@@ -270,7 +418,9 @@ func eval[T any](b *tab, expr string) T {
 func (b *tab) waitFor(what, expr string) {
 	b.t.Helper()
 	err := harness.Poll(b.ctx, 100*time.Millisecond, pageTimeout, func(ctx context.Context) (bool, string, error) {
-		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool]("Boolean("+expr+")"))
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+		defer cancel()
+		ok, err := chromedp.Run(actx, chromedp.Evaluate[bool]("Boolean("+expr+")"))
 		if err != nil {
 			return false, err.Error(), nil
 		}
@@ -287,25 +437,48 @@ func (b *tab) text() string {
 	return eval[string](b, `(document.querySelector('main') || document.body).innerText`)
 }
 
-// location is the page's URL.
-func (b *tab) location() string {
-	u, err := chromedp.Run(b.ctx, chromedp.Location())
-	if err != nil {
-		return "(unknown: " + err.Error() + ")"
-	}
-	return u
-}
-
-// shot saves a full-page PNG screenshot as <test>-<nn>-<name>.png.
+// shot saves a full-page PNG screenshot as <test>-<nn>-<name>.png. A
+// screenshot is an artifact, never a verdict: one that cannot be taken
+// within shotTimeout (a page still at zero width, a page being replaced, a
+// spent budget) is skipped with a note in the log.
 func (b *tab) shot(name string) {
 	b.t.Helper()
-	// A page that has just loaded may not be laid out yet ("Cannot take
-	// screenshot with 0 width"): retry until it is.
+	b.shotFrom(b.ctx, name)
+}
+
+// shotFrom is shot under parent, a context derived from the tab's.
+func (b *tab) shotFrom(parent context.Context, name string) {
+	b.t.Helper()
+	b.n++
+	png, err := capture(parent)
+	if err != nil {
+		b.t.Logf("screenshot %s skipped: %v", name, err)
+		return
+	}
+	if err := os.MkdirAll(screenshotDir, 0o755); err != nil {
+		b.t.Logf("screenshot %s skipped: %v", name, err)
+		return
+	}
+	file := filepath.Join(screenshotDir, fmt.Sprintf("%s-%02d-%s.png", shotPrefix(b.t), b.n, name))
+	if err := os.WriteFile(file, png, 0o644); err != nil {
+		b.t.Logf("screenshot %s skipped: %v", name, err)
+	}
+}
+
+// capture takes a full-page PNG once the body is visible and the page is
+// loaded and laid out at a width above zero, all within shotTimeout.
+func capture(parent context.Context) ([]byte, error) {
 	var png []byte
-	err := harness.Poll(b.ctx, 100*time.Millisecond, 10*time.Second, func(ctx context.Context) (bool, string, error) {
-		ready, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`document.readyState === 'complete' && document.documentElement.clientWidth > 0`))
-		if err != nil || !ready {
-			return false, fmt.Sprintf("not laid out (%v)", err), nil
+	err := harness.Poll(parent, 100*time.Millisecond, shotTimeout, func(ctx context.Context) (bool, string, error) {
+		if err := chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS("body"))); err != nil {
+			return false, "body not visible: " + err.Error(), nil
+		}
+		width, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.readyState === 'complete' ? document.documentElement.scrollWidth : 0`))
+		switch {
+		case err != nil:
+			return false, err.Error(), nil
+		case width == 0:
+			return false, "the page is loading or has zero width", nil
 		}
 		shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 		if err != nil {
@@ -314,29 +487,52 @@ func (b *tab) shot(name string) {
 		png = shot
 		return true, "", nil
 	})
-	if err != nil {
-		b.t.Errorf("screenshot %s: %v", name, err)
-		return
-	}
-	if err := os.MkdirAll(screenshotDir, 0o755); err != nil {
-		b.t.Errorf("screenshot %s: %v", name, err)
-		return
-	}
-	b.n++
-	file := filepath.Join(screenshotDir, fmt.Sprintf("%s-%02d-%s.png", shotPrefix(b.t), b.n, name))
-	if err := os.WriteFile(file, png, 0o644); err != nil {
-		b.t.Errorf("screenshot %s: %v", name, err)
-	}
+	return png, err
 }
 
 // shotPrefix starts the names of t's screenshots.
 func shotPrefix(t *testing.T) string { return strings.ReplaceAll(t.Name(), "/", "_") }
 
+// fail ends the test with what failed, why, and where the page was: its URL
+// and the tail of its HTML, read under a deadline of their own (the budget
+// may be what is spent).
 func (b *tab) fail(what string, err error) {
 	b.t.Helper()
-	b.shot("failure")
-	body, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.body ? document.body.innerText : ''`))
-	b.t.Fatalf("%s: %v\nat %s\npage text:\n%s", what, err, b.location(), body)
+	if b.ctx.Err() != nil {
+		what = fmt.Sprintf("%s: the browser test ran past its budget of %s (started %s)",
+			what, browserBudget, b.start.UTC().Format(time.TimeOnly))
+	}
+	ctx, cancel := context.WithTimeout(b.tabCtx, reportTimeout)
+	defer cancel()
+	at, html := b.location(ctx), b.htmlTail(ctx)
+	b.shotFrom(ctx, "failure") // with what is left of reportTimeout
+	b.t.Fatalf("%s: %v\nat %s\npage HTML, last %d bytes:\n%s", what, err, at, htmlTailBytes, html)
+}
+
+// location is the page's URL.
+func (b *tab) location(ctx context.Context) string {
+	actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
+	u, err := chromedp.Run(actx, chromedp.Location())
+	if err != nil {
+		return "(unknown: " + err.Error() + ")"
+	}
+	return u
+}
+
+// htmlTail is the end of the page's HTML, where the main content and the
+// scripts' changes are.
+func (b *tab) htmlTail(ctx context.Context) string {
+	actx, cancel := context.WithTimeout(ctx, attemptTimeout)
+	defer cancel()
+	html, err := chromedp.Run(actx, chromedp.Evaluate[string](`document.documentElement ? document.documentElement.outerHTML : ''`))
+	if err != nil {
+		return "(unknown: " + err.Error() + ")"
+	}
+	if len(html) > htmlTailBytes {
+		html = "…" + html[len(html)-htmlTailBytes:]
+	}
+	return html
 }
 
 // signIn signs in as user through the issuer's form, starting at path.
@@ -381,7 +577,7 @@ func TestBrowserUserJourney(t *testing.T) {
 		t.Error("the first profile is not preselected, or the name field has no label")
 	}
 	b.do("clear the name field", chromedp.Evaluate[chromedp.Void](`document.getElementById('name').value = ''`))
-	b.retry("focus the name field", chromedp.Focus(chromedp.CSS(`#name`)))
+	b.focus(`#name`)
 	b.do("type the name and press Enter", chromedp.KeyEvent("nb1\r"))
 	b.waitFor("the server page", `document.querySelector('h1') && document.querySelector('h1').textContent === 'Server nb1'`)
 	// The node is held: the pod waits, the page follows the event stream.
@@ -431,7 +627,10 @@ func TestBrowserUserJourney(t *testing.T) {
 	b.shot("server-usage-chart")
 
 	b.click(`#stop`)
-	b.waitFor("stopped", `document.getElementById('status').dataset.state === 'stopped'`)
+	// The stream's "stopped" event marks the page stopped and then reloads
+	// it: wait for the reloaded, server-rendered page (it follows no
+	// events), not the one that is going away.
+	b.waitFor("the stopped page", `document.readyState === 'complete' && document.getElementById('status').dataset.state === 'stopped' && !document.getElementById('status').hasAttribute('data-events')`)
 	b.shot("server-stopped")
 	if s, err := e.client("alice", "ml").GetServer(t.Context(), "alice", "nb1"); err != nil || s.State != v1.StateStopped {
 		t.Errorf("API after stop: %+v, %v", s.State, err)
@@ -439,10 +638,7 @@ func TestBrowserUserJourney(t *testing.T) {
 
 	// Admin pages are not hers.
 	for _, p := range []string{"/admin/reclaim", "/admin/fleet", "/admin/audit"} {
-		resp, err := chromedp.RunResponse(b.ctx, chromedp.Navigate(e.public+p))
-		if err != nil {
-			b.fail("open "+p, err)
-		}
+		resp := b.openResponse(e.public + p)
 		if resp.Status != http.StatusForbidden || !strings.Contains(b.text(), "for administrators") {
 			t.Errorf("%s: status %d, text %q; want 403", p, resp.Status, b.text())
 		}
@@ -561,7 +757,7 @@ func TestBrowserAdminPolicy(t *testing.T) {
 
 	// A phone: nothing may be wider than the screen except inside the
 	// scrolling table wrappers.
-	b.do("phone viewport", chromedp.EmulateViewport(390, 844))
+	b.viewport(390, 844)
 	for _, p := range []string{"/servers", "/admin/reclaim"} {
 		b.open(e.public + p)
 		if w := eval[int](b, `document.documentElement.scrollWidth`); w > 390 {
@@ -578,10 +774,7 @@ func TestBrowserLoginEdgeCases(t *testing.T) {
 	e := newBrowserEnv(t, false)
 	b := newTab(t)
 
-	resp, err := chromedp.RunResponse(b.ctx, chromedp.Navigate(e.public+"/auth/callback?code=stolen&state=forged"))
-	if err != nil {
-		b.fail("open a forged callback", err)
-	}
+	resp := b.openResponse(e.public + "/auth/callback?code=stolen&state=forged")
 	if resp.Status != http.StatusBadRequest || !strings.Contains(b.text(), "state mismatch") {
 		t.Errorf("forged callback: %d %q, want 400 naming the state mismatch", resp.Status, b.text())
 	}
