@@ -139,6 +139,22 @@ type Config struct {
 	// CheckConfig asks main to validate the configuration and exit.
 	CheckConfig bool
 
+	// ReclaimInterval is the period of the idle reclaimer's cycle; at least
+	// 5 s. Default 30 s.
+	ReclaimInterval time.Duration
+	// HubURL is JupyterHub's base URL (e.g. http://hub:8081/) for posting
+	// the activity of GPU-busy servers; "" disables posting.
+	HubURL string
+	// HubAPITokenFile holds a hub API token with the users:activity scope;
+	// required with HubURL.
+	HubAPITokenFile string
+	// LeaderElectionNamespace is the namespace of the Lease that elects the
+	// replica running the reclaimer; "" runs the reclaimer without a Lease
+	// (a single replica only).
+	LeaderElectionNamespace string
+	// LeaseName is that Lease's name. Default "gpubroker-reclaimer".
+	LeaseName string
+
 	// DevGPUs is the number of simulated H200 GPUs in dev mode, 1..64.
 	// Default 8. Ignored in serve mode.
 	DevGPUs int
@@ -179,6 +195,11 @@ var specs = []flagSpec{
 	{"orphan-grace", "DURATION", "How long a managed pod without an allocation lives before it is deleted.", ""},
 	{"start-timeout", "DURATION", "A spawn not running after this fails.", ""},
 	{"shutdown-timeout", "DURATION", "Time allowed for graceful shutdown.", ""},
+	{"reclaim-interval", "DURATION", "Period of the idle reclaimer (at least 5s).", ""},
+	{"hub-url", "URL", "JupyterHub base URL; with --hub-api-token-file the broker posts activity of GPU-busy servers so the hub's culler keeps them.", ""},
+	{"hub-api-token-file", "PATH", "File holding a hub API token with the users:activity scope.", ""},
+	{"leader-election-namespace", "NAME", "Namespace of the Lease electing the replica that runs the reclaimer; empty: no election (one replica only).", ""},
+	{"lease-name", "NAME", "Name of that Lease.", ""},
 	{"log-level", "LEVEL", "Log level: debug, info, warn or error.", ""},
 	{"log-format", "FORMAT", "Log format: json or text.", "json in serve mode, text in dev mode"},
 	{"check-config", "", "Validate the configuration, print the problems and exit.", ""},
@@ -215,6 +236,11 @@ func register(fs *flag.FlagSet, c *Config) {
 	fs.DurationVar(&c.OrphanGrace, "orphan-grace", 2*time.Minute, "")
 	fs.DurationVar(&c.StartTimeout, "start-timeout", 5*time.Minute, "")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 20*time.Second, "")
+	fs.DurationVar(&c.ReclaimInterval, "reclaim-interval", 30*time.Second, "")
+	str(&c.HubURL, "hub-url", "")
+	str(&c.HubAPITokenFile, "hub-api-token-file", "")
+	str(&c.LeaderElectionNamespace, "leader-election-namespace", "")
+	str(&c.LeaseName, "lease-name", "gpubroker-reclaimer")
 	str(&c.LogLevel, "log-level", "info")
 	str(&c.LogFormat, "log-format", "")
 	fs.BoolVar(&c.CheckConfig, "check-config", false, "")
@@ -380,6 +406,11 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("orphan_grace", c.OrphanGrace),
 		slog.Duration("start_timeout", c.StartTimeout),
 		slog.Duration("shutdown_timeout", c.ShutdownTimeout),
+		slog.Duration("reclaim_interval", c.ReclaimInterval),
+		slog.String("hub_url", c.HubURL),
+		slog.String("hub_api_token_file", c.HubAPITokenFile),
+		slog.String("leader_election_namespace", c.LeaderElectionNamespace),
+		slog.String("lease_name", c.LeaseName),
 		slog.String("log_level", c.LogLevel),
 		slog.String("log_format", c.LogFormat),
 		slog.Int("dev_gpus", c.DevGPUs),
@@ -426,6 +457,15 @@ func (c Config) HubToken() (Secret, error) {
 		return "", nil
 	}
 	return ReadSecret(c.HubTokenFile)
+}
+
+// HubAPIToken reads HubAPITokenFile; it returns "" and no error when the
+// file is not configured.
+func (c Config) HubAPIToken() (Secret, error) {
+	if c.HubAPITokenFile == "" {
+		return "", nil
+	}
+	return ReadSecret(c.HubAPITokenFile)
 }
 
 // ClientSecret reads OIDCClientSecretFile; it returns "" and no error when

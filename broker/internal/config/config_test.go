@@ -51,6 +51,8 @@ func defaults(mode config.Mode) config.Config {
 		StartTimeout:      5 * time.Minute,
 		ShutdownTimeout:   20 * time.Second,
 		SessionTTL:        12 * time.Hour,
+		ReclaimInterval:   30 * time.Second,
+		LeaseName:         "gpubroker-reclaimer",
 		LogLevel:          "info",
 		LogFormat:         "json",
 		DevGPUs:           8,
@@ -225,6 +227,7 @@ func TestHelp(t *testing.T) {
 		"redis-prefix", "kubeconfig", "namespace", "oidc-issuer", "oidc-audience", "oidc-username-claim",
 		"oidc-groups-claim", "admin-group", "hub-token-file", "oidc-client-id", "oidc-client-secret-file", "session-ttl", "profiles-file", "placement-policy", "host-root",
 		"gpu-exposure", "runtime-class", "reconcile-interval", "orphan-grace", "start-timeout", "shutdown-timeout",
+		"reclaim-interval", "hub-url", "hub-api-token-file", "leader-election-namespace", "lease-name",
 		"log-level", "log-format", "check-config", "dev-gpus",
 	} {
 		if !strings.Contains(u, "  --"+name) || !strings.Contains(u, "env "+config.EnvName(name)+",") {
@@ -342,6 +345,29 @@ func TestValidate(t *testing.T) {
 				`--log-level (GPUBROKER_LOG_LEVEL): must be one of debug, info, warn, error, got "verbose"`,
 				`--log-format (GPUBROKER_LOG_FORMAT): must be one of json, text, got "xml"`,
 			},
+		},
+		{
+			name: "reclaimer settings",
+			mutate: func(c *config.Config) {
+				c.ReclaimInterval = time.Second
+				c.HubURL = "hub:8081"
+				c.LeaderElectionNamespace = "Broker"
+				c.LeaseName = ""
+			},
+			want: []string{
+				`--reclaim-interval (GPUBROKER_RECLAIM_INTERVAL): must be at least 5s, got 1s`,
+				`--hub-url (GPUBROKER_HUB_URL): must be an http(s) URL, got "hub:8081"`,
+				`--hub-api-token-file (GPUBROKER_HUB_API_TOKEN_FILE): is required with --hub-url`,
+				`--leader-election-namespace (GPUBROKER_LEADER_ELECTION_NAMESPACE): "Broker" is not a namespace name`,
+				`--lease-name (GPUBROKER_LEASE_NAME): "" is not a Kubernetes object name (lowercase DNS subdomain)`,
+			},
+		},
+		{
+			name: "a hub token without the hub",
+			mutate: func(c *config.Config) {
+				c.HubAPITokenFile = "/run/secrets/hub"
+			},
+			want: []string{`--hub-url (GPUBROKER_HUB_URL): is required with --hub-api-token-file`},
 		},
 		{
 			name: "redis URL and sentinel together",

@@ -117,6 +117,7 @@ func (c Config) Validate() error {
 		{"start-timeout", c.StartTimeout, time.Nanosecond},
 		{"shutdown-timeout", c.ShutdownTimeout, time.Nanosecond},
 		{"session-ttl", c.SessionTTL, time.Minute},
+		{"reclaim-interval", c.ReclaimInterval, 5 * time.Second},
 	} {
 		if d.v < d.min {
 			if d.min == time.Nanosecond {
@@ -125,6 +126,23 @@ func (c Config) Validate() error {
 				p.add(d.flag, fmt.Errorf("must be at least %s, got %s", d.min, d.v))
 			}
 		}
+	}
+
+	if c.HubURL != "" {
+		if u, err := url.Parse(c.HubURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			p.add("hub-url", fmt.Errorf("must be an http(s) URL, got %q", c.HubURL))
+		}
+		if c.HubAPITokenFile == "" {
+			p.add("hub-api-token-file", errors.New("is required with --hub-url"))
+		}
+	} else if c.HubAPITokenFile != "" {
+		p.add("hub-url", errors.New("is required with --hub-api-token-file"))
+	}
+	if c.LeaderElectionNamespace != "" && !dns1123Label.MatchString(c.LeaderElectionNamespace) {
+		p.add("leader-election-namespace", fmt.Errorf("%q is not a namespace name", c.LeaderElectionNamespace))
+	}
+	if c.LeaseName == "" || len(c.LeaseName) > 253 || !dns1123Subdomain.MatchString(c.LeaseName) {
+		p.add("lease-name", fmt.Errorf("%q is not a Kubernetes object name (lowercase DNS subdomain)", c.LeaseName))
 	}
 
 	if !slices.Contains(logLevels, c.LogLevel) {
