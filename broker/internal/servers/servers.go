@@ -291,7 +291,7 @@ func (s *Service) finishStop(ctx context.Context, rec fleet.Server, message stri
 	if _, err := s.store.Release(ctx, rec.SpawnID); err != nil {
 		return rec, fmt.Errorf("server %s/%s: release slice: %w", rec.User, rec.Name, err)
 	}
-	return s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStopped, message, fleet.ServerPatch{})
+	return s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStopped, message, fleet.ServerPatch{URL: new(string)})
 }
 
 // Abandon fails a spawn that was interrupted before its pod existed (a

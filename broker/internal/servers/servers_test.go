@@ -72,7 +72,9 @@ func TestCreateRunsToRunningAndDeleteFreesTheSlice(t *testing.T) {
 	if s.State != v1.StateStopping && s.State != v1.StateStopped {
 		t.Errorf("after delete: state %s, want stopping or stopped", s.State)
 	}
-	f.WaitState(t, key, v1.StateStopped)
+	if stopped := f.WaitState(t, key, v1.StateStopped); stopped.URL != "" {
+		t.Errorf("stopped server still has URL %q", stopped.URL)
+	}
 	allocs, err := f.Store.Allocations(ctx)
 	if err != nil || len(allocs) != 0 {
 		t.Errorf("allocations after stop = %v (err %v), want none", allocs, err)
