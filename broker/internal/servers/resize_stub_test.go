@@ -1,0 +1,363 @@
+package servers_test
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/servers"
+	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
+	"github.com/gpubroker/gpubroker/limiter/agent"
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+)
+
+// This file runs resize end to end on the stub driver: the broker's
+// Service.Resize over the real store, the real node agent (real go-nvml
+// bindings on the stub libnvidia-ml.so.1) and the real hook
+// (libgpulimit.so) in a running process on the stub libcuda.so.1, with a
+// real redis-server. It lives here rather than in limiter/agent because
+// limiter/agent may not import broker/internal.
+
+// stubUUID is the stub device's GPU (limiter/hook/stub/device.c).
+const stubUUID = "GPU-5bd3a1e2-7c4f-4e8a-9b1d-2f6e8c0a4d17"
+
+const mibBytes = 1 << 20
+
+var (
+	stubOnce sync.Once
+	stubErr  error
+)
+
+// hookBuild is limiter/hook/build.
+func hookBuild() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "limiter", "hook", "build")
+}
+
+// needStub builds the C artifacts once; without gcc or make it skips, or
+// fails when CI=true.
+func needStub(tb testing.TB) {
+	tb.Helper()
+	for _, tool := range []string{"gcc", "make"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				tb.Fatalf("%s is required in CI: %v", tool, err)
+			}
+			tb.Skipf("%s not found: %v", tool, err)
+		}
+	}
+	stubOnce.Do(func() {
+		if out, err := exec.Command("make", "-C", filepath.Join(hookBuild(), ".."), "-j2").CombinedOutput(); err != nil {
+			stubErr = fmt.Errorf("make: %w\n%s", err, out)
+		}
+	})
+	if stubErr != nil {
+		tb.Fatal(stubErr)
+	}
+}
+
+// prog is an interactive cudaprog (-i) running under the hook.
+type prog struct {
+	tb     testing.TB
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	out    *bufio.Scanner
+	stderr strings.Builder
+	exited chan struct{}
+}
+
+func startProg(tb testing.TB, env []string) *prog {
+	tb.Helper()
+	p := &prog{tb: tb, cmd: exec.Command(filepath.Join(hookBuild(), "cudaprog"), "-i"), exited: make(chan struct{})}
+	p.cmd.Env = env
+	p.cmd.Stderr = &p.stderr
+	in, err := p.cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p.in, p.out = in, bufio.NewScanner(out)
+	if err := p.cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.exited) }()
+	tb.Cleanup(func() { _ = p.in.Close(); _ = p.cmd.Process.Kill(); <-p.exited })
+	return p
+}
+
+// do sends one command and returns the reply's CUresult and values.
+func (p *prog) do(command string) (int, []uint64) {
+	p.tb.Helper()
+	if _, err := io.WriteString(p.in, command+"\n"); err != nil {
+		p.tb.Fatalf("cudaprog %q: %v; stderr: %s", command, err, p.stderr.String())
+	}
+	if !p.out.Scan() {
+		p.tb.Fatalf("cudaprog %q: no reply (%v); stderr: %s", command, p.out.Err(), p.stderr.String())
+	}
+	f := strings.Fields(p.out.Text())
+	if len(f) < 2 {
+		p.tb.Fatalf("cudaprog %q: reply %q", command, p.out.Text())
+	}
+	res, err := strconv.Atoi(f[1])
+	if err != nil {
+		p.tb.Fatal(err)
+	}
+	var vals []uint64
+	for _, v := range f[2:] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			p.tb.Fatal(err)
+		}
+		vals = append(vals, n)
+	}
+	return res, vals
+}
+
+// hookLimitMiB is the memory total the hook shows the process: its cap.
+func (p *prog) hookLimitMiB() int64 {
+	p.tb.Helper()
+	res, v := p.do("meminfo")
+	if res != 0 || len(v) != 2 {
+		p.tb.Fatalf("meminfo: CUresult %d %v", res, v)
+	}
+	return int64(v[1] / mibBytes)
+}
+
+// stubRig is a running server alice/lab whose notebook process runs under
+// the hook on the stub device, the real agent serving its slice, and a
+// Service that resizes it.
+type stubRig struct {
+	f     *serverstest.Fixture
+	svc   *servers.Service
+	store *agentstore.Store
+	key   fleet.ServerKey
+	spawn string
+	prog  *prog
+}
+
+func newStubRig(tb testing.TB, t *testing.T, log *slog.Logger) *stubRig {
+	tb.Helper()
+	needStub(tb)
+	f := serverstest.New(t)
+	key := fleet.ServerKey{User: "alice", Name: "lab"}
+	rec, _, err := f.Service.Create(t.Context(), "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
+	if err != nil {
+		tb.Fatalf("Create: %v", err)
+	}
+	f.SetPodRunning(t, "alice", "lab", "10.0.0.7")
+	f.WaitState(t, key, v1.StateRunning)
+	initial := rec.Slice
+
+	dir := tb.TempDir()
+	state := filepath.Join(dir, "stub.state")
+	t.Setenv("GPUBROKER_STUB_STATE", state) // the stub NVML the agent loads in this process
+	root := filepath.Join(dir, "host")
+	sliceDir := filepath.Join(root, v1.HostSlicesSubdir, rec.SpawnID)
+	for _, sub := range []string{"quota", "usage"} {
+		if err := os.MkdirAll(filepath.Join(sliceDir, sub), 0o755); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GPUBROKER_") && !strings.HasPrefix(kv, "LD_") {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "GPUBROKER_STUB_STATE="+state, "LD_LIBRARY_PATH="+filepath.Join(hookBuild(), "stub"),
+		"LD_PRELOAD="+filepath.Join(hookBuild(), "libgpulimit.so"),
+		v1.EnvSliceID+"="+rec.SpawnID, v1.EnvGPUUUID+"="+stubUUID,
+		v1.EnvQuotaFile+"="+filepath.Join(sliceDir, "quota", v1.QuotaFileName),
+		v1.EnvUsageFile+"="+filepath.Join(sliceDir, "usage", v1.UsageFileName),
+		v1.EnvMemoryLimitMiB+"="+strconv.FormatInt(initial.MemoryMiB, 10),
+		v1.EnvComputePercent+"="+strconv.Itoa(initial.ComputePercent),
+		v1.EnvComputeLimitPercent+"="+strconv.Itoa(initial.ComputeLimitPercent))
+
+	rdb := f.Redis.Client(t)
+	store := agentstore.New(rdb, f.Redis.Prefix(t))
+	a, err := agent.New(agent.Config{Node: "n1", HostRoot: root, TrustUsagePIDs: true, Enforcement: agent.Policy{Mode: agent.ModeReport}},
+		agent.Deps{NVML: nvml.New(nvml.WithLibraryPath(filepath.Join(hookBuild(), "stub", "libnvidia-ml.so.1"))),
+			Samples: store, Quotas: store, Audit: store, Log: log,
+			Pods: agent.StaticPods{{ID: rec.SpawnID, PodUID: "uid-1", Pod: rec.Pod, Namespace: serverstest.Namespace, GPU: stubUUID, Initial: initial}}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p := startProg(tb, env)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent Run: %v", err)
+		}
+	})
+	// The agent is listening for quota changes once it has subscribed.
+	waitFor(tb, "the agent's quota subscription", func() (bool, string) {
+		m, err := rdb.PubSubNumSub(t.Context(), store.Keys().QuotaChanged()).Result()
+		return err == nil && m[store.Keys().QuotaChanged()] > 0, fmt.Sprint(m, err)
+	})
+	svc := servers.New(f.Store, f.Pods, f.Catalog, f.Log, servers.WithClock(time.Now),
+		servers.WithResize(servers.ResizeConfig{Store: f.Store, Quotas: store, Pods: f.Pods, Wait: 5 * time.Second, Poll: time.Millisecond}))
+	return &stubRig{f: f, svc: svc, store: store, key: key, spawn: rec.SpawnID, prog: p}
+}
+
+// waitFor polls cond every 2 ms until it holds or 20 s pass.
+func waitFor(tb testing.TB, what string, cond func() (bool, string)) {
+	tb.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		last = why
+		<-time.After(2 * time.Millisecond)
+	}
+	tb.Fatalf("%s: not within 20 s; last: %s", what, last)
+}
+
+// TestResizeOnStubChangesTheHooksLimit grows and shrinks a running
+// notebook's slice through Service.Resize and watches the hook's memory
+// cap in the still-running process follow; a shrink below what the process
+// holds (as the agent sampled it from the stub's NVML) is refused with the
+// figure.
+func TestResizeOnStubChangesTheHooksLimit(t *testing.T) {
+	r := newStubRig(t, t, slog.New(slog.DiscardHandler))
+	ctx := t.Context()
+	if got := r.prog.hookLimitMiB(); got != 10240 {
+		t.Fatalf("hook's cap before any resize = %d MiB, want the profile's 10240", got)
+	}
+	if res, _ := r.prog.do("alloc linear 12884901888"); res != 2 {
+		t.Fatalf("12 GiB under a 10 GiB cap: CUresult %d, want 2 (out of memory)", res)
+	}
+
+	// Grow: 16 GiB, applied; the same process may now hold 12 GiB.
+	res, err := r.svc.Resize(ctx, r.key, fleet.Slice{MemoryMiB: 16384, ComputePercent: 30, ComputeLimitPercent: 60}, "alice")
+	if err != nil || !res.Applied {
+		t.Fatalf("grow: %+v, %v; want applied", res, err)
+	}
+	waitFor(t, "the hook's cap at 16384 MiB", func() (bool, string) {
+		got := r.prog.hookLimitMiB()
+		return got == 16384, fmt.Sprint(got)
+	})
+	if res, _ := r.prog.do("alloc linear 12884901888"); res != 0 {
+		t.Fatalf("12 GiB under the grown 16 GiB cap: CUresult %d, want 0", res)
+	}
+
+	// Shrink below use: the agent's sample of the stub shows ≥ 12 GiB held.
+	var used int64
+	waitFor(t, "a fresh sample with the 12 GiB", func() (bool, string) {
+		s, err := r.store.LatestSample(ctx, r.spawn)
+		if err != nil || s.MemoryUsedMiB == nil || s.Stale(time.Now()) || *s.MemoryUsedMiB < 12288 {
+			return false, fmt.Sprintf("%+v %v", s, err)
+		}
+		used = *s.MemoryUsedMiB
+		return true, ""
+	})
+	_, err = r.svc.Resize(ctx, r.key, fleet.Slice{MemoryMiB: 4096, ComputePercent: 30, ComputeLimitPercent: 60}, "alice")
+	want := fmt.Sprintf("the notebook uses %d MiB now; memory cannot shrink below that", used)
+	if err == nil || fleet.Message(err) != want {
+		t.Fatalf("shrink below use: err = %v, want %q", err, want)
+	}
+	if got := r.prog.hookLimitMiB(); got != 16384 {
+		t.Errorf("hook's cap after the refused shrink = %d MiB, want 16384", got)
+	}
+
+	// Free, then shrink: applied, and the process is held to 2 GiB.
+	if res, _ := r.prog.do("free"); res != 0 {
+		t.Fatalf("free: CUresult %d", res)
+	}
+	waitFor(t, "a fresh sample after the free", func() (bool, string) {
+		s, err := r.store.LatestSample(ctx, r.spawn)
+		return err == nil && s.MemoryUsedMiB != nil && !s.Stale(time.Now()) && *s.MemoryUsedMiB < 2048, fmt.Sprintf("%+v %v", s, err)
+	})
+	res, err = r.svc.Resize(ctx, r.key, fleet.Slice{MemoryMiB: 2048, ComputePercent: 10, ComputeLimitPercent: 10}, "alice")
+	if err != nil || !res.Applied || res.Generation != 2 {
+		t.Fatalf("shrink: %+v, %v; want applied generation 2", res, err)
+	}
+	waitFor(t, "the hook's cap at 2048 MiB", func() (bool, string) {
+		got := r.prog.hookLimitMiB()
+		return got == 2048, fmt.Sprint(got)
+	})
+	if res, _ := r.prog.do("alloc linear 3221225472"); res != 2 {
+		t.Errorf("3 GiB under the shrunk 2 GiB cap: CUresult %d, want 2 (out of memory)", res)
+	}
+	select {
+	case <-r.prog.exited:
+		t.Fatalf("the notebook process exited during the resizes; stderr: %s", r.prog.stderr.String())
+	default:
+	}
+	if err := r.f.Store.Verify(ctx); err != nil {
+		t.Errorf("invariants: %v", err)
+	}
+}
+
+// resizeLatency turns on TestResizeLatencyToHook (the bench task sets it).
+var resizeLatency = flag.Bool("resize-latency", false, "measure resize latency to the hook (bench task)")
+
+// TestResizeLatencyToHook is the measurement behind the bench task
+// (go test -run TestResizeLatencyToHook -v ./broker/internal/servers/ -args
+// -resize-latency): rounds resizes alternating between 4096 and 8192 MiB
+// over real Redis, the real agent and the real hook on the stub, each timed
+// from the Service.Resize call (what the PATCH handler calls) until the hook
+// in the running process reports the new cap. It prints p50/p99 and fails
+// if p99 exceeds 500 ms. It is a test rather than a Benchmark because the
+// lifecycle fixture it builds on takes a *testing.T.
+func TestResizeLatencyToHook(t *testing.T) {
+	if !*resizeLatency {
+		t.Skip("latency measurement; run with -args -resize-latency (go tool task bench)")
+	}
+	r := newStubRig(t, t, slog.New(slog.DiscardHandler))
+	// Shrinks need a fresh sample of the notebook's memory use; the agent
+	// takes one every second.
+	waitFor(t, "a first sample", func() (bool, string) {
+		s, err := r.store.LatestSample(t.Context(), r.spawn)
+		return err == nil && !s.Stale(time.Now()), fmt.Sprint(err)
+	})
+	const rounds = 200
+	var d []time.Duration
+	for i := range rounds {
+		mem := int64(4096 + 4096*(i%2))
+		start := time.Now()
+		res, err := r.svc.Resize(t.Context(), r.key, fleet.Slice{MemoryMiB: mem, ComputePercent: 20, ComputeLimitPercent: 50}, "alice")
+		if err != nil {
+			t.Fatalf("round %d: %v", i, err)
+		}
+		waitFor(t, "the hook's new cap", func() (bool, string) {
+			got := r.prog.hookLimitMiB()
+			return got == mem, fmt.Sprint(got)
+		})
+		d = append(d, time.Since(start))
+		if !res.Applied {
+			t.Errorf("round %d: pending, want applied", i)
+		}
+	}
+	slices.Sort(d)
+	p50, p99 := d[len(d)/2], d[(len(d)*99+99)/100-1]
+	t.Logf("resize API call → hook applied over %d resizes: p50 %v, p99 %v, max %v (target p99 ≤ 500ms)", rounds, p50, p99, d[len(d)-1])
+	if p99 > 500*time.Millisecond {
+		t.Errorf("p99 %v exceeds 500 ms", p99)
+	}
+}
