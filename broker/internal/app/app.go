@@ -98,6 +98,7 @@ type parts struct {
 	spawner    *spawner.Client
 	service    *servers.Service
 	reconciler *reconcile.Reconciler
+	reclaimer  *reclaim.Reclaimer
 	handler    http.Handler
 	// background runs simulated or embedded parts (dev mode); nil in serve.
 	background []func(ctx context.Context) error
@@ -156,6 +157,7 @@ func Run(ctx context.Context, cfg config.Config, stdout, stderr io.Writer) error
 		}
 		return ignoreCanceled(p.reconciler.Run(gctx))
 	})
+	g.Go(func() error { return ignoreCanceled(runReclaimer(gctx, cfg, p)) })
 	g.Go(func() error { return serveHTTP(gctx, cfg, log, ln, p.handler) })
 	log.Info("gpubroker started", "listen", ln.Addr().String(), "mode", string(cfg.Mode), "version", Version())
 	err = g.Wait()
@@ -313,11 +315,15 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 		servers.WithResize(servers.ResizeConfig{Store: store, Quotas: p.agents, Pods: sp}))
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
 	p.reconciler = rec
+	policies := reclaim.NewPolicyStore(rdb, cfg.RedisPrefix, nil)
+	var err error
+	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies); err != nil {
+		return nil, err
+	}
 	authn := []auth.Authenticator{hub, bearer}
 	var web *auth.Web
 	proxy := &pagesProxy{}
 	if ws != nil {
-		var err error
 		if web, err = newWebLogin(cfg, ws, rdb, log, proxy); err != nil {
 			return nil, err
 		}
@@ -325,7 +331,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 	}
 	h, err := httpapi.New(httpapi.Deps{
 		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
-		Policy: reclaim.NewPolicyStore(rdb, cfg.RedisPrefix, nil),
+		Policy: policies, Reclaim: p.reclaimer,
 		Auth:   auth.Chain(authn...), Version: Version(), Mode: mode,
 		Checkers: []httpapi.Checker{
 			checker{"redis", store.Ping},

@@ -1,0 +1,80 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/gpubroker/gpubroker/broker/internal/config"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
+	"github.com/gpubroker/gpubroker/broker/internal/servers"
+)
+
+// newReclaimer builds the idle reclaimer over the parts: idle states and
+// audit in Redis, events through the store, stops through the lifecycle,
+// shrinks through the resize service, probes with the hub API token (when
+// configured) and, with --hub-url, activity posted to the hub.
+func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *reclaim.PolicyStore) (*reclaim.Reclaimer, error) {
+	token, err := cfg.HubAPIToken()
+	if err != nil {
+		return nil, err
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	if token != "" {
+		client.Transport = tokenTransport{token: token.Reveal(), base: http.DefaultTransport}
+	}
+	var hub reclaim.HubNotifier
+	if cfg.HubURL != "" {
+		h, err := reclaim.NewHub(cfg.HubURL, token.Reveal(), client)
+		if err != nil {
+			return nil, err
+		}
+		hub = h
+	}
+	svc := p.service
+	return reclaim.New(reclaim.Config{
+		Redis: p.redis, Prefix: cfg.RedisPrefix, Policies: policies, Servers: p.store, Stopper: svc,
+		Shrinker: reclaim.ShrinkFunc(func(ctx context.Context, srv fleet.Server, cp, cl int) error {
+			_, err := svc.Resize(ctx, srv.ServerKey, fleet.Slice{MemoryMiB: srv.Slice.MemoryMiB, ComputePercent: cp, ComputeLimitPercent: cl}, reclaim.Actor)
+			return err
+		}),
+		Prober: reclaim.NewProber(client, 5*time.Second), Hub: hub, SampleKeys: p.agents.Keys(),
+		Interval: cfg.ReclaimInterval, Log: log,
+	})
+}
+
+var _ reclaim.Stopper = (*servers.Service)(nil)
+
+// runReclaimer runs the reclaimer while this replica holds the Lease, or
+// always when no Lease namespace is configured (one replica only).
+func runReclaimer(ctx context.Context, cfg config.Config, p *parts) error {
+	if cfg.LeaderElectionNamespace == "" {
+		p.log.Warn("reclaimer runs without leader election; run one replica only", "reclaim_interval", cfg.ReclaimInterval)
+		return p.reclaimer.Run(ctx)
+	}
+	id, err := os.Hostname()
+	if err != nil {
+		return fmt.Errorf("reclaimer identity: %w", err)
+	}
+	return reclaim.RunLeader(ctx, reclaim.LeaderConfig{
+		Client: p.kube, Namespace: cfg.LeaderElectionNamespace, Name: cfg.LeaseName, Identity: id,
+		OnLeader: func(leading bool) { p.log.Info("reclaimer leadership", "leading", leading, "identity", id) },
+	}, p.reclaimer.Run)
+}
+
+// tokenTransport authenticates requests to JupyterHub and the notebook
+// servers with a hub API token.
+type tokenTransport struct {
+	token string
+	base  http.RoundTripper
+}
+
+func (t tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "token "+t.token)
+	return t.base.RoundTrip(r)
+}
