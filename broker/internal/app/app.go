@@ -332,7 +332,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 	h, err := httpapi.New(httpapi.Deps{
 		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
 		Policy: policies, Reclaim: p.reclaimer,
-		Auth:   auth.Chain(authn...), Version: Version(), Mode: mode,
+		Auth: auth.Chain(authn...), Version: Version(), Mode: mode,
 		Checkers: []httpapi.Checker{
 			checker{"redis", store.Ping},
 			checker{"kubernetes", func(ctx context.Context) error { return kubeReady(ctx, kube, cfg.Namespace, sp) }},
