@@ -95,6 +95,8 @@ type Deps struct {
 	Resize Resizer
 	// Policy serves the reclaim policy and audit routes; nil: not served.
 	Policy Policy
+	// Reclaim serves a server's idle state and extend routes; nil: not served.
+	Reclaim Reclaim
 	// Checkers run concurrently on GET /readyz; none means always ready.
 	Checkers []Checker
 	// Log receives one line per request, including every internal error.
@@ -124,4 +126,16 @@ type Policy interface {
 	// Audit returns a page of audit entries, newest first, and the next
 	// page's cursor.
 	Audit(ctx context.Context, q reclaim.AuditQuery) ([]reclaim.AuditEntry, string, error)
+}
+
+// Reclaim is the idle reclaimer's per-server side (implemented by
+// *reclaim.Reclaimer). It is optional: without it the idle and extend
+// routes are not served (404). Safe for concurrent use.
+type Reclaim interface {
+	// State returns the idle state of srv's current spawn.
+	State(ctx context.Context, srv fleet.Server) (reclaim.IdleState, error)
+	// Extend postpones idle actions on srv by d for actor; fleet.ErrInvalid
+	// beyond the policy's limit (the message names what is left),
+	// fleet.ErrConflict when srv is not running.
+	Extend(ctx context.Context, srv fleet.Server, d time.Duration, actor string) (reclaim.IdleState, error)
 }

@@ -31,6 +31,10 @@ func (a *api) routes(e *echo.Echo) {
 	if a.deps.Resize != nil {
 		e.PATCH("/api/v1/users/:user/servers/:name/slice", a.resizeServer, user)
 	}
+	if a.deps.Reclaim != nil {
+		e.GET("/api/v1/users/:user/servers/:name/idle", a.getIdleState, user)
+		e.POST("/api/v1/users/:user/servers/:name/extend", a.extendServer, user)
+	}
 
 	e.GET("/api/v1/admin/gpus", a.listGPUs, user, a.adminOnly)
 	e.PUT("/api/v1/admin/gpus/:uuid", a.putGPU, user, a.adminOnly)

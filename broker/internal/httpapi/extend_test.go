@@ -1,0 +1,127 @@
+package httpapi
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
+)
+
+// fakeReclaim keeps one idle state per spawn and applies the policy's
+// extension limit as the reclaimer does (the real one is tested in
+// broker/internal/reclaim against Redis).
+type fakeReclaim struct {
+	mu     sync.Mutex
+	limit  time.Duration
+	states map[string]reclaim.IdleState
+	actors []string
+}
+
+func (f *fakeReclaim) State(_ context.Context, srv fleet.Server) (reclaim.IdleState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.states[srv.SpawnID]
+	st.SpawnID = srv.SpawnID
+	return st, nil
+}
+
+func (f *fakeReclaim) Extend(_ context.Context, srv fleet.Server, d time.Duration, actor string) (reclaim.IdleState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if srv.State != v1.StateRunning {
+		return reclaim.IdleState{}, fmt.Errorf("%w: server %q is %s; only a running server can be extended", fleet.ErrConflict, srv.Name, srv.State)
+	}
+	st := f.states[srv.SpawnID]
+	if st.Extended+d > f.limit {
+		return reclaim.IdleState{}, fmt.Errorf("%w: this server can be extended by at most %s more", reclaim.ErrExtendLimit, f.limit-st.Extended)
+	}
+	st.Extended += d
+	st.ExtendedUntil = testNow.Add(st.Extended)
+	f.states[srv.SpawnID] = st
+	f.actors = append(f.actors, actor)
+	return st, nil
+}
+
+func newReclaimHarness(t *testing.T) (*harness, *fakeReclaim) {
+	t.Helper()
+	h := newHarness(t)
+	fr := &fakeReclaim{limit: time.Hour, states: map[string]reclaim.IdleState{}}
+	e, err := New(Deps{Servers: h.servers, Profiles: testProfiles, Fleet: h.fleet, Auth: fakeAuth{tokAlice: alice, tokBob: bob, tokHub: hub},
+		Reclaim: fr, Log: slog.New(slog.NewJSONHandler(h.logs, nil)), Now: func() time.Time { return testNow }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.e = e
+	return h, fr
+}
+
+func TestExtendAndIdleRoutes(t *testing.T) {
+	h, fr := newReclaimHarness(t)
+	if rec := h.do(t, req{method: "PUT", path: "/api/v1/users/alice/servers/nb", token: tokAlice, body: `{"profile":"small"}`}); rec.Code/100 != 2 {
+		t.Fatalf("create: %d %s", rec.Code, rec.Body)
+	}
+	k := fleet.ServerKey{User: "alice", Name: "nb"}
+	srv, _ := h.servers.Get(t.Context(), k)
+	fr.states[srv.SpawnID] = reclaim.IdleState{Verdict: reclaim.VerdictIdle, Since: testNow.Add(-40 * time.Minute),
+		NextAction: reclaim.ActionStop, NextAt: testNow.Add(20 * time.Minute)}
+
+	steps := []struct {
+		name       string
+		r          req
+		wantStatus int
+		wantIn     string
+	}{
+		{"extend before running is a conflict", req{method: "POST", path: "/api/v1/users/alice/servers/nb/extend", token: tokAlice, body: `{"seconds":600}`}, 409, "only a running server"},
+		{"idle state", req{method: "GET", path: "/api/v1/users/alice/servers/nb/idle", token: tokAlice}, 200, `"verdict":"idle","since":"2026-11-29T14:20:00Z","exempt":false,"nextAction":"stop","nextAt":"2026-11-29T15:20:00Z"`},
+		{"another user sees nothing", req{method: "GET", path: "/api/v1/users/alice/servers/nb/idle", token: tokBob}, 404, "no server"},
+		{"another user cannot extend", req{method: "POST", path: "/api/v1/users/alice/servers/nb/extend", token: tokBob, body: `{"seconds":600}`}, 404, "no server"},
+		{"too short", req{method: "POST", path: "/api/v1/users/alice/servers/nb/extend", token: tokAlice, body: `{"seconds":5}`}, 400, "between 60 and 604800"},
+		{"unknown field", req{method: "POST", path: "/api/v1/users/alice/servers/nb/extend", token: tokAlice, body: `{"minutes":5}`}, 400, "unknown field"},
+	}
+	run := func(steps []struct {
+		name       string
+		r          req
+		wantStatus int
+		wantIn     string
+	}) {
+		t.Helper()
+		for _, s := range steps {
+			rec := h.do(t, s.r)
+			if rec.Code != s.wantStatus || !strings.Contains(rec.Body.String(), s.wantIn) {
+				t.Errorf("%s: %d %s, want %d containing %s", s.name, rec.Code, rec.Body, s.wantStatus, s.wantIn)
+			}
+		}
+	}
+	run(steps)
+	h.servers.advance(k, v1.StateRunning, "running")
+	run([]struct {
+		name       string
+		r          req
+		wantStatus int
+		wantIn     string
+	}{
+		{"extend by 40 min", req{method: "POST", path: "/api/v1/users/alice/servers/nb/extend", token: tokAlice, body: `{"seconds":2400}`}, 200, `"extendedUntil":"2026-11-29T15:40:00Z","extendedSeconds":2400`},
+		{"the hub extends for the user", req{method: "POST", path: "/api/v1/users/alice/servers/nb/extend", token: tokHub, body: `{"seconds":600}`}, 200, `"extendedSeconds":3000`},
+		{"past the limit says what is left", req{method: "POST", path: "/api/v1/users/alice/servers/nb/extend", token: tokAlice, body: `{"seconds":1200}`}, 400, "at most 10m0s more"},
+	})
+	if diff := cmp.Diff([]string{"alice", "jupyterhub"}, fr.actors); diff != "" {
+		t.Errorf("actors (-want +got):\n%s", diff)
+	}
+}
+
+func TestIdleStateBeforeTheFirstLook(t *testing.T) {
+	got := toIdleState(reclaim.IdleState{SpawnID: "s"}, testNow)
+	want := idleState{Verdict: "unchecked"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,114 @@
+package httpapi
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
+)
+
+// extendRequest is the body of POST .../extend. (Wire type kept here until
+// it moves to broker/api/v1.)
+type extendRequest struct {
+	// Seconds to postpone idle actions by; 60..604800.
+	Seconds int64 `json:"seconds"`
+}
+
+// idleState is the answer of GET .../idle and POST .../extend.
+type idleState struct {
+	// Verdict is active, idle, unknown, or unchecked before the
+	// reclaimer's first look at this start of the server.
+	Verdict string `json:"verdict"`
+	// Reason says why active or unknown.
+	Reason string `json:"reason,omitempty"`
+	// Since is when the verdict began (for idle: the idle clock).
+	Since *time.Time `json:"since,omitempty"`
+	// Exempt: the policy never reclaims this server.
+	Exempt bool `json:"exempt"`
+	// NextAction (warn, shrink, stop) happens at NextAt if the server stays idle.
+	NextAction string     `json:"nextAction,omitempty"`
+	NextAt     *time.Time `json:"nextAt,omitempty"`
+	// ExtendedUntil: no idle action before it; ExtendedSeconds: the total
+	// extension of this start.
+	ExtendedUntil   *time.Time `json:"extendedUntil,omitempty"`
+	ExtendedSeconds int64      `json:"extendedSeconds"`
+}
+
+func toIdleState(st reclaim.IdleState, now time.Time) idleState {
+	opt := func(t time.Time) *time.Time {
+		if t.IsZero() {
+			return nil
+		}
+		t = t.UTC()
+		return &t
+	}
+	out := idleState{Verdict: string(st.Verdict), Reason: st.Reason, Since: opt(st.Since), Exempt: st.Exempt,
+		NextAction: string(st.NextAction), NextAt: opt(st.NextAt), ExtendedSeconds: int64(st.Extended / time.Second)}
+	if out.Verdict == "" {
+		out.Verdict, out.Since = "unchecked", nil
+	}
+	if st.ExtendedUntil.After(now) {
+		out.ExtendedUntil = opt(st.ExtendedUntil)
+	}
+	return out
+}
+
+// serverFor returns the visible server of the request.
+func (a *api) serverFor(c echo.Context) (fleet.Server, error) {
+	k, err := a.visibleKey(c)
+	if err != nil {
+		return fleet.Server{}, err
+	}
+	srv, err := a.deps.Servers.Get(c.Request().Context(), k)
+	if errors.Is(err, fleet.ErrNotFound) {
+		return fleet.Server{}, serverNotFound(k)
+	}
+	return srv, err
+}
+
+// getIdleState answers what the reclaimer makes of a server.
+func (a *api) getIdleState(c echo.Context) error {
+	srv, err := a.serverFor(c)
+	if err != nil {
+		return err
+	}
+	st, err := a.deps.Reclaim.State(c.Request().Context(), srv)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, toIdleState(st, a.deps.Now()))
+}
+
+// extendServer postpones idle actions on a running server within the
+// policy's limit.
+func (a *api) extendServer(c echo.Context) error {
+	srv, err := a.serverFor(c)
+	if err != nil {
+		return err
+	}
+	p, err := principal(c)
+	if err != nil {
+		return err
+	}
+	var req extendRequest
+	if err := decodeJSON(c, &req); err != nil {
+		return err
+	}
+	if req.Seconds < 60 || req.Seconds > 7*24*3600 {
+		return fmt.Errorf("%w: seconds must be between 60 and 604800", fleet.ErrInvalid)
+	}
+	actor := p.User
+	if p.Hub {
+		actor = "jupyterhub"
+	}
+	st, err := a.deps.Reclaim.Extend(c.Request().Context(), srv, time.Duration(req.Seconds)*time.Second, actor)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, toIdleState(st, a.deps.Now()))
+}
