@@ -30,8 +30,10 @@
 // Parts of the product that do not exist yet are shown as such, never
 // faked: a usage chart says "no data yet" until the node agent has reported
 // samples for the slice (or when Deps.Usage is nil), the reclaim countdown
-// and the policy's dry-run preview say "not available yet", resize and
-// extend are shown disabled with the reason. A sample with a missing
+// and the policy's dry-run preview say "not available yet", extend is shown
+// disabled with the reason. A running server's page resizes its slice
+// (POST /servers/{name}/resize → PATCH …/slice); a refusal is shown in the
+// API's words. A sample with a missing
 // reading is left out, never drawn as zero.
 //
 // # Invariants

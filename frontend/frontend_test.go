@@ -248,7 +248,7 @@ func TestServerPageIsHonestAboutMissingParts(t *testing.T) {
 		`<progress id="progress" max="5" value="3"`,
 		"No data yet: usage samples appear here once the node agent reports them",
 		"Reclaim countdown</dt><dd id=\"reclaim-countdown\">Not available yet",
-		"Resize and extend are not available yet.",
+		"Extend is not available yet.",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("server page lacks %q", want)

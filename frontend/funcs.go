@@ -16,6 +16,7 @@ import (
 // funcs are the templates' functions.
 var funcs = template.FuncMap{
 	"gib":        formatMiB,
+	"gibNumber":  gibNumber,
 	"stateLabel": stateLabel,
 	"when":       when,
 	"path":       url.PathEscape,
