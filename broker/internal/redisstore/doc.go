@@ -8,7 +8,9 @@
 //
 //   - No GPU is overcommitted: for each GPU, Σ slice memory ≤ its memory
 //     and Σ guaranteed compute ≤ 100. Place checks and charges in one Lua
-//     script (scripts/place.lua); Release un-charges in one. Only Restore,
+//     script (scripts/place.lua); Release un-charges in one; Resize
+//     (scripts/resize.lua) checks and charges the growth of a running
+//     server's slice on the same GPU, its quotas and its record in one. Only Restore,
 //     which records what pods prove exists, may exceed a GPU, and it says so
 //     with an error wrapping fleet.ErrConflict.
 //   - No quota is exceeded: Place checks the user's and every group's caps
