@@ -29,9 +29,11 @@
 //
 // Parts of the product that do not exist yet are shown as such, never
 // faked: a usage chart says "no data yet" until the node agent has reported
-// samples for the slice (or when Deps.Usage is nil), the reclaim countdown
-// and the policy's dry-run preview say "not available yet", extend is shown
-// disabled with the reason. A running server's page resizes its slice
+// samples for the slice (or when Deps.Usage is nil), the policy's dry-run
+// preview says "not available yet". A running server's page shows the
+// reclaimer's idle state (active, idle since, unknown with the reason, not
+// checked yet) and countdown from GET …/idle, and extends it (POST
+// /servers/{name}/extend → POST …/extend). A running server's page resizes its slice
 // (POST /servers/{name}/resize → PATCH …/slice); a refusal is shown in the
 // API's words. A sample with a missing
 // reading is left out, never drawn as zero.

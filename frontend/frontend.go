@@ -150,6 +150,7 @@ func New(deps Deps) (*Handler, error) {
 	mux.HandleFunc("GET /servers/{name}", h.page(false, h.serverPage))
 	mux.HandleFunc("POST /servers/{name}/stop", h.page(false, h.stop))
 	mux.HandleFunc("POST /servers/{name}/resize", h.page(false, h.resize))
+	mux.HandleFunc("POST /servers/{name}/extend", h.page(false, h.extend))
 	mux.HandleFunc("GET /admin/reclaim", h.page(true, h.policyPage))
 	mux.HandleFunc("POST /admin/reclaim", h.page(true, h.savePolicy))
 	mux.HandleFunc("GET /admin/fleet", h.page(true, h.fleetPage))

@@ -247,8 +247,7 @@ func TestServerPageIsHonestAboutMissingParts(t *testing.T) {
 		`data-events="/api/v1/users/alice/servers/new/events"`, `data-spawn="sp2"`,
 		`<progress id="progress" max="5" value="3"`,
 		"No data yet: usage samples appear here once the node agent reports them",
-		"Reclaim countdown</dt><dd id=\"reclaim-countdown\">Not available yet",
-		"Extend is not available yet.",
+		"Idle state</dt><dd id=\"idle-state\">Not checked: the server is not running.",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("server page lacks %q", want)

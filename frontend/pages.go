@@ -103,6 +103,8 @@ type serverData struct {
 	Chart  template.HTML // "" while there are no samples
 	// UsageNote says why there is no chart.
 	UsageNote string
+	// IdleState and Countdown are the reclaimer's view of the server.
+	IdleState, Countdown string
 }
 
 func (h *Handler) serverPage(w http.ResponseWriter, r *http.Request, v Viewer) {
@@ -118,6 +120,15 @@ func (h *Handler) serverPage(w http.ResponseWriter, r *http.Request, v Viewer) {
 	case v1.StateRunning, v1.StateStopped, v1.StateFailed:
 	default:
 		d.Live = true
+	}
+	d.IdleState, d.Countdown = "Not checked: the server is not running.", "None."
+	if s.State == v1.StateRunning {
+		if st, err := h.api.idle(r.Context(), r, v, name); err != nil {
+			h.deps.Log.WarnContext(r.Context(), "page: idle state", "err", err)
+			d.IdleState, d.Countdown = "The idle state cannot be read right now.", "Unknown."
+		} else {
+			d.IdleState, d.Countdown = idleTexts(st, h.deps.Now())
+		}
 	}
 	switch {
 	case h.deps.Usage == nil:

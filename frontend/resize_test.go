@@ -20,7 +20,7 @@ func TestServerPageOffersResizeWhileRunning(t *testing.T) {
 		`name="csrf" value="` + csrf + `"`,
 		`id="computePercent" name="computePercent" type="number" min="1" max="100" step="1" value="` + strconv.Itoa(running.Slice.ComputePercent) + `"`,
 		"Memory cannot shrink below what it uses now.",
-		"Extend is not available yet.",
+		`<form method="post" action="/servers/nb/extend"`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("running server's page lacks %q", want)
