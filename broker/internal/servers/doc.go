@@ -16,4 +16,9 @@
 //     leave a half-created server; what a crash leaves half done is settled
 //     by the reconciler (broker/internal/reconcile).
 //   - Stopping never deletes user data: only the pod and its Secret go.
+//   - Resize (enabled by WithResize) changes a running slice in place through
+//     the store's one atomic script, then records it in the pod's
+//     annotations and sends it to the node agent as the desired quota. It
+//     never shrinks memory below a fresh agent sample of what the notebook
+//     holds, and refuses when there is no fresh sample.
 package servers
