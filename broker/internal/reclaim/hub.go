@@ -53,7 +53,11 @@ func (h *Hub) Activity(ctx context.Context, user, server string, at time.Time) e
 		return fmt.Errorf("hub activity of %s: %w", user, err)
 	}
 	u := *h.base
-	u.Path = strings.TrimSuffix(u.Path, "/") + "/hub/api/users/" + url.PathEscape(user) + "/activity"
+	// Path and RawPath together keep a user name with "/" or "%" one
+	// path segment.
+	rawBase := strings.TrimSuffix(u.EscapedPath(), "/")
+	u.Path = strings.TrimSuffix(u.Path, "/") + "/hub/api/users/" + user + "/activity"
+	u.RawPath = rawBase + "/hub/api/users/" + url.PathEscape(user) + "/activity"
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))

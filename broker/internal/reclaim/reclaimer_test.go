@@ -122,6 +122,7 @@ func (s *stopper) Delete(ctx context.Context, k fleet.ServerKey) (fleet.Server, 
 
 type fixture struct {
 	t        *testing.T
+	prefix   string
 	clock    *clock
 	rdb      *redis.Client
 	store    *redisstore.Store
@@ -151,7 +152,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{t: t, clock: c, rdb: rdb, store: store, agents: agents, policies: policies, stopper: st, rec: rec}
+	return &fixture{t: t, prefix: prefix, clock: c, rdb: rdb, store: store, agents: agents, policies: policies, stopper: st, rec: rec}
 }
 
 func (f *fixture) policy(p reclaim.Policy) reclaim.Policy {
