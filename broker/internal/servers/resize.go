@@ -59,14 +59,6 @@ type ResizeConfig struct {
 	Deadline time.Duration
 }
 
-// resizing is the Service's store together with the resize parts. It is
-// installed by WithResize in place of the store, so that the lifecycle's
-// own code is untouched; Resize finds it there.
-type resizing struct {
-	Store
-	cfg ResizeConfig
-}
-
 // WithResize enables Resize with c. Without it Resize fails with an
 // internal error.
 func WithResize(c ResizeConfig) Option {
@@ -79,7 +71,7 @@ func WithResize(c ResizeConfig) Option {
 	if c.Deadline <= 0 {
 		c.Deadline = DefaultResizeDeadline
 	}
-	return func(s *Service) { s.store = &resizing{Store: s.store, cfg: c} }
+	return func(s *Service) { s.resize = &c }
 }
 
 // ResizeResult is the outcome of an accepted resize.
@@ -120,8 +112,8 @@ type ResizeResult struct {
 // fleet.ErrConflict (not running; memory in use or unknown), fleet.ErrNoCapacity
 // (the GPU lacks room), *fleet.QuotaError; others are internal.
 func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, actor string) (ResizeResult, error) {
-	r, ok := s.store.(*resizing)
-	if !ok {
+	cfg := s.resize
+	if cfg == nil {
 		return ResizeResult{}, errors.New("servers: resize is not configured")
 	}
 	if err := errors.Join(fleet.ValidateName("user", key.User), fleet.ValidateName("server", key.Name), fleet.ValidateSlice(want)); err != nil {
@@ -135,7 +127,7 @@ func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Sl
 		return ResizeResult{}, fmt.Errorf("%w: server %q is %s; only a running server can be resized", fleet.ErrConflict, key.Name, rec.State)
 	}
 	if want.MemoryMiB < rec.Slice.MemoryMiB {
-		if err := s.checkMemoryUse(ctx, r.cfg.Quotas, rec.SpawnID, want.MemoryMiB); err != nil {
+		if err := s.checkMemoryUse(ctx, cfg.Quotas, rec.SpawnID, want.MemoryMiB); err != nil {
 			return ResizeResult{}, err
 		}
 	}
@@ -148,7 +140,7 @@ func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Sl
 		msg += " by " + actor
 	}
 	userQuota, groupQuotas := s.catalog.Quotas().ForUser(key.User, rec.Allocation.Groups)
-	out, changed, err := r.cfg.Store.Resize(ctx, key, fleet.PlaceRequest{
+	out, changed, err := cfg.Store.Resize(ctx, key, fleet.PlaceRequest{
 		SliceID: rec.SpawnID, User: key.User, Slice: want, UserQuota: userQuota, GroupQuotas: groupQuotas,
 	}, msg)
 	if err != nil {
@@ -161,22 +153,22 @@ func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Sl
 		// rebuild from pods would bring the old one back. A failure here
 		// leaves the resize in force (the store is the lock) and is logged:
 		// the reconciler's rebuild reports a mismatch it cannot settle.
-		if err := r.cfg.Pods.AnnotateSlice(ctx, key.User, key.Name, rec.SpawnID, want); err != nil {
+		if err := cfg.Pods.AnnotateSlice(ctx, key.User, key.Name, rec.SpawnID, want); err != nil {
 			log.WarnContext(ctx, "record resized slice in pod annotations", "err", err)
 		}
 	}
-	gen, err := r.cfg.Quotas.SetDesiredQuota(ctx, rec.SpawnID, want)
+	gen, err := cfg.Quotas.SetDesiredQuota(ctx, rec.SpawnID, want)
 	if err != nil {
 		return ResizeResult{}, fmt.Errorf("server %s/%s: send the new quota to the node agent: %w", key.User, key.Name, err)
 	}
 	res := ResizeResult{Server: out, Slice: want, Generation: gen}
-	applied, err := waitApplied(ctx, r.cfg, rec.SpawnID, gen)
+	applied, err := waitApplied(ctx, *cfg, rec.SpawnID, gen)
 	if err != nil {
 		return ResizeResult{}, fmt.Errorf("server %s/%s: %w", key.User, key.Name, err)
 	}
 	res.Applied = applied
 	if !applied {
-		res.Deadline = s.now().Add(r.cfg.Deadline)
+		res.Deadline = s.now().Add(cfg.Deadline)
 	}
 	return res, nil
 }

@@ -50,6 +50,7 @@ type Service struct {
 	now     func() time.Time
 	newID   func() string
 	kick    func()
+	resize  *ResizeConfig // nil: Resize is not configured (WithResize)
 }
 
 // Option configures a Service.
