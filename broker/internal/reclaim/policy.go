@@ -1,6 +1,3 @@
-// Package reclaim decides when a server counts as idle and what happens
-// then. This file holds the policy document and its audited store; the
-// reclaimer builds on them.
 package reclaim
 
 import (
