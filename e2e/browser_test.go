@@ -146,8 +146,16 @@ func newBrowserEnv(t *testing.T, held bool) *browserEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy.Config.Handler = httputil.NewSingleHostReverseProxy(target) // keeps the public Host header
+	// The proxy has a transport of its own: every httptest.Server.Close
+	// in this process (the other parallel tests' proxies, issuers)
+	// calls http.DefaultTransport.CloseIdleConnections, which can cut a
+	// page's response mid-body (golang/go#65796).
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	rp := httputil.NewSingleHostReverseProxy(target) // keeps the public Host header
+	rp.Transport = transport
+	proxy.Config.Handler = rp
 	proxy.Start()
+	t.Cleanup(transport.CloseIdleConnections)
 	t.Cleanup(proxy.Close)
 	e.admin = e.client("admin", adminGroup)
 	e.registerGPUs()
@@ -414,13 +422,16 @@ func eval[T any](b *tab, expr string) T {
 }
 
 // waitFor waits until the JavaScript expression is true on the current
-// page; pages that are loading or navigating count as false.
+// page; pages that are loading or navigating count as false. A page counts
+// once it has loaded: an element near the top of a page that is still
+// arriving is not the page (its later fields and its script's focus are
+// missing).
 func (b *tab) waitFor(what, expr string) {
 	b.t.Helper()
 	err := harness.Poll(b.ctx, 100*time.Millisecond, pageTimeout, func(ctx context.Context) (bool, string, error) {
 		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		defer cancel()
-		ok, err := chromedp.Run(actx, chromedp.Evaluate[bool]("Boolean("+expr+")"))
+		ok, err := chromedp.Run(actx, chromedp.Evaluate[bool]("document.readyState === 'complete' && Boolean("+expr+")"))
 		if err != nil {
 			return false, err.Error(), nil
 		}
@@ -630,7 +641,7 @@ func TestBrowserUserJourney(t *testing.T) {
 	// The stream's "stopped" event marks the page stopped and then reloads
 	// it: wait for the reloaded, server-rendered page (it follows no
 	// events), not the one that is going away.
-	b.waitFor("the stopped page", `document.readyState === 'complete' && document.getElementById('status').dataset.state === 'stopped' && !document.getElementById('status').hasAttribute('data-events')`)
+	b.waitFor("the stopped page", `document.getElementById('status').dataset.state === 'stopped' && !document.getElementById('status').hasAttribute('data-events')`)
 	b.shot("server-stopped")
 	if s, err := e.client("alice", "ml").GetServer(t.Context(), "alice", "nb1"); err != nil || s.State != v1.StateStopped {
 		t.Errorf("API after stop: %+v, %v", s.State, err)
