@@ -42,12 +42,46 @@ type ReclaimPolicy struct {
 	ShrinkComputePercent int `json:"shrinkComputePercent,omitempty"`
 	// ExemptGroups: servers of members of these groups are never reclaimed.
 	ExemptGroups []string `json:"exemptGroups,omitempty"`
+	// ExemptUsers: these users' servers are never reclaimed.
+	ExemptUsers []string `json:"exemptUsers,omitempty"`
+	// StopAfterSeconds: with the shrink action, the idle time after which
+	// the server is also stopped; 0 = never.
+	StopAfterSeconds int64 `json:"stopAfterSeconds,omitempty"`
+	// MinRunningSeconds: a server running for less than this is never
+	// idle; 0 = none.
+	MinRunningSeconds int64 `json:"minRunningSeconds,omitempty"`
+	// MaxAgeSeconds: a server running longer than this is stopped whatever
+	// its use; 0 = no limit, else 3600..7776000.
+	MaxAgeSeconds int64 `json:"maxAgeSeconds,omitempty"`
+	// MaxExtendSeconds: the total time a user may extend one spawn's idle
+	// clock by; 0 = the default (4 hours).
+	MaxExtendSeconds int64 `json:"maxExtendSeconds,omitempty"`
+	// DryRun: decide and audit every action, but do not warn, shrink or stop.
+	DryRun bool `json:"dryRun,omitempty"`
+	// Overrides replace fields for servers of one profile or of members of
+	// one group; a profile override wins over a group one.
+	Overrides []ReclaimOverride `json:"overrides,omitempty"`
 	// Reason is the admin's note on the change; it goes to the audit log.
 	Reason string `json:"reason,omitempty"`
 	// UpdatedBy and UpdatedAt name who saved this version and when;
 	// read-only (ignored in a PUT).
 	UpdatedBy string     `json:"updatedBy,omitempty"`
 	UpdatedAt *time.Time `json:"updatedAt,omitempty"`
+}
+
+// ReclaimOverride replaces policy fields for the servers it matches: those
+// of Profile, or of members of Group (set one). Zero fields inherit.
+type ReclaimOverride struct {
+	Profile              string        `json:"profile,omitempty"`
+	Group                string        `json:"group,omitempty"`
+	Exempt               bool          `json:"exempt,omitempty"`
+	IdleAfterSeconds     int64         `json:"idleAfterSeconds,omitempty"`
+	WarnSeconds          int64         `json:"warnSeconds,omitempty"`
+	StopAfterSeconds     int64         `json:"stopAfterSeconds,omitempty"`
+	MinRunningSeconds    int64         `json:"minRunningSeconds,omitempty"`
+	MaxAgeSeconds        int64         `json:"maxAgeSeconds,omitempty"`
+	Action               ReclaimAction `json:"action,omitempty"`
+	ShrinkComputePercent int           `json:"shrinkComputePercent,omitempty"`
 }
 
 // FieldProblem is one invalid field of a request body, in Error.Fields.

@@ -85,6 +85,15 @@ func toReclaimPolicy(p reclaim.Policy) v1.ReclaimPolicy {
 		IdleAfterSeconds: int64(p.IdleAfter / time.Second), Action: v1.ReclaimAction(p.Action),
 		WarnSeconds: int64(p.Warn / time.Second), ShrinkComputePercent: p.ShrinkComputePercent,
 		ExemptGroups: p.ExemptGroups, Reason: p.Reason, UpdatedBy: p.UpdatedBy,
+		ExemptUsers: p.ExemptUsers, StopAfterSeconds: int64(p.StopAfter / time.Second),
+		MinRunningSeconds: int64(p.MinRunning / time.Second), MaxAgeSeconds: int64(p.MaxAge / time.Second),
+		MaxExtendSeconds: int64(p.MaxExtend / time.Second), DryRun: p.DryRun,
+	}
+	for _, o := range p.Overrides {
+		out.Overrides = append(out.Overrides, v1.ReclaimOverride{Profile: o.Profile, Group: o.Group, Exempt: o.Exempt,
+			IdleAfterSeconds: o.IdleAfterSeconds, WarnSeconds: o.WarnSeconds, StopAfterSeconds: o.StopAfterSeconds,
+			MinRunningSeconds: o.MinRunningSeconds, MaxAgeSeconds: o.MaxAgeSeconds,
+			Action: v1.ReclaimAction(o.Action), ShrinkComputePercent: o.ShrinkComputePercent})
 	}
 	if !p.UpdatedAt.IsZero() {
 		t := p.UpdatedAt.UTC()
@@ -100,9 +109,18 @@ func fromReclaimPolicy(p v1.ReclaimPolicy) reclaim.Policy {
 		const maxSecs = int64(1<<63-1) / int64(time.Second)
 		return time.Duration(max(min(s, maxSecs), -maxSecs)) * time.Second
 	}
-	return reclaim.Policy{
+	out := reclaim.Policy{
 		Version: p.Version, Enabled: p.Enabled, IdleComputePercent: p.IdleComputePercent,
 		IdleAfter: secs(p.IdleAfterSeconds), Action: reclaim.Action(p.Action), Warn: secs(p.WarnSeconds),
 		ShrinkComputePercent: p.ShrinkComputePercent, ExemptGroups: p.ExemptGroups, Reason: p.Reason,
+		ExemptUsers: p.ExemptUsers, StopAfter: secs(p.StopAfterSeconds), MinRunning: secs(p.MinRunningSeconds),
+		MaxAge: secs(p.MaxAgeSeconds), MaxExtend: secs(p.MaxExtendSeconds), DryRun: p.DryRun,
 	}
+	for _, o := range p.Overrides {
+		out.Overrides = append(out.Overrides, reclaim.Override{Profile: o.Profile, Group: o.Group, Exempt: o.Exempt,
+			IdleAfterSeconds: o.IdleAfterSeconds, WarnSeconds: o.WarnSeconds, StopAfterSeconds: o.StopAfterSeconds,
+			MinRunningSeconds: o.MinRunningSeconds, MaxAgeSeconds: o.MaxAgeSeconds,
+			Action: reclaim.Action(o.Action), ShrinkComputePercent: o.ShrinkComputePercent})
+	}
+	return out
 }
