@@ -50,14 +50,18 @@ func deployObjects(t *testing.T) []runtime.Object {
 // parse, and the Role grants what the spawner does in the notebooks namespace.
 func TestDeployManifestsMatchTheBroker(t *testing.T) {
 	var dep *appsv1.Deployment
-	var role *rbacv1.Role
+	var role, leader *rbacv1.Role
 	var profiles *corev1.ConfigMap
 	for _, o := range deployObjects(t) {
 		switch v := o.(type) {
 		case *appsv1.Deployment:
 			dep = v
 		case *rbacv1.Role:
-			role = v
+			if v.Name == "gpubroker-leader" {
+				leader = v
+			} else {
+				role = v
+			}
 		case *corev1.ConfigMap:
 			profiles = v
 		}
@@ -80,6 +84,13 @@ func TestDeployManifestsMatchTheBroker(t *testing.T) {
 	}
 	if role.Namespace != cfg.Namespace {
 		t.Errorf("the Role is in namespace %q, the broker's pods in %q", role.Namespace, cfg.Namespace)
+	}
+	if leader == nil || leader.Namespace != cfg.LeaderElectionNamespace || cfg.LeaderElectionNamespace == "" {
+		t.Errorf("the reclaimer's Lease needs a Role in the leader-election namespace %q; got %+v", cfg.LeaderElectionNamespace, leader)
+	} else if !slices.ContainsFunc(leader.Rules, func(r rbacv1.PolicyRule) bool {
+		return slices.Contains(r.Resources, "leases") && slices.Contains(r.Verbs, "update") && slices.Contains(r.Verbs, "create")
+	}) {
+		t.Errorf("the leader Role does not grant create and update on leases")
 	}
 
 	if _, err := catalog.Parse([]byte(profiles.Data["profiles.yaml"])); err != nil {
