@@ -607,7 +607,7 @@ func TestBrowserUserJourney(t *testing.T) {
 		t.Errorf("progress message %q, want the API's running message", got)
 	}
 	text := b.text()
-	for _, want := range []string{"No data yet", "Resize and extend are not available yet", "Reclaim countdown"} {
+	for _, want := range []string{"No data yet", "Reclaim countdown"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("server page lacks %q:\n%s", want, text)
 		}
@@ -634,6 +634,10 @@ func TestBrowserUserJourney(t *testing.T) {
 	b.waitFor("the usage chart", `document.querySelector('#usage-chart svg.chart') !== null`)
 	if desc := eval[string](b, `document.getElementById('chart-desc').textContent`); !strings.Contains(desc, "4 samples") || !strings.Contains(desc, "peaked at 85 %") {
 		t.Errorf("chart description %q, want 4 samples peaking at 85 %%", desc)
+	}
+	// Rendered as running, the page offers resizing and extending.
+	if !eval[bool](b, `document.getElementById('resize') !== null && document.getElementById('extend') !== null`) {
+		t.Error("a running server's page offers no resize or extend form")
 	}
 	b.shot("server-usage-chart")
 
