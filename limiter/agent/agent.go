@@ -309,14 +309,20 @@ func boolGauge(b bool) float64 {
 
 // sampleLoop samples every SampleInterval until ctx ends.
 func (a *Agent) sampleLoop(ctx context.Context) error {
-	t := a.clock.NewTicker(a.cfg.SampleInterval)
+	return a.every(ctx, a.cfg.SampleInterval, a.SampleOnce)
+}
+
+// every calls round at each tick of the agent's clock, every interval,
+// until ctx ends; it returns nil then.
+func (a *Agent) every(ctx context.Context, interval time.Duration, round func(context.Context)) error {
+	t := a.clock.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C():
-			a.SampleOnce(ctx)
+			round(ctx)
 		}
 	}
 }

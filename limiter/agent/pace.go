@@ -52,16 +52,7 @@ func (a *Agent) setPaceOwners(r round) {
 
 // paceLoop runs the pace feed every PaceInterval until ctx ends.
 func (a *Agent) paceLoop(ctx context.Context) error {
-	t := a.clock.NewTicker(a.cfg.PaceInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C():
-			a.paceRound(ctx)
-		}
-	}
+	return a.every(ctx, a.cfg.PaceInterval, a.paceRound)
 }
 
 // paceRound publishes one sample per local slice. A device whose
