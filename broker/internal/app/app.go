@@ -104,6 +104,9 @@ type parts struct {
 	background []func(ctx context.Context) error
 	// started, if set, runs once the first reconcile pass is done.
 	started func()
+	// checkers are the readiness checks (/readyz), also logged shortly
+	// after start so a broker whose dependencies are down says so.
+	checkers []httpapi.Checker
 	// closers run after everything has stopped, in reverse order.
 	closers []func()
 }
@@ -159,10 +162,37 @@ func Run(ctx context.Context, cfg config.Config, stdout, stderr io.Writer) error
 	})
 	g.Go(func() error { return ignoreCanceled(runReclaimer(gctx, cfg, p)) })
 	g.Go(func() error { return serveHTTP(gctx, cfg, log, ln, p.handler) })
+	g.Go(func() error { return warnIfNotReady(gctx, log, p.checkers, startupCheckDelay) })
 	log.Info("gpubroker started", "listen", ln.Addr().String(), "mode", string(cfg.Mode), "version", Version())
 	err = g.Wait()
 	log.Info("gpubroker stopped")
 	return err
+}
+
+// startupCheckDelay is how long after start the readiness checks are run
+// once and their failures logged: long enough for a healthy broker's caches
+// to sync, short enough that a misconfigured one says so at once.
+const startupCheckDelay = 10 * time.Second
+
+// warnIfNotReady runs the readiness checks once, after delay, and logs each
+// failing one as a warning (the same checks answer /readyz).
+func warnIfNotReady(ctx context.Context, log *slog.Logger, checks []httpapi.Checker, delay time.Duration) error {
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-t.C:
+	}
+	for _, c := range checks {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := c.Check(cctx)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			log.WarnContext(ctx, "not ready: a dependency does not answer; /readyz reports the same", "check", c.Name(), "err", err)
+		}
+	}
+	return nil
 }
 
 // forwardPodEvents hands every pod observation to the lifecycle. The
@@ -329,15 +359,16 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 		}
 		authn = append(authn, web)
 	}
+	p.checkers = []httpapi.Checker{
+		checker{"redis", store.Ping},
+		checker{"kubernetes", func(ctx context.Context) error { return kubeReady(ctx, kube, cfg.Namespace, sp) }},
+		checker{"oidc", bearer.Ready},
+	}
 	h, err := httpapi.New(httpapi.Deps{
 		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
 		Policy: policies, Reclaim: p.reclaimer,
 		Auth: auth.Chain(authn...), Version: Version(), Mode: mode,
-		Checkers: []httpapi.Checker{
-			checker{"redis", store.Ping},
-			checker{"kubernetes", func(ctx context.Context) error { return kubeReady(ctx, kube, cfg.Namespace, sp) }},
-			checker{"oidc", bearer.Ready},
-		},
+		Checkers: p.checkers,
 	}, httpapi.WithEventsBlock(eventsBlock))
 	if err != nil {
 		return nil, fmt.Errorf("http api: %w", err)
