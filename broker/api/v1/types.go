@@ -113,13 +113,14 @@ type Error struct {
 
 // Error codes.
 const (
-	CodeBadRequest    = "bad_request"
-	CodeUnauthorized  = "unauthorized"
-	CodeForbidden     = "forbidden"
-	CodeNotFound      = "not_found"
-	CodeConflict      = "conflict"
-	CodeNoCapacity    = "no_capacity"
-	CodeQuotaExceeded = "quota_exceeded"
-	CodeUnavailable   = "unavailable"
-	CodeInternal      = "internal"
+	CodeBadRequest       = "bad_request"
+	CodeUnauthorized     = "unauthorized"
+	CodeForbidden        = "forbidden"
+	CodeNotFound         = "not_found"
+	CodeMethodNotAllowed = "method_not_allowed"
+	CodeConflict         = "conflict"
+	CodeNoCapacity       = "no_capacity"
+	CodeQuotaExceeded    = "quota_exceeded"
+	CodeUnavailable      = "unavailable"
+	CodeInternal         = "internal"
 )

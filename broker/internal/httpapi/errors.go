@@ -269,6 +269,8 @@ func codeForStatus(status int) string {
 		return v1.CodeNotFound
 	case status == http.StatusConflict:
 		return v1.CodeConflict
+	case status == http.StatusMethodNotAllowed:
+		return v1.CodeMethodNotAllowed
 	case status == http.StatusServiceUnavailable:
 		return v1.CodeUnavailable
 	case status >= 500:

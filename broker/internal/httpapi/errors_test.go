@@ -134,7 +134,7 @@ func TestEchoErrors(t *testing.T) {
 		{name: "unknown route without credentials is still 404", method: "GET", path: "/api/v1/nothing/else", wantStatus: 404,
 			want: v1.Error{Code: v1.CodeNotFound, Message: "no route for GET /api/v1/nothing/else"}},
 		{name: "wrong method", method: "PATCH", path: "/api/v1/users/alice/servers/nb", wantStatus: 405,
-			want: v1.Error{Code: v1.CodeBadRequest, Message: "method PATCH is not allowed on /api/v1/users/alice/servers/nb"}},
+			want: v1.Error{Code: v1.CodeMethodNotAllowed, Message: "method PATCH is not allowed on /api/v1/users/alice/servers/nb"}},
 		{name: "body over 1 MiB", method: "PUT", path: "/api/v1/users/alice/servers/nb",
 			body: `{"profile":"small","env":{"A":"` + strings.Repeat("x", 1<<20) + `"}}`, wantStatus: 413,
 			want: v1.Error{Code: v1.CodeBadRequest, Message: "the request body is larger than 1048576 bytes"}},
