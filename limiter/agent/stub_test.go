@@ -1,19 +1,15 @@
 package agent
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,120 +19,15 @@ import (
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	"github.com/gpubroker/gpubroker/limiter/hook/stubtest"
 	"github.com/gpubroker/gpubroker/limiter/region"
 )
 
 // The stub device's defaults (limiter/hook/stub/device.c).
 const (
-	stubUUID   = "GPU-5bd3a1e2-7c4f-4e8a-9b1d-2f6e8c0a4d17"
 	stubModel  = "NVIDIA H100 80GB HBM3"
 	stubMemMiB = 81559
 )
-
-var (
-	stubBuildOnce sync.Once
-	stubBuildErr  error
-)
-
-// hookBuildDir is limiter/hook/build, where `make -C limiter/hook` puts the
-// stub driver, the hook and cudaprog.
-func hookBuildDir() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "hook", "build")
-}
-
-// needStub builds the C artifacts once (make is a no-op when they are up to
-// date). Without gcc or make it skips, or fails when CI=true.
-func needStub(t *testing.T) {
-	t.Helper()
-	for _, tool := range []string{"gcc", "make"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is required in CI: %v", tool, err)
-			}
-			t.Skipf("%s not found: %v", tool, err)
-		}
-	}
-	stubBuildOnce.Do(func() {
-		out, err := exec.Command("make", "-C", filepath.Join(hookBuildDir(), ".."), "-j2").CombinedOutput()
-		if err != nil {
-			stubBuildErr = fmt.Errorf("make: %w\n%s", err, out)
-		}
-	})
-	if stubBuildErr != nil {
-		t.Fatal(stubBuildErr)
-	}
-}
-
-// cudaprog is an interactive cudaprog (-i) in one slice, with the hook.
-type cudaprog struct {
-	t       *testing.T
-	cmd     *exec.Cmd
-	in      io.WriteCloser
-	out     *bufio.Scanner
-	stder   strings.Builder
-	exited  chan struct{} // closed when the process has been waited for
-	waitErr error         // valid after exited is closed
-}
-
-func startCudaprog(t *testing.T, env []string) *cudaprog {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(hookBuildDir(), "cudaprog"), "-i")
-	cmd.Env = env
-	p := &cudaprog{t: t, cmd: cmd}
-	cmd.Stderr = &p.stder
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.in, p.out = in, bufio.NewScanner(out)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p.exited = make(chan struct{})
-	go func() {
-		p.waitErr = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		_ = p.in.Close()
-		_ = cmd.Process.Kill()
-		<-p.exited
-	})
-	return p
-}
-
-// do sends one command and returns its reply's CUresult and values.
-func (p *cudaprog) do(command string) (int, []uint64) {
-	p.t.Helper()
-	if _, err := io.WriteString(p.in, command+"\n"); err != nil {
-		p.t.Fatalf("cudaprog %q: %v; stderr: %s", command, err, p.stder.String())
-	}
-	if !p.out.Scan() {
-		p.t.Fatalf("cudaprog %q: no reply (%v); stderr: %s", command, p.out.Err(), p.stder.String())
-	}
-	f := strings.Fields(p.out.Text())
-	if len(f) < 2 {
-		p.t.Fatalf("cudaprog %q: reply %q", command, p.out.Text())
-	}
-	res, err := strconv.Atoi(f[1])
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	var vals []uint64
-	for _, v := range f[2:] {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			p.t.Fatal(err)
-		}
-		vals = append(vals, n)
-	}
-	return res, vals
-}
 
 // stubState is stubctl's JSON.
 type stubState struct {
@@ -164,7 +55,7 @@ func (s stubState) smNs(pid uint32) uint64 {
 
 func readStub(t *testing.T, env []string) stubState {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(hookBuildDir(), "stubctl"))
+	cmd := exec.Command(filepath.Join(stubtest.BuildDir(), "stubctl"))
 	cmd.Env = env
 	out, err := cmd.Output()
 	if err != nil {
@@ -177,28 +68,11 @@ func readStub(t *testing.T, env []string) stubState {
 	return s
 }
 
-// eventually polls cond every 5 ms until it holds or 20 s pass.
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		last = why
-		tick := time.NewTimer(5 * time.Millisecond)
-		<-tick.C
-	}
-	t.Fatalf("%s: not within 20 s; last: %s", what, last)
-}
-
 // TestAgentOnStubDriver runs the agent with the real go-nvml bindings on
 // the stub libnvidia-ml.so.1 while a hooked program allocates and launches
 // on the stub libcuda.so.1, with a real redis-server.
 func TestAgentOnStubDriver(t *testing.T) {
-	needStub(t)
+	stubtest.Need(t)
 	dir := t.TempDir()
 	stubEnv := "GPUBROKER_STUB_STATE=" + filepath.Join(dir, "stub.state")
 	// The stub NVML loaded into this test process finds the device here.
@@ -213,16 +87,10 @@ func TestAgentOnStubDriver(t *testing.T) {
 		}
 	}
 	quotaFile := filepath.Join(sliceDir, "quota", v1.QuotaFileName)
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GPUBROKER_") && !strings.HasPrefix(kv, "LD_") {
-			env = append(env, kv)
-		}
-	}
-	env = append(env, stubEnv, "LD_LIBRARY_PATH="+filepath.Join(hookBuildDir(), "stub"))
+	env := append(stubtest.Environ(), stubEnv, "LD_LIBRARY_PATH="+stubtest.StubDir())
 	progEnv := append(append([]string{}, env...),
-		"LD_PRELOAD="+filepath.Join(hookBuildDir(), "libgpulimit.so"),
-		v1.EnvSliceID+"="+id, v1.EnvGPUUUID+"="+stubUUID,
+		"LD_PRELOAD="+stubtest.HookLibrary(),
+		v1.EnvSliceID+"="+id, v1.EnvGPUUUID+"="+stubtest.DeviceUUID,
 		v1.EnvQuotaFile+"="+quotaFile, v1.EnvUsageFile+"="+filepath.Join(sliceDir, "usage", v1.UsageFileName),
 		v1.EnvMemoryLimitMiB+"=1024", v1.EnvComputePercent+"=50", v1.EnvComputeLimitPercent+"=50")
 
@@ -230,22 +98,22 @@ func TestAgentOnStubDriver(t *testing.T) {
 	rdb := srv.Client(t)
 	store := agentstore.New(rdb, srv.Prefix(t))
 	clock := &fakeClock{now: time.Now()}
-	pods := StaticPods{{ID: id, PodUID: uidA, Pod: "nb", Namespace: "ns", GPU: stubUUID,
+	pods := StaticPods{{ID: id, PodUID: uidA, Pod: "nb", Namespace: "ns", GPU: stubtest.DeviceUUID,
 		Initial: v1.Slice{MemoryMiB: 1024, ComputePercent: 50, ComputeLimitPercent: 50}}}
 	// Kill mode with the real pidfd killer: the hooked program stays within
 	// its slice; an unhooked one started later belongs to no slice.
 	a, err := New(Config{Node: "gpu-1", HostRoot: root, TrustUsagePIDs: true, Enforcement: Policy{Mode: ModeKill, Samples: 2, OrphanGrace: time.Second}},
-		Deps{NVML: nvml.New(nvml.WithLibraryPath(filepath.Join(hookBuildDir(), "stub", "libnvidia-ml.so.1"))),
+		Deps{NVML: nvml.New(nvml.WithLibraryPath(filepath.Join(stubtest.StubDir(), "libnvidia-ml.so.1"))),
 			Samples: store, Quotas: store, Audit: store, Pods: pods, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 
-	prog := startCudaprog(t, progEnv)
-	if res, _ := prog.do("alloc linear 268435456"); res != 0 {
+	prog := stubtest.Start(t, progEnv)
+	if res, _ := prog.Do("alloc linear 268435456"); res != 0 {
 		t.Fatalf("alloc 256 MiB: CUresult %d", res)
 	}
-	if res, _ := prog.do("saturate busy_100us 264 300"); res != 0 {
+	if res, _ := prog.Do("saturate busy_100us 264 300"); res != 0 {
 		t.Fatalf("saturate: CUresult %d", res)
 	}
 
@@ -265,25 +133,25 @@ func TestAgentOnStubDriver(t *testing.T) {
 	t.Cleanup(stop)
 
 	// Inventory: the heartbeat registers the stub GPU as NVML describes it.
-	eventually(t, "node report", func() (bool, string) {
+	stubtest.Eventually(t, "node report", func() (bool, string) {
 		inv, err := store.Inventory(t.Context(), clock.Now())
 		if err != nil || len(inv.GPUs) != 1 {
 			return false, fmt.Sprintf("%+v %v", inv, err)
 		}
 		g := inv.GPUs[0].GPU
-		want := v1.GPU{UUID: stubUUID, Node: "gpu-1", Model: stubModel, MemoryMiB: stubMemMiB, SMCount: 132, Healthy: true}
+		want := v1.GPU{UUID: stubtest.DeviceUUID, Node: "gpu-1", Model: stubModel, MemoryMiB: stubMemMiB, SMCount: 132, Healthy: true}
 		return g == want, fmt.Sprintf("%+v", g)
 	})
 
 	// Samples: what the stub simulated for the process.
 	st := readStub(t, env)
-	if len(st.Procs) != 1 || st.Procs[0].PID != uint32(prog.cmd.Process.Pid) {
-		t.Fatalf("stub processes %+v, want cudaprog's pid %d only", st.Procs, prog.cmd.Process.Pid)
+	if len(st.Procs) != 1 || st.Procs[0].PID != uint32(prog.Pid()) {
+		t.Fatalf("stub processes %+v, want cudaprog's pid %d only", st.Procs, prog.Pid())
 	}
 	wantMiB := int64((st.Procs[0].MemBytes + mib - 1) / mib)
 	clock.fire(t.Context(), time.Second)
 	var s agentstore.Sample
-	eventually(t, "first sample", func() (bool, string) {
+	stubtest.Eventually(t, "first sample", func() (bool, string) {
 		s, err = store.LatestSample(t.Context(), id)
 		return err == nil, fmt.Sprint(err)
 	})
@@ -306,16 +174,16 @@ func TestAgentOnStubDriver(t *testing.T) {
 
 	// Live quota: a desired 512 MiB reaches the quota file, the applied
 	// generation is recorded, and the hook refuses what no longer fits.
-	if res, _ := prog.do("alloc linear 314572800"); res != 0 {
+	if res, _ := prog.Do("alloc linear 314572800"); res != 0 {
 		t.Fatalf("alloc 300 MiB more under 1024 MiB: CUresult %d", res)
 	}
-	prog.do("free")
+	prog.Do("free")
 	waitSubscribed(t, rdb, store.Keys().QuotaChanged())
 	gen, err := store.SetDesiredQuota(t.Context(), id, v1.Slice{MemoryMiB: 512, ComputePercent: 50, ComputeLimitPercent: 50})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "applied quota", func() (bool, string) {
+	stubtest.Eventually(t, "applied quota", func() (bool, string) {
 		ap, err := store.AppliedQuota(t.Context(), id)
 		return err == nil && ap.Generation == gen, fmt.Sprintf("%+v %v", ap, err)
 	})
@@ -326,11 +194,11 @@ func TestAgentOnStubDriver(t *testing.T) {
 	if q.MemoryLimitBytes != 512*mib || q.SliceID != id || q.Generation != 1 {
 		t.Errorf("quota file %+v, want 512 MiB for %s at generation 1", q, id)
 	}
-	if res, vals := prog.do("waitoom 314572800 5000"); res != 2 {
+	if res, vals := prog.Do("waitoom 314572800 5000"); res != 2 {
 		t.Errorf("300 MiB more under the new 512 MiB cap: CUresult %d (%v), want 2 (out of memory)", res, vals)
 	}
 	clock.fire(t.Context(), time.Second)
-	eventually(t, "sample with the new limit", func() (bool, string) {
+	stubtest.Eventually(t, "sample with the new limit", func() (bool, string) {
 		s, err := store.LatestSample(t.Context(), id)
 		return err == nil && s.MemoryLimitMiB == 512, fmt.Sprintf("%+v %v", s, err)
 	})
@@ -338,8 +206,8 @@ func TestAgentOnStubDriver(t *testing.T) {
 	// Bypass: a program without the hook, in no slice, is killed after two
 	// samples a second apart (the orphan grace), with an audit record; the
 	// hooked program is untouched.
-	rogue := startCudaprog(t, env)
-	if res, _ := rogue.do("alloc linear 2147483648"); res != 0 {
+	rogue := stubtest.Start(t, env)
+	if res, _ := rogue.Do("alloc linear 2147483648"); res != 0 {
 		t.Fatalf("unhooked alloc of 2 GiB: CUresult %d", res)
 	}
 	for range 2 {
@@ -348,29 +216,29 @@ func TestAgentOnStubDriver(t *testing.T) {
 		// The round reads the clock after taking the tick: wait for its
 		// sample before moving the clock again.
 		want := clock.Now()
-		eventually(t, "round sample", func() (bool, string) {
+		stubtest.Eventually(t, "round sample", func() (bool, string) {
 			s, err := store.LatestSample(t.Context(), id)
 			return err == nil && s.At.Equal(want.Truncate(time.Millisecond)), fmt.Sprintf("%v %v, want %v", s.At, err, want)
 		})
 	}
 	select {
-	case <-rogue.exited:
-		if err := rogue.waitErr; err == nil || !strings.Contains(err.Error(), "killed") {
+	case <-rogue.Exited():
+		if err := rogue.WaitErr(); err == nil || !strings.Contains(err.Error(), "killed") {
 			t.Errorf("unhooked program ended with %v, want killed", err)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("unhooked program not killed within 20 s")
 	}
-	eventually(t, "audit record", func() (bool, string) {
+	stubtest.Eventually(t, "audit record", func() (bool, string) {
 		recs, err := store.RecentAudit(t.Context(), 10)
 		if err != nil || len(recs) != 1 {
 			return false, fmt.Sprintf("%+v %v", recs, err)
 		}
 		r := recs[0]
-		return r.Action == "kill" && r.Reason == "no-slice" && r.PID == uint32(rogue.cmd.Process.Pid) &&
-			r.GPU == stubUUID && r.MemoryUsedMiB == 2048, fmt.Sprintf("%+v", r)
+		return r.Action == "kill" && r.Reason == "no-slice" && r.PID == uint32(rogue.Pid()) &&
+			r.GPU == stubtest.DeviceUUID && r.MemoryUsedMiB == 2048, fmt.Sprintf("%+v", r)
 	})
-	if res, _ := prog.do("meminfo"); res != 0 {
+	if res, _ := prog.Do("meminfo"); res != 0 {
 		t.Errorf("hooked program after the kill: CUresult %d, want it alive and well", res)
 	}
 
@@ -391,7 +259,7 @@ func TestAgentOnStubDriver(t *testing.T) {
 // waitSubscribed polls PUBSUB NUMSUB until channel has a subscriber.
 func waitSubscribed(t *testing.T, c *redis.Client, channel string) {
 	t.Helper()
-	eventually(t, "subscriber on "+channel, func() (bool, string) {
+	stubtest.Eventually(t, "subscriber on "+channel, func() (bool, string) {
 		m, err := c.PubSubNumSub(t.Context(), channel).Result()
 		if err != nil {
 			return false, err.Error()
@@ -415,7 +283,7 @@ func deref[T any](p *T) any {
 // slice's SM use into the usage region, and the hook's controller holds the
 // slice at its 25 % share.
 func TestPaceFeedSteersASliceWhosePidsTheHookCannotSee(t *testing.T) {
-	needStub(t)
+	stubtest.Need(t)
 	if testing.Short() {
 		t.Skip("3 s measurement; skipped with -short")
 	}
@@ -431,28 +299,22 @@ func TestPaceFeedSteersASliceWhosePidsTheHookCannotSee(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GPUBROKER_") && !strings.HasPrefix(kv, "LD_") {
-			env = append(env, kv)
-		}
-	}
-	env = append(env, "GPUBROKER_STUB_STATE="+filepath.Join(dir, "stub.state"),
+	env := append(stubtest.Environ(), "GPUBROKER_STUB_STATE="+filepath.Join(dir, "stub.state"),
 		"GPUBROKER_STUB_NVML_PID_OFFSET="+strconv.Itoa(offset),
-		"LD_LIBRARY_PATH="+filepath.Join(hookBuildDir(), "stub"))
+		"LD_LIBRARY_PATH="+stubtest.StubDir())
 	usageFile := filepath.Join(sliceDir, "usage", v1.UsageFileName)
 	progEnv := append(append([]string{}, env...),
-		"LD_PRELOAD="+filepath.Join(hookBuildDir(), "libgpulimit.so"),
-		v1.EnvSliceID+"="+id, v1.EnvGPUUUID+"="+stubUUID,
+		"LD_PRELOAD="+stubtest.HookLibrary(),
+		v1.EnvSliceID+"="+id, v1.EnvGPUUUID+"="+stubtest.DeviceUUID,
 		v1.EnvQuotaFile+"="+filepath.Join(sliceDir, "quota", v1.QuotaFileName), v1.EnvUsageFile+"="+usageFile,
 		v1.EnvMemoryLimitMiB+"=4096", v1.EnvComputePercent+"=25", v1.EnvComputeLimitPercent+"=25")
 
-	lib := nvml.New(nvml.WithLibraryPath(filepath.Join(hookBuildDir(), "stub", "libnvidia-ml.so.1")))
-	prog := startCudaprog(t, progEnv)
-	if res, _ := prog.do("alloc linear 1048576"); res != 0 { // creates the context: NVML lists the process
+	lib := nvml.New(nvml.WithLibraryPath(filepath.Join(stubtest.StubDir(), "libnvidia-ml.so.1")))
+	prog := stubtest.Start(t, progEnv)
+	if res, _ := prog.Do("alloc linear 1048576"); res != 0 { // creates the context: NVML lists the process
 		t.Fatalf("alloc: CUresult %d", res)
 	}
-	pid := uint32(prog.cmd.Process.Pid)
+	pid := uint32(prog.Pid())
 	start, err := ProcFS{Root: "/proc"}.StartTime(pid)
 	if err != nil {
 		t.Fatal(err)
@@ -462,7 +324,7 @@ func TestPaceFeedSteersASliceWhosePidsTheHookCannotSee(t *testing.T) {
 
 	srv := redistest.Start(t)
 	store := agentstore.New(srv.Client(t), srv.Prefix(t))
-	pods := StaticPods{{ID: id, PodUID: uidA, Pod: "nb", Namespace: "ns", GPU: stubUUID,
+	pods := StaticPods{{ID: id, PodUID: uidA, Pod: "nb", Namespace: "ns", GPU: stubtest.DeviceUUID,
 		Initial: v1.Slice{MemoryMiB: 4096, ComputePercent: 25, ComputeLimitPercent: 25}}}
 	a, err := New(Config{Node: "gpu-1", HostRoot: root, SampleInterval: 200 * time.Millisecond, PaceInterval: 50 * time.Millisecond,
 		Enforcement: Policy{Mode: ModeOff}},
@@ -483,11 +345,11 @@ func TestPaceFeedSteersASliceWhosePidsTheHookCannotSee(t *testing.T) {
 	// Kernels of 300 µs blocks: the hook's start rate assumes 100 µs, so
 	// without measurements the slice would run at about 75 %. Warm up while
 	// the controller converges from its start rate.
-	if res, _ := prog.do("saturate busy_300us 264 1500"); res != 0 {
+	if res, _ := prog.Do("saturate busy_300us 264 1500"); res != 0 {
 		t.Fatalf("saturate: CUresult %d", res)
 	}
 	before := readStub(t, env)
-	if res, _ := prog.do("saturate busy_300us 264 2000"); res != 0 {
+	if res, _ := prog.Do("saturate busy_300us 264 2000"); res != 0 {
 		t.Fatalf("saturate: CUresult %d", res)
 	}
 	after := readStub(t, env)

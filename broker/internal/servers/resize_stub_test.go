@@ -1,20 +1,14 @@
 package servers_test
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +20,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
 	"github.com/gpubroker/gpubroker/limiter/agent"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	"github.com/gpubroker/gpubroker/limiter/hook/stubtest"
 )
 
 // This file runs resize end to end on the stub driver: the broker's
@@ -35,110 +30,14 @@ import (
 // real redis-server. It lives here rather than in limiter/agent because
 // limiter/agent may not import broker/internal.
 
-// stubUUID is the stub device's GPU (limiter/hook/stub/device.c).
-const stubUUID = "GPU-5bd3a1e2-7c4f-4e8a-9b1d-2f6e8c0a4d17"
-
 const mibBytes = 1 << 20
 
-var (
-	stubOnce sync.Once
-	stubErr  error
-)
-
-// hookBuild is limiter/hook/build.
-func hookBuild() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "..", "limiter", "hook", "build")
-}
-
-// needStub builds the C artifacts once; without gcc or make it skips, or
-// fails when CI=true.
-func needStub(tb testing.TB) {
-	tb.Helper()
-	for _, tool := range []string{"gcc", "make"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				tb.Fatalf("%s is required in CI: %v", tool, err)
-			}
-			tb.Skipf("%s not found: %v", tool, err)
-		}
-	}
-	stubOnce.Do(func() {
-		if out, err := exec.Command("make", "-C", filepath.Join(hookBuild(), ".."), "-j2").CombinedOutput(); err != nil {
-			stubErr = fmt.Errorf("make: %w\n%s", err, out)
-		}
-	})
-	if stubErr != nil {
-		tb.Fatal(stubErr)
-	}
-}
-
-// prog is an interactive cudaprog (-i) running under the hook.
-type prog struct {
-	tb     testing.TB
-	cmd    *exec.Cmd
-	in     io.WriteCloser
-	out    *bufio.Scanner
-	stderr strings.Builder
-	exited chan struct{}
-}
-
-func startProg(tb testing.TB, env []string) *prog {
-	tb.Helper()
-	p := &prog{tb: tb, cmd: exec.Command(filepath.Join(hookBuild(), "cudaprog"), "-i"), exited: make(chan struct{})}
-	p.cmd.Env = env
-	p.cmd.Stderr = &p.stderr
-	in, err := p.cmd.StdinPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	out, err := p.cmd.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	p.in, p.out = in, bufio.NewScanner(out)
-	if err := p.cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	go func() { _ = p.cmd.Wait(); close(p.exited) }()
-	tb.Cleanup(func() { _ = p.in.Close(); _ = p.cmd.Process.Kill(); <-p.exited })
-	return p
-}
-
-// do sends one command and returns the reply's CUresult and values.
-func (p *prog) do(command string) (int, []uint64) {
-	p.tb.Helper()
-	if _, err := io.WriteString(p.in, command+"\n"); err != nil {
-		p.tb.Fatalf("cudaprog %q: %v; stderr: %s", command, err, p.stderr.String())
-	}
-	if !p.out.Scan() {
-		p.tb.Fatalf("cudaprog %q: no reply (%v); stderr: %s", command, p.out.Err(), p.stderr.String())
-	}
-	f := strings.Fields(p.out.Text())
-	if len(f) < 2 {
-		p.tb.Fatalf("cudaprog %q: reply %q", command, p.out.Text())
-	}
-	res, err := strconv.Atoi(f[1])
-	if err != nil {
-		p.tb.Fatal(err)
-	}
-	var vals []uint64
-	for _, v := range f[2:] {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			p.tb.Fatal(err)
-		}
-		vals = append(vals, n)
-	}
-	return res, vals
-}
-
 // hookLimitMiB is the memory total the hook shows the process: its cap.
-func (p *prog) hookLimitMiB() int64 {
-	p.tb.Helper()
-	res, v := p.do("meminfo")
+func hookLimitMiB(tb testing.TB, p *stubtest.Prog) int64 {
+	tb.Helper()
+	res, v := p.Do("meminfo")
 	if res != 0 || len(v) != 2 {
-		p.tb.Fatalf("meminfo: CUresult %d %v", res, v)
+		tb.Fatalf("meminfo: CUresult %d %v", res, v)
 	}
 	return int64(v[1] / mibBytes)
 }
@@ -152,12 +51,12 @@ type stubRig struct {
 	store *agentstore.Store
 	key   fleet.ServerKey
 	spawn string
-	prog  *prog
+	prog  *stubtest.Prog
 }
 
 func newStubRig(tb testing.TB, t *testing.T, log *slog.Logger) *stubRig {
 	tb.Helper()
-	needStub(tb)
+	stubtest.Need(tb)
 	f := serverstest.New(t)
 	key := fleet.ServerKey{User: "alice", Name: "lab"}
 	rec, _, err := f.Service.Create(t.Context(), "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
@@ -178,15 +77,9 @@ func newStubRig(tb testing.TB, t *testing.T, log *slog.Logger) *stubRig {
 			tb.Fatal(err)
 		}
 	}
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GPUBROKER_") && !strings.HasPrefix(kv, "LD_") {
-			env = append(env, kv)
-		}
-	}
-	env = append(env, "GPUBROKER_STUB_STATE="+state, "LD_LIBRARY_PATH="+filepath.Join(hookBuild(), "stub"),
-		"LD_PRELOAD="+filepath.Join(hookBuild(), "libgpulimit.so"),
-		v1.EnvSliceID+"="+rec.SpawnID, v1.EnvGPUUUID+"="+stubUUID,
+	env := append(stubtest.Environ(), "GPUBROKER_STUB_STATE="+state, "LD_LIBRARY_PATH="+stubtest.StubDir(),
+		"LD_PRELOAD="+stubtest.HookLibrary(),
+		v1.EnvSliceID+"="+rec.SpawnID, v1.EnvGPUUUID+"="+stubtest.DeviceUUID,
 		v1.EnvQuotaFile+"="+filepath.Join(sliceDir, "quota", v1.QuotaFileName),
 		v1.EnvUsageFile+"="+filepath.Join(sliceDir, "usage", v1.UsageFileName),
 		v1.EnvMemoryLimitMiB+"="+strconv.FormatInt(initial.MemoryMiB, 10),
@@ -196,13 +89,13 @@ func newStubRig(tb testing.TB, t *testing.T, log *slog.Logger) *stubRig {
 	rdb := f.Redis.Client(t)
 	store := agentstore.New(rdb, f.Redis.Prefix(t))
 	a, err := agent.New(agent.Config{Node: "n1", HostRoot: root, TrustUsagePIDs: true, Enforcement: agent.Policy{Mode: agent.ModeReport}},
-		agent.Deps{NVML: nvml.New(nvml.WithLibraryPath(filepath.Join(hookBuild(), "stub", "libnvidia-ml.so.1"))),
+		agent.Deps{NVML: nvml.New(nvml.WithLibraryPath(filepath.Join(stubtest.StubDir(), "libnvidia-ml.so.1"))),
 			Samples: store, Quotas: store, Audit: store, Log: log,
-			Pods: agent.StaticPods{{ID: rec.SpawnID, PodUID: "uid-1", Pod: rec.Pod, Namespace: serverstest.Namespace, GPU: stubUUID, Initial: initial}}})
+			Pods: agent.StaticPods{{ID: rec.SpawnID, PodUID: "uid-1", Pod: rec.Pod, Namespace: serverstest.Namespace, GPU: stubtest.DeviceUUID, Initial: initial}}})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p := startProg(tb, env)
+	p := stubtest.Start(tb, env)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -213,29 +106,13 @@ func newStubRig(tb testing.TB, t *testing.T, log *slog.Logger) *stubRig {
 		}
 	})
 	// The agent is listening for quota changes once it has subscribed.
-	waitFor(tb, "the agent's quota subscription", func() (bool, string) {
+	stubtest.Eventually(tb, "the agent's quota subscription", func() (bool, string) {
 		m, err := rdb.PubSubNumSub(t.Context(), store.Keys().QuotaChanged()).Result()
 		return err == nil && m[store.Keys().QuotaChanged()] > 0, fmt.Sprint(m, err)
 	})
 	svc := servers.New(f.Store, f.Pods, f.Catalog, f.Log, servers.WithClock(time.Now),
 		servers.WithResize(servers.ResizeConfig{Store: f.Store, Quotas: store, Pods: f.Pods, Wait: 5 * time.Second, Poll: time.Millisecond}))
 	return &stubRig{f: f, svc: svc, store: store, key: key, spawn: rec.SpawnID, prog: p}
-}
-
-// waitFor polls cond every 2 ms until it holds or 20 s pass.
-func waitFor(tb testing.TB, what string, cond func() (bool, string)) {
-	tb.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		last = why
-		<-time.After(2 * time.Millisecond)
-	}
-	tb.Fatalf("%s: not within 20 s; last: %s", what, last)
 }
 
 // TestResizeOnStubChangesTheHooksLimit grows and shrinks a running
@@ -246,10 +123,10 @@ func waitFor(tb testing.TB, what string, cond func() (bool, string)) {
 func TestResizeOnStubChangesTheHooksLimit(t *testing.T) {
 	r := newStubRig(t, t, slog.New(slog.DiscardHandler))
 	ctx := t.Context()
-	if got := r.prog.hookLimitMiB(); got != 10240 {
+	if got := hookLimitMiB(t, r.prog); got != 10240 {
 		t.Fatalf("hook's cap before any resize = %d MiB, want the profile's 10240", got)
 	}
-	if res, _ := r.prog.do("alloc linear 12884901888"); res != 2 {
+	if res, _ := r.prog.Do("alloc linear 12884901888"); res != 2 {
 		t.Fatalf("12 GiB under a 10 GiB cap: CUresult %d, want 2 (out of memory)", res)
 	}
 
@@ -258,17 +135,17 @@ func TestResizeOnStubChangesTheHooksLimit(t *testing.T) {
 	if err != nil || !res.Applied {
 		t.Fatalf("grow: %+v, %v; want applied", res, err)
 	}
-	waitFor(t, "the hook's cap at 16384 MiB", func() (bool, string) {
-		got := r.prog.hookLimitMiB()
+	stubtest.Eventually(t, "the hook's cap at 16384 MiB", func() (bool, string) {
+		got := hookLimitMiB(t, r.prog)
 		return got == 16384, fmt.Sprint(got)
 	})
-	if res, _ := r.prog.do("alloc linear 12884901888"); res != 0 {
+	if res, _ := r.prog.Do("alloc linear 12884901888"); res != 0 {
 		t.Fatalf("12 GiB under the grown 16 GiB cap: CUresult %d, want 0", res)
 	}
 
 	// Shrink below use: the agent's sample of the stub shows ≥ 12 GiB held.
 	var used int64
-	waitFor(t, "a fresh sample with the 12 GiB", func() (bool, string) {
+	stubtest.Eventually(t, "a fresh sample with the 12 GiB", func() (bool, string) {
 		s, err := r.store.LatestSample(ctx, r.spawn)
 		if err != nil || s.MemoryUsedMiB == nil || s.Stale(time.Now()) || *s.MemoryUsedMiB < 12288 {
 			return false, fmt.Sprintf("%+v %v", s, err)
@@ -281,15 +158,15 @@ func TestResizeOnStubChangesTheHooksLimit(t *testing.T) {
 	if err == nil || fleet.Message(err) != want {
 		t.Fatalf("shrink below use: err = %v, want %q", err, want)
 	}
-	if got := r.prog.hookLimitMiB(); got != 16384 {
+	if got := hookLimitMiB(t, r.prog); got != 16384 {
 		t.Errorf("hook's cap after the refused shrink = %d MiB, want 16384", got)
 	}
 
 	// Free, then shrink: applied, and the process is held to 2 GiB.
-	if res, _ := r.prog.do("free"); res != 0 {
+	if res, _ := r.prog.Do("free"); res != 0 {
 		t.Fatalf("free: CUresult %d", res)
 	}
-	waitFor(t, "a fresh sample after the free", func() (bool, string) {
+	stubtest.Eventually(t, "a fresh sample after the free", func() (bool, string) {
 		s, err := r.store.LatestSample(ctx, r.spawn)
 		return err == nil && s.MemoryUsedMiB != nil && !s.Stale(time.Now()) && *s.MemoryUsedMiB < 2048, fmt.Sprintf("%+v %v", s, err)
 	})
@@ -297,16 +174,16 @@ func TestResizeOnStubChangesTheHooksLimit(t *testing.T) {
 	if err != nil || !res.Applied || res.Generation != 2 {
 		t.Fatalf("shrink: %+v, %v; want applied generation 2", res, err)
 	}
-	waitFor(t, "the hook's cap at 2048 MiB", func() (bool, string) {
-		got := r.prog.hookLimitMiB()
+	stubtest.Eventually(t, "the hook's cap at 2048 MiB", func() (bool, string) {
+		got := hookLimitMiB(t, r.prog)
 		return got == 2048, fmt.Sprint(got)
 	})
-	if res, _ := r.prog.do("alloc linear 3221225472"); res != 2 {
+	if res, _ := r.prog.Do("alloc linear 3221225472"); res != 2 {
 		t.Errorf("3 GiB under the shrunk 2 GiB cap: CUresult %d, want 2 (out of memory)", res)
 	}
 	select {
-	case <-r.prog.exited:
-		t.Fatalf("the notebook process exited during the resizes; stderr: %s", r.prog.stderr.String())
+	case <-r.prog.Exited():
+		t.Fatalf("the notebook process exited during the resizes; stderr: %s", r.prog.Stderr())
 	default:
 	}
 	if err := r.f.Store.Verify(ctx); err != nil {
@@ -332,7 +209,7 @@ func TestResizeLatencyToHook(t *testing.T) {
 	r := newStubRig(t, t, slog.New(slog.DiscardHandler))
 	// Shrinks need a fresh sample of the notebook's memory use; the agent
 	// takes one every second.
-	waitFor(t, "a first sample", func() (bool, string) {
+	stubtest.Eventually(t, "a first sample", func() (bool, string) {
 		s, err := r.store.LatestSample(t.Context(), r.spawn)
 		return err == nil && !s.Stale(time.Now()), fmt.Sprint(err)
 	})
@@ -345,8 +222,8 @@ func TestResizeLatencyToHook(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: %v", i, err)
 		}
-		waitFor(t, "the hook's new cap", func() (bool, string) {
-			got := r.prog.hookLimitMiB()
+		stubtest.Eventually(t, "the hook's new cap", func() (bool, string) {
+			got := hookLimitMiB(t, r.prog)
 			return got == mem, fmt.Sprint(got)
 		})
 		d = append(d, time.Since(start))
