@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,17 +62,28 @@ func (c *fakeClock) Advance(d time.Duration) {
 }
 
 // fire delivers one tick to every ticker of period d, waiting until each
-// loop has taken it (or ctx ends).
+// loop has taken it (or ctx ends). The loops start in their own goroutines,
+// so it first waits (up to 10 s) until at least one ticker of period d
+// exists; a tick sent before the loop made its ticker would be lost.
 func (c *fakeClock) fire(ctx context.Context, d time.Duration) {
-	c.mu.Lock()
 	var ts []*fakeTicker
-	for _, t := range c.tickers {
-		if t.d == d {
-			ts = append(ts, t)
+	var now time.Time
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		ts = ts[:0]
+		for _, t := range c.tickers {
+			if t.d == d {
+				ts = append(ts, t)
+			}
 		}
+		now = c.now
+		c.mu.Unlock()
+		if len(ts) > 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		runtime.Gosched()
 	}
-	now := c.now
-	c.mu.Unlock()
 	for _, t := range ts {
 		select {
 		case t.c <- now:
