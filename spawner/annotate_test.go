@@ -49,16 +49,20 @@ func TestAnnotateSlice(t *testing.T) {
 	if diff := cmp.Diff([]string{FieldManager}, managers); diff != "" {
 		t.Errorf("patch field managers (-want +got):\n%s", diff)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	poll := time.NewTicker(5 * time.Millisecond)
+	defer poll.Stop()
 	for {
 		pods, err := h.client.Pods()
 		if err == nil && len(pods) == 1 && pods[0].Slice == want {
 			break
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-deadline.C:
 			t.Fatalf("Pods() = %+v, %v; want the new slice within 10s", pods, err)
+		case <-poll.C:
 		}
-		time.Sleep(5 * time.Millisecond) // polling the informer cache with a deadline
 	}
 }
 

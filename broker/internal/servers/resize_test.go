@@ -69,16 +69,20 @@ func (f *resizeFixture) runAgent(t *testing.T) {
 	<-subscribed
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	// The subscription is live once a publish reaches a subscriber.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.NewTimer(5 * time.Second)
+	defer deadline.Stop()
+	poll := time.NewTicker(5 * time.Millisecond)
+	defer poll.Stop()
 	for {
 		n, err := f.Redis.Client(t).PubSubNumSub(t.Context(), f.agents.Keys().QuotaChanged()).Result()
 		if err == nil && n[f.agents.Keys().QuotaChanged()] > 0 {
 			return
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-deadline.C:
 			t.Fatalf("agent did not subscribe within 5s")
+		case <-poll.C:
 		}
-		time.Sleep(5 * time.Millisecond) // polling for the subscription with a deadline
 	}
 }
 
