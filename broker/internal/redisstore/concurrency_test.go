@@ -38,30 +38,7 @@ func TestConcurrentPlaceReleaseNeverOvercommits(t *testing.T) {
 	ctx, stop := context.WithCancel(t.Context())
 	checkerDone := make(chan error, 1)
 	var checks atomic.Int64
-	go func() {
-		checkerDone <- func() error {
-			for ctx.Err() == nil {
-				if err := s.Verify(ctx); err != nil {
-					if ctx.Err() != nil {
-						return nil
-					}
-					return err
-				}
-				all, err := s.Allocations(ctx)
-				if err != nil {
-					if ctx.Err() != nil {
-						return nil
-					}
-					return err
-				}
-				if err := checkQuotas(all, userQuota, groupQuota); err != nil {
-					return err
-				}
-				checks.Add(1)
-			}
-			return nil
-		}()
-	}()
+	go func() { checkerDone <- checkContinuously(ctx, s, userQuota, groupQuota, &checks) }()
 
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -174,4 +151,30 @@ func checkQuotas(all []fleet.Allocation, userQuota, groupQuota fleet.Quota) erro
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkContinuously checks the store's invariants (Verify) and the quotas
+// (checkQuotas) on fresh snapshots until ctx ends, counting passes in
+// checks. It returns the first violation, or nil once ctx has ended.
+func checkContinuously(ctx context.Context, s *Store, userQuota, groupQuota fleet.Quota, checks *atomic.Int64) error {
+	for ctx.Err() == nil {
+		if err := s.Verify(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		all, err := s.Allocations(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if err := checkQuotas(all, userQuota, groupQuota); err != nil {
+			return err
+		}
+		checks.Add(1)
+	}
+	return nil
 }

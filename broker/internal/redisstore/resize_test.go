@@ -301,29 +301,8 @@ func TestConcurrentResizeAndPlaceNeverOvercommit(t *testing.T) {
 
 	ctx, stop := context.WithCancel(t.Context())
 	checkerDone := make(chan error, 1)
-	go func() {
-		checkerDone <- func() error {
-			for ctx.Err() == nil {
-				if err := s.Verify(ctx); err != nil {
-					if ctx.Err() != nil {
-						return nil
-					}
-					return err
-				}
-				all, err := s.Allocations(ctx)
-				if err != nil {
-					if ctx.Err() != nil {
-						return nil
-					}
-					return err
-				}
-				if err := checkQuotas(all, userQuota, groupQuota); err != nil {
-					return err
-				}
-			}
-			return nil
-		}()
-	}()
+	var checks atomic.Int64
+	go func() { checkerDone <- checkContinuously(ctx, s, userQuota, groupQuota, &checks) }()
 
 	var resized, refused, placed atomic.Int64
 	var wg sync.WaitGroup
