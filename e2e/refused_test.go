@@ -21,7 +21,7 @@ import (
 // the namespace, so the real API server refuses the notebook pod. The spawn
 // must fail fast (well before the start timeout) with a readable message,
 // either as a failed server or as a 4xx answer to the create, and leave no
-// pod behind and no slice allocated (DESIGN.md, server lifecycle).
+// pod behind and no slice allocated (ARCHITECTURE.md, server lifecycle).
 func TestPodRefusedByAPIServerFailsFast(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOptions{})

@@ -153,7 +153,7 @@ type podWant struct {
 }
 
 // checkPodContract checks the labels, annotations, GPU env, mounts and node
-// of a notebook pod against DESIGN.md's pod contract (names in
+// of a notebook pod against ARCHITECTURE.md's pod contract (names in
 // broker/api/v1/pod.go). Users and servers in these tests are plain
 // lowercase words, so their slugs equal the raw names.
 func checkPodContract(t *testing.T, pod *corev1.Pod, w podWant) {

@@ -15,7 +15,7 @@ import (
 )
 
 // AnnotateSlice records slice in the annotations of the notebook pod of
-// user/server (DESIGN invariant 2: pods are the durable record of
+// user/server (ARCHITECTURE.md invariant 2: pods are the durable record of
 // allocations), after a resize. It writes only a pod labelled
 // managed-by=gpubroker (else ErrNotOwned) whose spawn id is spawnID (else
 // an error wrapping ErrPodExists), with a merge patch that carries the UID it

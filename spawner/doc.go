@@ -5,7 +5,7 @@
 // # Parts
 //
 //   - Slug, SlugN, PodName, SecretName: the one naming function for every
-//     Kubernetes name and label value (DESIGN.md "Names").
+//     Kubernetes name and label value (ARCHITECTURE.md "Names").
 //   - Pod, Secret: pure functions from (Config, Spec) to objects, tested
 //     against golden files in testdata/*.golden (regenerate with
 //     `go test ./spawner/ -update` and review the diff like code).

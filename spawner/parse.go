@@ -13,7 +13,7 @@ import (
 )
 
 // ManagedPod is what the spawner reads back from a notebook pod: the durable
-// record of a server's spawn and slice (DESIGN.md invariant 2) plus its state.
+// record of a server's spawn and slice (ARCHITECTURE.md invariant 2) plus its state.
 type ManagedPod struct {
 	// Name is the pod name.
 	Name string

@@ -11,7 +11,7 @@ import (
 )
 
 // Phase is the spawner's reading of a notebook pod, coarser than the pod's
-// own phase and aligned with the server lifecycle of DESIGN.md.
+// own phase and aligned with the server lifecycle of ARCHITECTURE.md.
 type Phase string
 
 // The phases, in lifecycle order. Failed and Gone are terminal for a spawn.

@@ -125,7 +125,7 @@ func golden(t *testing.T, path string, got []byte) {
 	}
 }
 
-// TestPodContract checks the DESIGN.md pod contract on the built object, so a
+// TestPodContract checks the ARCHITECTURE.md pod contract on the built object, so a
 // regenerated golden file cannot silently drop it.
 func TestPodContract(t *testing.T) {
 	cfg, spec := testConfig(), testSpec()

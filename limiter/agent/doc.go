@@ -32,7 +32,7 @@
 //
 // # Invariants
 //
-//   - The agent's NVML view is the authority (DESIGN.md invariant 3): the
+//   - The agent's NVML view is the authority (ARCHITECTURE.md invariant 3): the
 //     usage region is read for the last kernel time only, and maps pids to
 //     slices only with Config.TrustUsagePIDs, for processes outside any pod
 //     cgroup.

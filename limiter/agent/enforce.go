@@ -27,7 +27,7 @@ const (
 // Valid reports whether m is a known mode.
 func (m Mode) Valid() bool { return m == ModeReport || m == ModeKill || m == ModeOff }
 
-// Policy configures bypass enforcement (DESIGN.md invariant 3: the agent's
+// Policy configures bypass enforcement (ARCHITECTURE.md invariant 3: the agent's
 // NVML view is the authority).
 type Policy struct {
 	// Mode is what to do; the zero value means ModeReport.
@@ -116,7 +116,7 @@ func (e *enforcer) judge(r round) []verdict {
 	for _, s := range r.Slices {
 		live[s.Info.ID] = true
 		if !s.MemoryKnown {
-			// Unknown is never a violation (DESIGN.md invariant 4).
+			// Unknown is never a violation (ARCHITECTURE.md invariant 4).
 			delete(e.over, s.Info.ID)
 			continue
 		}

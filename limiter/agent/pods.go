@@ -22,7 +22,7 @@ import (
 )
 
 // SliceInfo is one slice on this node, as its pod's annotations describe it
-// (DESIGN.md invariant 2: pods are the durable record).
+// (ARCHITECTURE.md invariant 2: pods are the durable record).
 type SliceInfo struct {
 	// ID is the slice id, the server's spawn id; it names the slice's
 	// directory under the host root.

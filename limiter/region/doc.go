@@ -14,7 +14,7 @@
 //     replaces; readers never see a torn file.
 //   - Decoders never panic: any byte slice yields a value or an error wrapping
 //     ErrCorrupt.
-//   - The usage region is advisory (DESIGN.md invariant 3). ReadUsage reports
+//   - The usage region is advisory (ARCHITECTURE.md invariant 3). ReadUsage reports
 //     slots as written, including slots of processes that died without
 //     releasing them (SIGKILL, _exit); hooks ignore such slots and free them
 //     lazily. Deciding whether a slot is live is the caller's job: its PID is

@@ -3,7 +3,7 @@
 // pod environment variables, labels, annotations and in-pod paths.
 //
 // It depends on the standard library only, so every part may import it. A
-// change here is a contract change: update ../shared/DESIGN.md's counterpart,
+// change here is a contract change: update ARCHITECTURE.md's counterpart,
 // the OpenAPI document (broker/internal/httpapi/openapi.yaml) and the README
 // in the same commit.
 package v1

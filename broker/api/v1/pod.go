@@ -10,7 +10,7 @@ const (
 )
 
 // Annotations every notebook pod carries: the durable record of its slice
-// (DESIGN.md invariant 2). Numbers are base-10 integers.
+// (ARCHITECTURE.md invariant 2). Numbers are base-10 integers.
 const (
 	AnnotationUser                = "gpubroker.io/user"   // raw user name
 	AnnotationServer              = "gpubroker.io/server" // raw server name

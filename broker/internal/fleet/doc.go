@@ -3,7 +3,7 @@
 // that the rest of the broker translates at its edges. It depends on the
 // standard library and broker/api/v1 only.
 //
-// Invariants (DESIGN.md):
+// Invariants (ARCHITECTURE.md):
 //   - No GPU is overcommitted: Σ slice MemoryMiB ≤ GPU MemoryMiB and
 //     Σ ComputePercent ≤ 100, enforced atomically by the store.
 //   - A slice is identified by its server's spawn id; everything that a late

@@ -190,7 +190,7 @@ func TestMessageStripsSentinelPrefixes(t *testing.T) {
 func TestLifecycleTable(t *testing.T) {
 	all := []State{v1.StatePending, v1.StatePlacing, v1.StateCreating, v1.StateStarting,
 		v1.StateRunning, v1.StateStopping, v1.StateStopped, v1.StateFailed}
-	// allowed lists every permitted move, from the lifecycle in DESIGN.md:
+	// allowed lists every permitted move, from the lifecycle in ARCHITECTURE.md:
 	// the happy path, stop from anywhere, failed before running.
 	allowed := map[[2]State]bool{
 		{v1.StatePending, v1.StatePlacing}: true, {v1.StatePlacing, v1.StateCreating}: true,

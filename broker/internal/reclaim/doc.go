@@ -5,7 +5,7 @@
 //
 // Invariants:
 //
-//   - Unknown never leads to an action (DESIGN invariant 4): no samples, a
+//   - Unknown never leads to an action (ARCHITECTURE.md invariant 4): no samples, a
 //     stale newest sample, a missing SM reading or a failed notebook probe
 //     give VerdictUnknown with the reason, and reset the idle clock.
 //   - A server is active when its GPU is busy (a fresh sample above the

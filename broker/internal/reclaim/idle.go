@@ -14,7 +14,7 @@ import (
 // Verdict is what the reclaimer makes of a running server.
 type Verdict string
 
-// The verdicts. Only VerdictIdle can lead to an action (DESIGN invariant
+// The verdicts. Only VerdictIdle can lead to an action (ARCHITECTURE.md invariant
 // 4: missing data is unknown, never idle).
 const (
 	VerdictActive  Verdict = "active"

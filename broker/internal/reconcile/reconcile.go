@@ -1,5 +1,5 @@
 // Package reconcile keeps Redis and the cluster in agreement: pods are the
-// durable record of allocations (DESIGN.md invariant 2).
+// durable record of allocations (ARCHITECTURE.md invariant 2).
 //
 // One pass reads, in this order, the allocations, the server records and the
 // pods (from the spawner's synced cache), then:

@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// AuditRecord is one enforcement decision of an agent (DESIGN.md invariant
+// AuditRecord is one enforcement decision of an agent (ARCHITECTURE.md invariant
 // 6: actor, target, action, reason, policy and the inputs).
 type AuditRecord struct {
 	At   time.Time `json:"at"`

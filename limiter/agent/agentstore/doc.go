@@ -37,7 +37,7 @@
 //     three intervals even though its last sample is still stored.
 //   - A node report expires StaleAfter heartbeat intervals after its last
 //     write; a node listed in the node index without a report is stale
-//     ("unknown", DESIGN.md invariant 4), never healthy.
+//     ("unknown", ARCHITECTURE.md invariant 4), never healthy.
 //   - Desired quota generations are assigned by Redis (HINCRBY) so they grow
 //     monotonically across broker replicas; the agent records the generation
 //     it applied, so the broker can tell when a resize took effect.

@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Sample is one NVML reading for one slice (DESIGN.md "Sample"). Optional
+// Sample is one NVML reading for one slice (ARCHITECTURE.md "Sample"). Optional
 // fields are nil when the agent could not measure them; nil means missing,
 // never zero, and Missing says why.
 type Sample struct {

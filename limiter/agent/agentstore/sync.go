@@ -26,7 +26,7 @@ type Registry interface {
 //     one with Healthy false; its reason stays in the report);
 //   - a registered, healthy GPU whose node is stale, or whose node's fresh
 //     report no longer lists it, is marked unhealthy: unknown is never
-//     healthy (DESIGN.md invariant 4), and its allocations stay.
+//     healthy (ARCHITECTURE.md invariant 4), and its allocations stay.
 //
 // Registered GPUs of nodes that never reported (registered by hand or by
 // dev mode) are left alone. Unchanged GPUs are not rewritten. It is

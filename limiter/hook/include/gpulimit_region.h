@@ -6,7 +6,7 @@
  *
  * Both files are little-endian, naturally aligned, with no implicit padding.
  *
- * Quota region (quota.bin, DESIGN.md "Quota region"): written only by the
+ * Quota region (quota.bin, ARCHITECTURE.md "Quota region"): written only by the
  * agent, by writing a temporary file and rename(2)-ing it over the old one,
  * each time with a higher generation. The pod mounts its directory read-only.
  * The hook never writes it; it re-reads the file when the name starts to point
@@ -15,11 +15,11 @@
  * checksum matches, generation >= 1, compute_percent is 1..100,
  * compute_limit_percent is compute_percent..100 and slice_id is NUL-terminated.
  *
- * Usage region (usage.bin, DESIGN.md "Usage region"): created by the first
+ * Usage region (usage.bin, ARCHITECTURE.md "Usage region"): created by the first
  * hook or agent that needs it (O_CREAT, then ftruncate to its size; all-zero
  * means "not initialized yet" and initialization is idempotent), mapped shared
  * and read-write by every hooked process of the slice, read by the agent. It
- * is advisory: the agent's NVML view is the authority (DESIGN.md invariant 3).
+ * is advisory: the agent's NVML view is the authority (ARCHITECTURE.md invariant 3).
  * There is no lock: each process owns one slot, claimed with a compare-and-swap
  * of pid from 0 (free) or from a dead owner's pid to its own pid; only the
  * owner writes its slot. A slot whose pid no longer exists (kill(pid, 0) fails
