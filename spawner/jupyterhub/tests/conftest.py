@@ -66,6 +66,10 @@ def quick_retries(monkeypatch):
 
 @pytest.fixture
 def token_file(tmp_path) -> str:
+    """The hub token file: the real broker's in real mode."""
+    real = real_broker()
+    if real is not None:
+        return real.token_file
     p = tmp_path / "hub-token"
     p.write_text(HUB_TOKEN + "\n")
     return str(p)
