@@ -222,19 +222,16 @@ class BrokerClient:
 
     async def get(self, user: str, name: str) -> Optional[Dict[str, Any]]:
         """The server, or None if it does not exist (404)."""
-        try:
-            _, out = await self._call("GET", server_path(user, name))
-        except BrokerError as e:
-            if e.status == 404:
-                return None
-            raise
-        return out
+        return await self._server_or_none("GET", user, name)
 
     async def delete(self, user: str, name: str) -> Optional[Dict[str, Any]]:
         """Stop the server (idempotent); returns its record after the call
         (stopping or stopped), or None if it never existed (404)."""
+        return await self._server_or_none("DELETE", user, name)
+
+    async def _server_or_none(self, method: str, user: str, name: str) -> Optional[Dict[str, Any]]:
         try:
-            _, out = await self._call("DELETE", server_path(user, name))
+            _, out = await self._call(method, server_path(user, name))
         except BrokerError as e:
             if e.status == 404:
                 return None

@@ -31,6 +31,7 @@ Contract with the hub (JupyterHub 3.0 to 5.x; JUPYTERHUB-RIG.md §4):
 from __future__ import annotations
 
 import asyncio
+import unicodedata
 import uuid
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, TypeVar
 
@@ -114,8 +115,6 @@ def validate_server_name(name: str) -> Optional[str]:
     1..255 bytes of UTF-8, no '/', no control or invisible (Unicode Cf)
     characters, no surrounding spaces, not "." or "..".
     """
-    import unicodedata
-
     if not name:
         return "it is empty"
     if len(name.encode("utf-8", "surrogatepass")) > 255:

@@ -31,6 +31,22 @@ async def collect(agen, into):
         into.append(ev)
 
 
+def small(make_spawner, url, user, **kw):
+    """A spawner whose user chose the profile "small"."""
+    sp = make_spawner(url, user, **kw)
+    sp.user_options = {"profile": "small"}
+    return sp
+
+
+async def start_waiting_for_running(fake, sp):
+    """Start sp with the fake holding spawns before running; returns the
+    start task once start() follows the event stream."""
+    fake.hold("running")
+    start = asyncio.ensure_future(sp.start())
+    await fake.wait_for(lambda: fake._open_streams)
+    return start
+
+
 async def until(predicate, timeout=10.0):
     """Wait for predicate() on a deadline, yielding to the loop between checks."""
     loop = asyncio.get_running_loop()
@@ -47,8 +63,7 @@ async def until(predicate, timeout=10.0):
 @contract
 async def test_start_runs_stop_stops(broker, make_spawner, user_name):
     user = user_name("alice")
-    sp = make_spawner(broker.url, user)
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, broker.url, user)
     url = await sp.start()
     assert url.startswith("http://") and url.endswith(":8888"), url
     assert await sp.poll() is None
@@ -108,8 +123,7 @@ async def test_quota_refusal_is_a_clean_user_error(broker, make_spawner, user_na
         sp.user_options = {"profile": "small"}
         await sp.start()
         running.append(sp)
-    third = make_spawner(broker.url, user, name="c")
-    third.user_options = {"profile": "small"}
+    third = small(make_spawner, broker.url, user, name="c")
     with pytest.raises(BrokerSpawnError) as e:
         await third.start()
     assert e.value.status_code == 403
@@ -154,15 +168,13 @@ async def test_unknown_profile_is_refused_in_the_brokers_words(broker, make_spaw
 @contract
 async def test_leftover_server_of_an_earlier_hub_session_is_stopped_and_recreated(broker, make_spawner, user_name):
     user = user_name("hana")
-    old = make_spawner(broker.url, user)
-    old.user_options = {"profile": "small"}
+    old = small(make_spawner, broker.url, user)
     await old.start()
     old_spawn = old.get_state()["gpubroker"]["spawn_id"]
 
     # The hub died inside start(): it never saved the state, and its next
     # spawner knows nothing of the running server (whose token is revoked).
-    fresh = make_spawner(broker.url, user)
-    fresh.user_options = {"profile": "small"}
+    fresh = small(make_spawner, broker.url, user)
     await fresh.start()
     new_spawn = fresh.get_state()["gpubroker"]["spawn_id"]
     assert new_spawn != old_spawn
@@ -175,8 +187,7 @@ async def test_leftover_server_of_an_earlier_hub_session_is_stopped_and_recreate
 @contract
 async def test_load_state_after_a_hub_restart_finds_the_server(broker, make_spawner, user_name):
     user = user_name("ivan")
-    first = make_spawner(broker.url, user, name="lab")
-    first.user_options = {"profile": "small"}
+    first = small(make_spawner, broker.url, user, name="lab")
     await first.start()
     saved = first.get_state()
 
@@ -192,13 +203,11 @@ async def test_load_state_after_a_hub_restart_finds_the_server(broker, make_spaw
 @contract
 async def test_progress_relays_only_this_spawns_events(broker, make_spawner, user_name):
     user = user_name("jo")
-    earlier = make_spawner(broker.url, user)
-    earlier.user_options = {"profile": "small"}
+    earlier = small(make_spawner, broker.url, user)
     await earlier.start()
     await earlier.stop()  # its events stay in the server's stream
 
-    sp = make_spawner(broker.url, user)
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, broker.url, user)
     start = asyncio.ensure_future(sp.start())
     events = []
     relay = asyncio.ensure_future(collect(sp.progress(), events))
@@ -249,8 +258,7 @@ async def test_create_request_carries_command_env_and_secrets(fake, make_spawner
 
 
 async def test_each_spawn_has_its_own_idempotency_key(fake, make_spawner):
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice")
     await sp.start()
     await sp.stop()
     sp.clear_state()
@@ -300,8 +308,7 @@ async def test_profile_not_offered_to_the_users_groups(fake, make_spawner):
 
 
 async def test_group_names_with_commas_are_left_out(fake, make_spawner, caplog):
-    sp = make_spawner(fake.url, "alice", groups=["a,b", "ml"])
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice", groups=["a,b", "ml"])
     with caplog.at_level(logging.WARNING):
         await sp.start()
     assert fake.creates[0].groups == ["ml"]
@@ -317,8 +324,7 @@ async def test_the_form_remembers_the_last_profile(fake, make_spawner):
 
 
 async def test_a_reserved_env_name_is_refused_with_the_brokers_reason(fake, make_spawner):
-    sp = make_spawner(fake.url, "alice", environment={"NVIDIA_VISIBLE_DEVICES": "all"})
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice", environment={"NVIDIA_VISIBLE_DEVICES": "all"})
     with pytest.raises(BrokerSpawnError) as e:
         await sp.start()
     assert (e.value.status_code, str(e.value)) == (400, "environment variable NVIDIA_VISIBLE_DEVICES is set by gpubroker and cannot be overridden")
@@ -326,8 +332,7 @@ async def test_a_reserved_env_name_is_refused_with_the_brokers_reason(fake, make
 
 async def test_a_failed_spawn_fails_start_with_the_brokers_message(fake, make_spawner):
     fake.fail_at("running", "the notebook keeps crashing (CrashLoopBackOff): exit code 1")
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice")
     with pytest.raises(BrokerSpawnError) as e:
         await sp.start()
     assert e.value.status_code == 500
@@ -338,8 +343,7 @@ async def test_a_failed_spawn_fails_start_with_the_brokers_message(fake, make_sp
 
 async def test_a_pod_refused_by_the_cluster_is_a_conflict_not_a_leftover(fake, make_spawner):
     fake.fail_at("creating", "the cluster refused the notebook pod: exceeded quota: compute-resources")
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice")
     with pytest.raises(BrokerSpawnError) as e:
         await sp.start()
     assert (e.value.status_code, str(e.value)) == (409, "the cluster refused the notebook pod: exceeded quota: compute-resources")
@@ -348,12 +352,10 @@ async def test_a_pod_refused_by_the_cluster_is_a_conflict_not_a_leftover(fake, m
 
 
 async def test_leftover_still_stopping_is_waited_for(fake, make_spawner):
-    old = make_spawner(fake.url, "alice")
-    old.user_options = {"profile": "small"}
+    old = small(make_spawner, fake.url, "alice")
     await old.start()
     fake.hold("stopped")  # the old pod takes its time to go
-    fresh = make_spawner(fake.url, "alice")
-    fresh.user_options = {"profile": "small"}
+    fresh = small(make_spawner, fake.url, "alice")
     start = asyncio.ensure_future(fresh.start())
     await fake.wait_for(lambda: fake.records[("alice", "(default)")].state == "stopping")
     assert not start.done()
@@ -366,11 +368,8 @@ async def test_leftover_still_stopping_is_waited_for(fake, make_spawner):
 
 
 async def test_start_follows_the_stream_across_a_cut(fake, make_spawner):
-    fake.hold("running")
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
-    start = asyncio.ensure_future(sp.start())
-    await fake.wait_for(lambda: fake._open_streams)
+    sp = small(make_spawner, fake.url, "alice")
+    start = await start_waiting_for_running(fake, sp)
     assert fake.drop_streams() == 1
     await fake.wait_for(lambda: fake._open_streams)  # reconnected
     fake.release("running")
@@ -379,11 +378,8 @@ async def test_start_follows_the_stream_across_a_cut(fake, make_spawner):
 
 
 async def test_get_state_is_cheap_and_side_effect_free_during_start(fake, make_spawner):
-    fake.hold("running")
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
-    start = asyncio.ensure_future(sp.start())
-    await fake.wait_for(lambda: fake._open_streams)
+    sp = small(make_spawner, fake.url, "alice")
+    start = await start_waiting_for_running(fake, sp)
     before = (len(fake.creates), len(fake.deletes))
     for _ in range(3):
         state = sp.get_state()
@@ -396,8 +392,7 @@ async def test_get_state_is_cheap_and_side_effect_free_during_start(fake, make_s
 
 async def test_cancel_start_while_the_create_is_in_flight_stops_what_it_made(fake, make_spawner):
     fake.hold("creating")  # the broker is still placing when the hub gives up
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice")
     start = asyncio.ensure_future(sp.start())
     await fake.wait_for(lambda: ("alice", "(default)") in fake.records)
     start.cancel()
@@ -415,11 +410,8 @@ async def test_cancel_start_while_the_create_is_in_flight_stops_what_it_made(fak
 
 
 async def test_cancel_start_while_waiting_for_running(fake, make_spawner):
-    fake.hold("running")
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
-    start = asyncio.ensure_future(sp.start())
-    await fake.wait_for(lambda: fake._open_streams)
+    sp = small(make_spawner, fake.url, "alice")
+    start = await start_waiting_for_running(fake, sp)
     start.cancel()
     with pytest.raises(asyncio.CancelledError):
         await start
@@ -431,11 +423,8 @@ async def test_cancel_start_while_waiting_for_running(fake, make_spawner):
 async def test_stop_during_start_cancels_it(fake, make_spawner):
     # JupyterHub 3.0-5.0 do not cancel start() on start_timeout; they call
     # poll() and stop() while it still runs.
-    fake.hold("running")
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
-    start = asyncio.ensure_future(sp.start())
-    await fake.wait_for(lambda: fake._open_streams)
+    sp = small(make_spawner, fake.url, "alice")
+    start = await start_waiting_for_running(fake, sp)
     assert await sp.poll() is None
     await sp.stop()
     assert start.cancelled()
@@ -444,8 +433,7 @@ async def test_stop_during_start_cancels_it(fake, make_spawner):
 
 async def test_progress_can_be_cancelled_and_closes_its_stream(fake, make_spawner):
     fake.hold("running")
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice")
     start = asyncio.ensure_future(sp.start())
     events = []
     relay = asyncio.ensure_future(collect(sp.progress(), events))
@@ -463,8 +451,7 @@ async def test_progress_can_be_cancelled_and_closes_its_stream(fake, make_spawne
 async def test_progress_waits_for_the_spawn_and_survives_a_cut(fake, make_spawner):
     fake.hold("placing")
     fake.hold("running")
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice")
     start = asyncio.ensure_future(sp.start())
     events = []
     relay = asyncio.ensure_future(collect(sp.progress(), events))
@@ -482,8 +469,7 @@ async def test_progress_waits_for_the_spawn_and_survives_a_cut(fake, make_spawne
 
 
 async def test_progress_never_raises_when_the_broker_goes_away(fake, make_spawner, closed_port_url, caplog):
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice")
     fake.hold("running")
     start = asyncio.ensure_future(sp.start())
     await fake.wait_for(lambda: fake._open_streams)
@@ -504,8 +490,7 @@ async def test_progress_never_raises_when_the_broker_goes_away(fake, make_spawne
 
 
 async def test_progress_of_a_broken_configuration_ends_quietly(fake, make_spawner, caplog, tmp_path):
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice")
     await sp.start()
     sp.hub_token_file = str(tmp_path / "missing")
     events = []
@@ -515,8 +500,7 @@ async def test_progress_of_a_broken_configuration_ends_quietly(fake, make_spawne
 
 
 async def test_unreachable_broker(make_spawner, closed_port_url):
-    sp = make_spawner(closed_port_url, "alice")
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, closed_port_url, "alice")
     with pytest.raises(BrokerSpawnError) as e:
         await sp.start()
     assert e.value.status_code == 503
@@ -527,8 +511,7 @@ async def test_unreachable_broker(make_spawner, closed_port_url):
 
 
 async def test_poll_is_unknown_not_stopped_when_the_broker_is_unreachable(fake, make_spawner, closed_port_url):
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice")
     await sp.start()
     sp.broker_url = closed_port_url
     assert await sp.poll() is None
@@ -540,8 +523,7 @@ async def test_poll_is_unknown_not_stopped_when_the_broker_is_unreachable(fake, 
 
 
 async def test_poll_maps_the_brokers_states(fake, make_spawner):
-    sp = make_spawner(fake.url, "alice")
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice")
     await sp.start()
     assert await sp.poll() is None
     fake.hold("stopped")
@@ -557,8 +539,7 @@ async def test_poll_maps_the_brokers_states(fake, make_spawner):
 async def test_a_wrong_hub_token_reads_well(fake, make_spawner, tmp_path):
     bad = tmp_path / "bad-token"
     bad.write_text("not-the-token")
-    sp = make_spawner(fake.url, "alice", hub_token_file=str(bad))
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice", hub_token_file=str(bad))
     with pytest.raises(BrokerSpawnError) as e:
         await sp.start()
     assert (e.value.status_code, str(e.value)) == (401, "the JupyterHub service token is not valid")
@@ -580,8 +561,7 @@ async def test_missing_configuration_says_what_to_set(make_spawner, tmp_path):
 
 
 async def test_stop_gives_up_after_stop_timeout(fake, make_spawner):
-    sp = make_spawner(fake.url, "alice", stop_timeout=0.2)
-    sp.user_options = {"profile": "small"}
+    sp = small(make_spawner, fake.url, "alice", stop_timeout=0.2)
     await sp.start()
     fake.hold("stopped")
     with pytest.raises(BrokerSpawnError) as e:
