@@ -374,6 +374,14 @@ class GPUBrokerSpawner(Spawner):
             self._broker_starting = False
 
     async def _start(self) -> str:
+        try:
+            return await self._start_steps()
+        except BrokerError as e:
+            raise _refusal(e) from e
+        except BrokerUnreachable as e:
+            raise BrokerSpawnError(503, str(e), "unavailable") from e
+
+    async def _start_steps(self) -> str:
         groups = self._groups()
         async with self._broker() as b:
             profile = await self._choose_profile(b, groups)

@@ -123,11 +123,23 @@ class FakeBroker:
         app.router.add_get("/api/v1/users/{user}/servers/{name}/events", self._events)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = "http://127.0.0.1:%d" % port
+        # A short shutdown_timeout: go_away() cuts connections at once.
+        self._site = web.TCPSite(self._runner, "127.0.0.1", 0, shutdown_timeout=0.05)
+        await self._site.start()
+        self._port = self._site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = "http://127.0.0.1:%d" % self._port
         return self
+
+    async def go_away(self) -> None:
+        """Stop listening and cut the open streams: the broker is gone
+        (a crash, a network partition) until come_back()."""
+        self.drop_streams()
+        await self._site.stop()
+
+    async def come_back(self) -> None:
+        """Listen again on the same port."""
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self._port, shutdown_timeout=0.05)
+        await self._site.start()
 
     async def close(self) -> None:
         for t in list(self._tasks):

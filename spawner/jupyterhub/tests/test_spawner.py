@@ -589,3 +589,17 @@ def test_entry_point_class_is_a_spawner():
     from jupyterhub.spawner import Spawner
 
     assert issubclass(GPUBrokerSpawner, Spawner)
+
+
+async def test_broker_gone_while_start_follows_the_spawn(fake, make_spawner):
+    sp = small(make_spawner, fake.url, "alice")
+    start = await start_waiting_for_running(fake, sp)
+    await fake.go_away()
+    with pytest.raises(BrokerSpawnError) as e:
+        await start
+    assert e.value.status_code == 503 and "cannot be reached" in str(e.value)
+    assert await sp.poll() is None  # unknown, not stopped: the hub calls stop()
+    await fake.come_back()
+    fake.release("running")
+    await sp.stop()
+    assert fake.live() == []
