@@ -10,6 +10,7 @@ fake copies. Run only the tests marked ``contract`` then.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 import uuid
@@ -56,6 +57,15 @@ def real_broker() -> Optional[BrokerUnderTest]:
     if not url:
         return None
     return BrokerUnderTest(url=url, token_file=os.environ["GPUBROKER_TEST_HUB_TOKEN_FILE"], fake=None)
+
+
+@pytest.fixture(autouse=True)
+def hang_guard():
+    """A test still running after 60 s prints every thread's stack and ends
+    the run, so a hang names itself instead of running into Go's timeout."""
+    faulthandler.dump_traceback_later(60, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture(autouse=True)
