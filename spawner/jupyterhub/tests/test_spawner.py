@@ -438,7 +438,7 @@ async def test_progress_can_be_cancelled_and_closes_its_stream(fake, make_spawne
     events = []
     relay = asyncio.ensure_future(collect(sp.progress(), events))
     await until(lambda: len(events) >= 4)  # pending, placing, creating, starting
-    assert len(fake._open_streams) == 2  # start's and progress's own
+    await fake.wait_for(lambda: len(fake._open_streams) == 2)  # start's and progress's own
     relay.cancel()
     with pytest.raises(asyncio.CancelledError):
         await relay
