@@ -105,3 +105,9 @@ def test_the_broker_is_a_hub_service_with_the_scopes_it_uses(values):
     # (README, "JupyterHub's culler").
     assert {"users:activity", "access:servers"} <= set(role["scopes"])
     assert values["cull"]["enabled"] is False
+
+
+def test_refusals_cannot_make_the_hub_exit(values):
+    # Quota and capacity refusals fail spawns; the hub must not count them
+    # toward an exit (README: What users see).
+    assert values["hub"]["consecutiveFailureLimit"] == 0
