@@ -377,6 +377,65 @@ func (c *Client) Delete(ctx context.Context, user, server, spawnID string) error
 		secretAPI.Delete)
 }
 
+// NotebookToken returns the notebook token of spawn spawnID of server
+// (user, server), read from the server's Secret (v1.EnvNotebookToken). The
+// error wraps ErrNoToken when the Secret is missing, not managed by
+// gpubroker, of another spawn or without a token; other errors are the API
+// server's (retryable). Each call reads the API server: callers cache per
+// spawn, since a spawn's token never changes.
+func (c *Client) NotebookToken(ctx context.Context, user, server, spawnID string) (string, error) {
+	name := SecretName(user, server)
+	s, err := c.cs.CoreV1().Secrets(c.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return "", fmt.Errorf("secret %s: %w: it does not exist", name, ErrNoToken)
+	case err != nil:
+		return "", fmt.Errorf("secret %s: %w", name, err)
+	case s.Labels[v1.LabelManagedBy] != v1.ManagedByValue:
+		return "", fmt.Errorf("secret %s: %w: %w", name, ErrNoToken, ErrNotOwned)
+	case spawnOf(s) != spawnID:
+		return "", fmt.Errorf("secret %s: %w: it belongs to spawn %s", name, ErrNoToken, spawnOf(s))
+	}
+	tok := string(s.Data[v1.EnvNotebookToken])
+	if tok == "" {
+		return "", fmt.Errorf("secret %s: %w: it has no %s", name, ErrNoToken, v1.EnvNotebookToken)
+	}
+	return tok, nil
+}
+
+// PodBySlugs returns the cached pod whose user and server labels are
+// userSlug and serverSlug (the path segments of BaseURL), classified as
+// Pods does; ok is false when there is none. The error wraps ErrNotSynced
+// before the cache has synced.
+func (c *Client) PodBySlugs(userSlug, serverSlug string) (ManagedPod, bool, error) {
+	c.mu.Lock()
+	lister := c.lister
+	c.mu.Unlock()
+	if lister == nil {
+		return ManagedPod{}, false, fmt.Errorf("find pod: %w", ErrNotSynced)
+	}
+	sel := labels.SelectorFromSet(labels.Set{v1.LabelManagedBy: v1.ManagedByValue, v1.LabelUser: userSlug, v1.LabelServer: serverSlug})
+	objs, err := lister.Pods(c.cfg.Namespace).List(sel)
+	if err != nil {
+		return ManagedPod{}, false, fmt.Errorf("find pod: %w", err)
+	}
+	for _, pod := range objs {
+		if pod.Name != PodName(pod.Annotations[v1.AnnotationUser], pod.Annotations[v1.AnnotationServer]) {
+			continue // labels that do not match the raw names: not the server's pod
+		}
+		m, err := ParsePod(pod)
+		if err != nil {
+			continue
+		}
+		m.Phase, m.Message = Classify(pod, c.now(), c.cfg)
+		if m.Phase != PhaseRunning {
+			m.URL = ""
+		}
+		return m, true, nil
+	}
+	return ManagedPod{}, false, nil
+}
+
 // DeletePod deletes one notebook pod by name with the same checks as Delete,
 // leaving Secrets alone: for pods whose annotations are unreadable
 // (ManagedPod.Err), whose server cannot be named. spawnID "" skips the spawn

@@ -52,6 +52,12 @@ type Profile struct {
 	Model string
 	// Groups that may use the profile; empty means everyone.
 	Groups []string
+	// Command and Args start the notebook when a create request sets
+	// neither (Kubernetes meaning: Command replaces the image's ENTRYPOINT,
+	// Args its CMD; nil keeps the image's). They may use $(GPUBROKER_BASE_URL)
+	// and $(GPUBROKER_POD_IP); the notebook token reaches the notebook as
+	// JUPYTER_TOKEN from the server's Secret.
+	Command, Args []string
 }
 
 // Allows reports whether a member of groups may use p.

@@ -151,7 +151,14 @@ func (s *Service) Create(ctx context.Context, user string, groups []string, name
 	// cancel, so a hung-up client leaves no half-created server.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
-	rec, err = s.spawn(ctx, rec, prof, groups, plain, secret, req.Command, req.Args)
+	// Every spawn gets its own notebook token, in its Secret only; the
+	// proxy adds it to the requests it forwards (ARCHITECTURE.md invariant 7).
+	secret[v1.EnvNotebookToken] = newNotebookToken()
+	command, args := req.Command, req.Args
+	if command == nil && args == nil {
+		command, args = prof.Command, prof.Args
+	}
+	rec, err = s.spawn(ctx, rec, prof, groups, plain, secret, command, args)
 	return rec, true, err
 }
 
