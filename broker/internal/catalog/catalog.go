@@ -22,12 +22,14 @@ import (
 //go:embed default.yaml
 var defaultYAML []byte
 
-// DefaultArgs are the notebook container's args for a profile that sets
+// DefaultArgs returns the notebook container's args for a profile that sets
 // neither command nor args: the Jupyter docker-stacks images' start script
 // (kept as a wrapper in every image since the move to start-notebook.py),
 // which serves on 0.0.0.0:8888 and reads its token from JUPYTER_TOKEN,
 // under the base URL the broker's proxy uses.
-var DefaultArgs = []string{"start-notebook.sh", "--ServerApp.base_url=$(" + v1.EnvBaseURL + ")"}
+func DefaultArgs() []string {
+	return []string{"start-notebook.sh", "--ServerApp.base_url=$(" + v1.EnvBaseURL + ")"}
+}
 
 // Catalog is a parsed profiles-and-quotas file. It is immutable and safe for
 // concurrent use; accessors return copies.
@@ -211,7 +213,7 @@ func build(doc fileDoc) (*Catalog, []error) {
 // it sets neither), reporting entries no container could run.
 func commandOf(pd profileDoc, add func(error)) (command, args []string) {
 	if pd.Command == nil && pd.Args == nil {
-		return nil, slices.Clone(DefaultArgs)
+		return nil, DefaultArgs()
 	}
 	if pd.Command != nil {
 		command = append([]string{}, *pd.Command...)

@@ -42,12 +42,14 @@ var (
 		Name: "small", DisplayName: "Small", Description: "a small one",
 		Image: "quay.io/jupyter/minimal-notebook:latest", CPU: "1", Memory: "4Gi",
 		Slice: fleet.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50},
+		Args:  catalog.DefaultArgs(),
 	}
 	large = fleet.Profile{
 		Name: "gpu-large", DisplayName: "Large",
 		Image: "quay.io/jupyter/pytorch-notebook:cuda12-latest", CPU: "500m", Memory: "64Gi",
 		Slice: fleet.Slice{MemoryMiB: 71680, ComputePercent: 50, ComputeLimitPercent: 50},
 		Model: "NVIDIA H200", Groups: []string{"ml-team", "admins"},
+		Args:  catalog.DefaultArgs(),
 	}
 )
 
@@ -114,6 +116,7 @@ func TestAccessorsReturnCopies(t *testing.T) {
 	c.Profiles()[1].Groups[0] = "mutated"
 	p, _ := c.Profile("gpu-large")
 	p.Groups[0] = "mutated"
+	p.Args[0] = "mutated"
 	c.For([]string{"admins"})[1].Groups[0] = "mutated"
 	c.Quotas().Users["alice"] = fleet.Quota{Servers: 99}
 	again, _ := c.Profile("gpu-large")
@@ -289,7 +292,7 @@ quotas:
 	want := []fleet.Profile{{
 		Name: "7", DisplayName: "7", Image: "i", CPU: "2", Memory: "1.5",
 		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 5, ComputeLimitPercent: 5},
-		Args:  catalog.DefaultArgs,
+		Args:  catalog.DefaultArgs(),
 	}}
 	if diff := cmp.Diff(want, c.Profiles()); diff != "" {
 		t.Errorf("Profiles (-want +got):\n%s", diff)
@@ -308,7 +311,7 @@ func TestProfileCommand(t *testing.T) {
 		command, args []string
 		problem       string
 	}{
-		{name: "neither set takes the docker-stacks default", args: catalog.DefaultArgs},
+		{name: "neither set takes the docker-stacks default", args: catalog.DefaultArgs()},
 		{name: "args only", extra: `, args: [jupyter, lab]`, args: []string{"jupyter", "lab"}},
 		{name: "command and args", extra: `, command: [/usr/bin/python3, -m, notebook], args: ["--ip=$(GPUBROKER_POD_IP)"]`,
 			command: []string{"/usr/bin/python3", "-m", "notebook"}, args: []string{"--ip=$(GPUBROKER_POD_IP)"}},

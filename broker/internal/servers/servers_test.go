@@ -298,7 +298,7 @@ func TestCommandAndArgsReachThePod(t *testing.T) {
 		command, args []string
 	}{
 		{server: "hub", args: []string{"jupyterhub-singleuser", "--debug"}},
-		{server: "plain", args: catalog.DefaultArgs},
+		{server: "plain", args: catalog.DefaultArgs()},
 	}
 	for _, tc := range tests {
 		c := f.Pod(t, "erin", tc.server).Spec.Containers[0]
