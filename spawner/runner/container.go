@@ -213,7 +213,7 @@ func (w *worker) mountVolumes(pod *corev1.Pod, c corev1.Container) (mounted, err
 		case corev1.HostPathDirectory, corev1.HostPathFile:
 			if err != nil || st.IsDir() != (typ == corev1.HostPathDirectory) {
 				return m, &waitError{reasonCreating, fmt.Sprintf("MountVolume.SetUp failed for volume %q: hostPath type check failed: %s is not a %s on node %s",
-					vm.Name, v.HostPath.Path, strings.ToLower(strings.TrimPrefix(string(typ), "")), pod.Spec.NodeName)}
+					vm.Name, v.HostPath.Path, strings.ToLower(string(typ)), pod.Spec.NodeName)}
 			}
 		}
 		switch vm.MountPath {

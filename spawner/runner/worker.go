@@ -62,9 +62,9 @@ type worker struct {
 func newWorker(r *Runner, pod *corev1.Pod) *worker {
 	return &worker{
 		r: r, namespace: pod.Namespace, name: pod.Name, uid: pod.UID,
-		dir:  filepath.Join(r.cfg.Dir, "pods", pod.Namespace+"_"+pod.Name+"_"+string(pod.UID)),
-		log:  r.log.With("pod", pod.Namespace+"/"+pod.Name),
-		wake: make(chan struct{}, 1),
+		dir:   filepath.Join(r.cfg.Dir, "pods", pod.Namespace+"_"+pod.Name+"_"+string(pod.UID)),
+		log:   r.log.With("pod", pod.Namespace+"/"+pod.Name),
+		wake:  make(chan struct{}, 1),
 		conds: map[corev1.PodConditionType]corev1.PodCondition{},
 	}
 }
@@ -280,10 +280,8 @@ func (w *worker) startProcess(ctx context.Context) {
 	var we *waitError
 	switch {
 	case errors.As(err, &we):
-		if w.waiting == nil || w.waiting.Reason != reasonCrashLoop || w.restarts == 0 {
-			w.waiting = &corev1.ContainerStateWaiting{Reason: we.reason, Message: we.message}
-			w.terminated = nil
-		}
+		w.waiting = &corev1.ContainerStateWaiting{Reason: we.reason, Message: we.message}
+		w.terminated = nil
 		return
 	case err != nil:
 		w.startFailed(err)
