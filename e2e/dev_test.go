@@ -15,6 +15,7 @@ import (
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/e2e/harness"
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
 )
 
 // devReadyWithin is the issue's requirement for `gpubroker dev`.
@@ -35,12 +36,7 @@ func TestDevModeReadyAndPrintedCommandWorks(t *testing.T) {
 	if testing.Short() {
 		t.Skip("e2e tests do not run with -short")
 	}
-	if _, err := exec.LookPath("curl"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("curl: %v", err)
-		}
-		t.Skipf("curl not available: %v", err)
-	}
+	testdeps.Need(t, "curl")
 	bin := plainBrokerBinary(t)
 	ctx := t.Context()
 	port, err := harness.FreePort()

@@ -6,8 +6,8 @@
 // broker/devissuer.
 //
 // The tools come from `go tool task e2e:tools` (e2e/.bin). Without them, or
-// without redis-server, the tests skip, unless CI=true, where they fail.
-// `go test -short` skips them too.
+// without redis-server, the tests fail naming what is missing and how to get
+// it; `go test -short` skips them.
 //
 // Environment:
 //   - E2E_GPUBROKER_BIN=<path> tests a prebuilt gpubroker binary instead of
@@ -36,7 +36,8 @@ import (
 // suite is the state TestMain sets up once for all tests; read-only while
 // tests run (the broker builds are guarded by their own sync.Once).
 var suite struct {
-	skipReason string // set: tools are missing or -short
+	skipReason string // set: -short
+	missing    error  // set: the tools are missing
 	startErr   error  // set: the cluster failed to start
 	cluster    *harness.Cluster
 	tools      harness.Tools
@@ -63,7 +64,7 @@ func runMain(m *testing.M) int {
 	}
 	suite.dir = dir
 	if tools, err := harness.FindTools(".bin"); err != nil {
-		suite.skipReason = err.Error()
+		suite.missing = err
 	} else {
 		suite.tools = tools
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -111,16 +112,15 @@ func runMain(m *testing.M) int {
 	return code
 }
 
-// needCluster returns the shared cluster, or skips t when the tools are
-// missing (fails it instead when CI=true) and fails it when the cluster did
-// not start.
-func needCluster(t *testing.T) *harness.Cluster {
+// needCluster returns the shared cluster; it skips t under -short and
+// fails it when the tools are missing or the cluster did not start.
+func needCluster(t testing.TB) *harness.Cluster {
 	t.Helper()
 	if suite.skipReason != "" {
-		if os.Getenv("CI") == "true" && !testing.Short() {
-			t.Fatalf("%s (CI=true: missing tools fail the run)", suite.skipReason)
-		}
 		t.Skipf("%s", suite.skipReason)
+	}
+	if suite.missing != nil {
+		t.Fatalf("%v (`go tool task test` builds the tools and checks the packages first)", suite.missing)
 	}
 	if suite.startErr != nil {
 		t.Fatalf("e2e: cluster did not start: %v", suite.startErr)
@@ -131,7 +131,7 @@ func needCluster(t *testing.T) *harness.Cluster {
 // brokerBinary returns the gpubroker binary the broker tests run: built
 // once per test process from ./broker/cmd/gpubroker, with -race when this
 // test binary has it, so the race detector also watches the broker.
-func brokerBinary(t *testing.T) string {
+func brokerBinary(t testing.TB) string {
 	t.Helper()
 	if !raceEnabled {
 		return plainBrokerBinary(t)
@@ -142,7 +142,7 @@ func brokerBinary(t *testing.T) string {
 // plainBrokerBinary returns gpubroker built without -race: what `go tool task
 // dev` runs, for timing requirements (the race detector slows start-up, RSA
 // key generation above all, several-fold).
-func plainBrokerBinary(t *testing.T) string {
+func plainBrokerBinary(t testing.TB) string {
 	t.Helper()
 	return suite.plain.get(t, false)
 }
@@ -156,7 +156,7 @@ type binary struct {
 
 // get builds the binary on first use into the suite's dir, or takes the
 // prebuilt E2E_GPUBROKER_BIN, and fails t if that failed.
-func (b *binary) get(t *testing.T, race bool) string {
+func (b *binary) get(t testing.TB, race bool) string {
 	t.Helper()
 	b.once.Do(func() {
 		if bin := os.Getenv("E2E_GPUBROKER_BIN"); bin != "" {
