@@ -11,7 +11,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/gpubroker/gpubroker/broker/internal/app"
 	"github.com/gpubroker/gpubroker/broker/internal/config"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig"
 )
 
 const usage = `gpubroker gives developers small, elastic slices of NVIDIA GPUs for notebooks.
@@ -29,17 +29,17 @@ Usage:
   gpubroker serve [flags]   run the broker against a Kubernetes cluster and Redis
   gpubroker dev [flags]     run the whole product locally: embedded Redis and OIDC
                             issuer, a simulated cluster and simulated DGX H200 GPUs
-  gpubroker version         print the version
+  gpubroker version         print the version and build information
 
 Run 'gpubroker serve --help' or 'gpubroker dev --help' for the flags; every flag
 can also be set through its GPUBROKER_* environment variable.
 `
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Environ(), os.Stdout, os.Stderr))
 }
 
-func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+func run(args, environ []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, usage)
 		if len(args) == 0 {
@@ -53,22 +53,25 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		mode = config.ModeServe
 	case "dev":
 		mode = config.ModeDev
-	case "version":
-		fmt.Fprintln(stdout, app.Version())
+	case "version", "--version", "-version":
+		fmt.Fprint(stdout, cliconfig.BuildInfo("gpubroker"))
 		return 0
 	default:
 		fmt.Fprintf(stderr, "gpubroker: unknown command %q\n\n%s", args[0], usage)
 		return 2
 	}
-	cfg, err := config.Load(mode, args[1:], getenv, stderr)
-	if errors.Is(err, flag.ErrHelp) {
+	cfg, warnings, err := config.Load(mode, args[1:], environ)
+	switch {
+	case errors.Is(err, cliconfig.ErrHelp):
+		fmt.Fprint(stdout, config.Usage(mode))
+		return 0
+	case errors.Is(err, cliconfig.ErrVersion):
+		fmt.Fprint(stdout, cliconfig.BuildInfo("gpubroker"))
 		return 0
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "gpubroker %s: %v\n", args[0], err)
-		return 2
+	for _, w := range warnings {
+		fmt.Fprintf(stderr, "gpubroker %s: warning: %s\n", args[0], w)
 	}
-	err = cfg.Validate()
 	if cfg.CheckConfig {
 		// Report the files' problems too, next to the flags' ones.
 		err = errors.Join(err, app.CheckConfig(cfg))

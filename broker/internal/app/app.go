@@ -18,14 +18,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"runtime/debug"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/redis/go-redis/v9"
@@ -40,6 +37,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig"
 	"github.com/gpubroker/gpubroker/spawner"
 )
 
@@ -57,14 +55,6 @@ const (
 	eventsBlock = 3 * time.Second
 )
 
-// Version is the module version the binary was built from, or "devel".
-func Version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "devel"
-}
-
 // CheckConfig loads the files a config names (profiles, hub token,
 // kubeconfig or the in-cluster service account), reporting every problem at
 // once, without contacting anything; it is what --check-config adds to
@@ -79,9 +69,9 @@ func CheckConfig(cfg config.Config) error {
 	if _, err := cfg.HubToken(); err != nil {
 		errs = append(errs, err)
 	}
-	if cfg.Mode == config.ModeServe || cfg.Kubeconfig != "" {
+	if cfg.Mode == config.ModeServe || cfg.Kube.Kubeconfig != "" {
 		// Builds the client config only; nothing is contacted.
-		if _, err := kubeClient(cfg.Kubeconfig); err != nil {
+		if _, err := kubeClient(cfg.Kube); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -163,7 +153,7 @@ func Run(ctx context.Context, cfg config.Config, stdout, stderr io.Writer) error
 	g.Go(func() error { return ignoreCanceled(runReclaimer(gctx, cfg, p)) })
 	g.Go(func() error { return serveHTTP(gctx, cfg, log, ln, p.handler) })
 	g.Go(func() error { return warnIfNotReady(gctx, log, p.checkers, startupCheckDelay) })
-	log.Info("gpubroker started", "listen", ln.Addr().String(), "mode", string(cfg.Mode), "version", Version())
+	log.Info("gpubroker started", "listen", ln.Addr().String(), "mode", string(cfg.Mode), "version", cliconfig.Version())
 	err = g.Wait()
 	log.Info("gpubroker stopped")
 	return err
@@ -266,12 +256,11 @@ func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (*part
 	if err != nil {
 		return nil, fmt.Errorf("profiles file %s: %w", cfg.ProfilesFile, err)
 	}
-	ropts, err := cfg.RedisOptions()
+	rdb, err := cfg.Redis.Client()
 	if err != nil {
 		return nil, err
 	}
-	rdb := redis.NewUniversalClient(ropts)
-	kube, err := kubeClient(cfg.Kubeconfig)
+	kube, err := kubeClient(cfg.Kube)
 	if err != nil {
 		rdb.Close()
 		return nil, err
@@ -303,25 +292,9 @@ func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (*part
 	return p, nil
 }
 
-// kubeClient builds a clientset from a kubeconfig file, or from the pod's
-// service account when path is empty.
-func kubeClient(path string) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if path == "" {
-		rc, err = rest.InClusterConfig()
-	} else {
-		rc, err = clientcmd.BuildConfigFromFlags("", path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client config: %w", err)
-	}
-	rc.UserAgent = "gpubroker/" + Version()
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	return cs, nil
+// kubeClient builds the broker's clientset from its Kubernetes settings.
+func kubeClient(k cliconfig.Kube) (kubernetes.Interface, error) {
+	return k.Clientset("gpubroker/" + cliconfig.Version())
 }
 
 // assemble builds the parts every mode shares. Callers of the API are
@@ -331,13 +304,13 @@ func kubeClient(path string) (kubernetes.Interface, error) {
 // /api/ and the probes).
 func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, kube kubernetes.Interface,
 	cat *catalog.Catalog, bearer *auth.Bearer, hub *auth.HubToken, mode httpapi.Mode, ws *webSettings) (*parts, error) {
-	store := redisstore.New(rdb, cfg.RedisPrefix)
+	store := redisstore.New(rdb, cfg.Redis.Prefix)
 	sp := spawner.New(kube, spawner.Config{
 		Namespace: cfg.Namespace, HostRoot: cfg.HostRoot, Exposure: spawner.Exposure(cfg.GPUExposure),
 		RuntimeClassName: cfg.RuntimeClass, StartTimeout: cfg.StartTimeout,
 	}.WithDefaults(), log.With("part", "spawner"))
 	p := &parts{log: log, redis: rdb, store: store, kube: kube, spawner: sp,
-		agents: agentstore.New(rdb, cfg.RedisPrefix)}
+		agents: agentstore.New(rdb, cfg.Redis.Prefix)}
 	var rec *reconcile.Reconciler
 	p.service = servers.New(store, sp, cat, log.With("part", "servers"),
 		servers.WithPolicy(fleet.Policy(cfg.PlacementPolicy)),
@@ -345,7 +318,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 		servers.WithResize(servers.ResizeConfig{Store: store, Quotas: p.agents, Pods: sp}))
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
 	p.reconciler = rec
-	policies := reclaim.NewPolicyStore(rdb, cfg.RedisPrefix, nil)
+	policies := reclaim.NewPolicyStore(rdb, cfg.Redis.Prefix, nil)
 	var err error
 	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies); err != nil {
 		return nil, err
@@ -367,7 +340,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 	h, err := httpapi.New(httpapi.Deps{
 		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
 		Policy: policies, Reclaim: p.reclaimer,
-		Auth: auth.Chain(authn...), Version: Version(), Mode: mode,
+		Auth: auth.Chain(authn...), Version: cliconfig.Version(), Mode: mode,
 		Checkers: p.checkers,
 	}, httpapi.WithEventsBlock(eventsBlock))
 	if err != nil {

@@ -59,7 +59,7 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 	}
 
 	var rdb redis.UniversalClient
-	if cfg.RedisURL == "" && cfg.RedisSentinelMaster == "" {
+	if cfg.Redis.URL == "" && cfg.Redis.SentinelMaster == "" {
 		mr := miniredis.NewMiniRedis()
 		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
 			return fail(fmt.Errorf("embedded redis: %w", err))
@@ -68,11 +68,11 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 		rdb = redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
 		simulated = append(simulated, "Redis is embedded (miniredis, in memory: data is lost at exit)")
 	} else {
-		ropts, err := cfg.RedisOptions()
+		c, err := cfg.Redis.Client()
 		if err != nil {
 			return fail(err)
 		}
-		rdb = redis.NewUniversalClient(ropts)
+		rdb = c
 	}
 	closers = append(closers, func() { rdb.Close() })
 
@@ -130,13 +130,13 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 	}
 
 	var kube kubernetes.Interface
-	if cfg.Kubeconfig == "" {
+	if cfg.Kube.Kubeconfig == "" {
 		cl := devcluster.New([]string{devNode}, log.With("part", "devcluster"), devcluster.WithNamespace(cfg.Namespace))
 		kube = cl.Clientset()
 		background = append(background, cl.Run)
 		simulated = append(simulated, "the Kubernetes cluster is simulated: one node, "+devNode+"; pods do not really run")
 	} else {
-		kube, err = kubeClient(cfg.Kubeconfig)
+		kube, err = kubeClient(cfg.Kube)
 		if err != nil {
 			return fail(err)
 		}

@@ -37,7 +37,7 @@ func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *recla
 	}
 	svc := p.service
 	return reclaim.New(reclaim.Config{
-		Redis: p.redis, Prefix: cfg.RedisPrefix, Policies: policies, Servers: p.store, Stopper: svc,
+		Redis: p.redis, Prefix: cfg.Redis.Prefix, Policies: policies, Servers: p.store, Stopper: svc,
 		Shrinker: reclaim.ShrinkFunc(func(ctx context.Context, srv fleet.Server, cp, cl int) error {
 			_, err := svc.Resize(ctx, srv.ServerKey, fleet.Slice{MemoryMiB: srv.Slice.MemoryMiB, ComputePercent: cp, ComputeLimitPercent: cl}, reclaim.Actor)
 			return err

@@ -72,7 +72,7 @@ func newWebLogin(cfg config.Config, ws *webSettings, rdb redis.UniversalClient, 
 		IssuerURL: ws.issuerURL, ClientID: ws.clientID, ClientSecret: ws.clientSecret, PublicURL: ws.publicURL,
 		UsernameClaim: cfg.OIDCUsernameClaim, GroupsClaim: cfg.OIDCGroupsClaim, AdminGroup: cfg.AdminGroup,
 		SessionTTL: cfg.SessionTTL,
-	}, rdb, cfg.RedisPrefix, auth.WithPages(proxy), auth.WithWebLogger(log.With("part", "weblogin")))
+	}, rdb, cfg.Redis.Prefix, auth.WithPages(proxy), auth.WithWebLogger(log.With("part", "weblogin")))
 	if err != nil {
 		return nil, fmt.Errorf("web login: %w", err)
 	}

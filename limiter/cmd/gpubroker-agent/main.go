@@ -6,7 +6,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -20,15 +19,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/gpubroker/gpubroker/limiter/agent"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig"
 )
 
 func main() {
@@ -36,16 +32,24 @@ func main() {
 }
 
 func run(args []string) int {
-	cfg, err := Load(args, os.Getenv, os.Stdout)
-	if errors.Is(err, flag.ErrHelp) {
+	cfg, warnings, err := Load(args, os.Environ())
+	switch {
+	case errors.Is(err, cliconfig.ErrHelp):
+		fmt.Fprint(os.Stdout, usage())
+		return 0
+	case errors.Is(err, cliconfig.ErrVersion):
+		fmt.Fprint(os.Stdout, cliconfig.BuildInfo("gpubroker-agent"))
 		return 0
 	}
+	for _, w := range warnings {
+		fmt.Fprintf(os.Stderr, "gpubroker-agent: warning: %s\n", w)
+	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		fmt.Fprintf(os.Stderr, "gpubroker-agent: invalid configuration:\n  - %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  - "))
 		return 2
 	}
 	if cfg.CheckConfig {
-		fmt.Fprintln(os.Stdout, "configuration is valid")
+		fmt.Fprintln(os.Stdout, "gpubroker-agent: configuration is valid")
 		return 0
 	}
 	var level slog.Level
@@ -65,14 +69,14 @@ func run(args []string) int {
 
 // serve builds the agent and runs it with its metrics server until ctx ends.
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
-	rdb, err := redisClient(cfg)
+	rdb, err := cfg.Redis.Client()
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	store := agentstore.New(rdb, cfg.RedisPrefix, agentstore.WithMaxLen(cfg.SampleMaxLen))
+	store := agentstore.New(rdb, cfg.Redis.Prefix, agentstore.WithMaxLen(cfg.SampleMaxLen))
 
-	kube, err := kubeClient(cfg.Kubeconfig)
+	kube, err := cfg.Kube.Clientset("gpubroker-agent/" + cliconfig.Version())
 	if err != nil {
 		return err
 	}
@@ -138,54 +142,4 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return nil
 	})
 	return g.Wait()
-}
-
-// redisClient builds the client: a URL or Sentinel, with the password file
-// applied and ContextTimeoutEnabled so per-operation deadlines reach the
-// socket.
-func redisClient(cfg Config) (redis.UniversalClient, error) {
-	password := ""
-	if cfg.RedisPasswordFile != "" {
-		b, err := os.ReadFile(cfg.RedisPasswordFile)
-		if err != nil {
-			return nil, fmt.Errorf("redis password file: %w", err)
-		}
-		password = strings.TrimRight(string(b), "\r\n")
-	}
-	if cfg.RedisSentinelMaster != "" {
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName: cfg.RedisSentinelMaster, SentinelAddrs: strings.Split(cfg.RedisSentinelAddrs, ","),
-			Password: password, ContextTimeoutEnabled: true,
-			DialTimeout: defaultTimeout, ReadTimeout: defaultTimeout, WriteTimeout: defaultTimeout,
-		}), nil
-	}
-	o, err := redis.ParseURL(cfg.RedisURL)
-	if err != nil {
-		return nil, fmt.Errorf("redis url: %w", err)
-	}
-	if password != "" {
-		o.Password = password
-	}
-	o.ContextTimeoutEnabled = true
-	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = defaultTimeout, defaultTimeout, defaultTimeout
-	return redis.NewClient(o), nil
-}
-
-// kubeClient uses kubeconfig, or the in-cluster config when it is "".
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes config: %w", err)
-	}
-	c, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	return c, nil
 }
