@@ -11,7 +11,8 @@
 //
 // Environment:
 //   - E2E_GPUBROKER_BIN=<path> tests a prebuilt gpubroker binary instead of
-//     building ./broker/cmd/gpubroker.
+//     building ./broker/cmd/gpubroker; E2E_GPUBROKER_DEV_BIN the same for
+//     gpubroker-dev.
 //   - E2E_ARTIFACTS=<dir> receives the logs of failed runs (broker logs of
 //     failed tests, the cluster's logs when the package failed).
 package e2e
@@ -45,6 +46,7 @@ var suite struct {
 
 	race  binary // gpubroker built with -race (used when this binary has it)
 	plain binary // gpubroker built without -race
+	dev   binary // gpubroker-dev built without -race, as `go tool task dev` runs it
 }
 
 func TestMain(m *testing.M) {
@@ -53,6 +55,7 @@ func TestMain(m *testing.M) {
 
 func runMain(m *testing.M) int {
 	flag.Parse()
+	suite.dev.pkg, suite.dev.env = "gpubroker-dev", "E2E_GPUBROKER_DEV_BIN"
 	if testing.Short() {
 		suite.skipReason = "e2e tests do not run with -short"
 		return m.Run()
@@ -97,7 +100,7 @@ func runMain(m *testing.M) int {
 		_ = os.RemoveAll(dir)
 	} else {
 		// The etcd data and the binaries are large (about 200 MB); drop them.
-		for _, big := range []string{"etcd-data", "gpubroker", "gpubroker-race"} {
+		for _, big := range []string{"etcd-data", "gpubroker", "gpubroker-race", "gpubroker-dev"} {
 			_ = os.RemoveAll(filepath.Join(dir, big))
 		}
 		fmt.Fprintf(os.Stderr, "e2e: logs kept in %s\n", dir)
@@ -139,31 +142,43 @@ func brokerBinary(t testing.TB) string {
 	return suite.race.get(t, true)
 }
 
-// plainBrokerBinary returns gpubroker built without -race: what `go tool task
-// dev` runs, for timing requirements (the race detector slows start-up, RSA
-// key generation above all, several-fold).
+// plainBrokerBinary returns gpubroker built without -race, for timing
+// requirements (the race detector slows start-up, RSA key generation above
+// all, several-fold).
 func plainBrokerBinary(t testing.TB) string {
 	t.Helper()
 	return suite.plain.get(t, false)
 }
 
-// binary is one build of gpubroker, made at most once.
+// devBinary returns gpubroker-dev built without -race: what `go tool task
+// dev` runs (E2E_GPUBROKER_DEV_BIN: a prebuilt one).
+func devBinary(t testing.TB) string {
+	t.Helper()
+	return suite.dev.get(t, false)
+}
+
+// binary is one build of a command under broker/cmd, made at most once.
 type binary struct {
-	once sync.Once
-	path string
-	err  error
+	pkg, env string // the command (default gpubroker) and the variable naming a prebuilt one (default E2E_GPUBROKER_BIN)
+	once     sync.Once
+	path     string
+	err      error
 }
 
 // get builds the binary on first use into the suite's dir, or takes the
-// prebuilt E2E_GPUBROKER_BIN, and fails t if that failed.
+// prebuilt one its variable names, and fails t if that failed.
 func (b *binary) get(t testing.TB, race bool) string {
 	t.Helper()
 	b.once.Do(func() {
-		if bin := os.Getenv("E2E_GPUBROKER_BIN"); bin != "" {
+		pkg, env := b.pkg, b.env
+		if pkg == "" {
+			pkg, env = "gpubroker", "E2E_GPUBROKER_BIN"
+		}
+		if bin := os.Getenv(env); bin != "" {
 			b.path, b.err = filepath.Abs(bin)
 			return
 		}
-		out := filepath.Join(suite.dir, "gpubroker")
+		out := filepath.Join(suite.dir, pkg)
 		args := []string{"build", "-o"}
 		if race {
 			out += "-race"
@@ -171,7 +186,7 @@ func (b *binary) get(t testing.TB, race bool) string {
 		} else {
 			args = append(args, out)
 		}
-		args = append(args, "./broker/cmd/gpubroker")
+		args = append(args, "./broker/cmd/"+pkg)
 		cmd := exec.Command("go", args...)
 		cmd.Dir = ".." // the module root
 		start := time.Now()

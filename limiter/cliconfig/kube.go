@@ -20,7 +20,7 @@ type Kube struct {
 func (k *Kube) Flags(kubeconfigDefault string) []Flag {
 	return []Flag{
 		{Name: "kubeconfig", Placeholder: "PATH", Value: String(&k.Kubeconfig), DefaultDoc: kubeconfigDefault,
-			Help:  "Kubeconfig file; empty: the in-cluster config (the pod's service account).",
+			Help:  "Kubeconfig file naming the Kubernetes API server and the credentials for it.",
 			Check: func() error { return checkOptionalFile(k.Kubeconfig) }},
 	}
 }

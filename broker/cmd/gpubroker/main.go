@@ -2,10 +2,15 @@
 // slices, notebook pods and their reconciliation.
 //
 //	gpubroker serve [flags]   run against a real cluster and Redis
-//	gpubroker dev [flags]     run everything locally on embedded defaults
+//	gpubroker version         print the version and build information
 //
 // Every flag has a GPUBROKER_* environment twin; `gpubroker serve --help`
 // lists them. This file only parses, validates and hands over to the app.
+//
+// This is the production binary: it links no simulation (no embedded
+// Redis, fake clientset, NVML mocks or token minting) and builds with
+// CGO_ENABLED=0 (binary_test.go checks both). Dev mode, which simulates the
+// cluster and the GPUs, is its own binary, gpubroker-dev.
 package main
 
 import (
@@ -27,12 +32,21 @@ const usage = `gpubroker gives developers small, elastic slices of NVIDIA GPUs f
 
 Usage:
   gpubroker serve [flags]   run the broker against a Kubernetes cluster and Redis
-  gpubroker dev [flags]     run the whole product locally: embedded Redis and OIDC
-                            issuer, a simulated cluster and simulated DGX H200 GPUs
   gpubroker version         print the version and build information
 
-Run 'gpubroker serve --help' or 'gpubroker dev --help' for the flags; every flag
-can also be set through its GPUBROKER_* environment variable.
+Run 'gpubroker serve --help' for the flags; every flag can also be set through
+its GPUBROKER_* environment variable. To run the whole product locally on
+embedded defaults (simulated cluster and GPUs), use gpubroker-dev:
+'go tool task dev' in a checkout.
+`
+
+// devMoved answers `gpubroker dev`, which became its own binary.
+const devMoved = `gpubroker: dev mode is its own binary now, gpubroker-dev, so that this one
+(the production broker) carries no simulation. Run it with
+  go tool task dev [-- flags]
+or
+  go run ./broker/cmd/gpubroker-dev [flags]
+It takes the same flags as 'gpubroker dev' did.
 `
 
 func main() {
@@ -47,12 +61,12 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	var mode config.Mode
+	mode := config.ModeServe
 	switch args[0] {
 	case "serve":
-		mode = config.ModeServe
 	case "dev":
-		mode = config.ModeDev
+		fmt.Fprint(stderr, devMoved)
+		return 2
 	case "version", "--version", "-version":
 		fmt.Fprint(stdout, cliconfig.BuildInfo("gpubroker"))
 		return 0
@@ -86,7 +100,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := app.Run(ctx, cfg, stdout, stderr); err != nil {
+	if err := app.Serve(ctx, cfg, stderr); err != nil {
 		fmt.Fprintf(stderr, "gpubroker %s: %v\n", args[0], err)
 		return 1
 	}

@@ -1,13 +1,14 @@
 // Package app is the broker's composition root: the only package that sees
-// every concrete type. Run builds the parts from a validated config, runs
-// them under one errgroup and shuts them down in order when its context ends.
+// every concrete type. Serve builds the outside parts (Infra: Redis, the
+// Kubernetes client, the profiles, the OIDC verifier) from a validated serve
+// config; Run builds the broker's own parts over an Infra, runs them under
+// one errgroup and shuts them down in order when its context ends.
 //
-// In dev mode (config.ModeDev) the parts that a cluster would provide are
-// replaced by embedded ones, each only where the config leaves it unset: an
-// embedded Redis (miniredis), an in-process OIDC issuer with a dev user, a
-// simulated cluster (spawner/devcluster) and the GPUs of a simulated DGX
-// H200 (go-nvml's mock/dgxh200). Every simulated part is named in the log
-// and in the API's answers.
+// Nothing here simulates anything: the production binary (gpubroker serve)
+// links no embedded Redis, fake clientset, NVML mock or token minting. Dev
+// mode is its own composition root, broker/internal/app/dev, built into its
+// own binary (gpubroker-dev): it makes an Infra of embedded and simulated
+// parts and hands it to Run.
 package app
 
 import (
@@ -56,9 +57,9 @@ const (
 )
 
 // CheckConfig loads the files a config names (profiles, hub token,
-// kubeconfig or the in-cluster service account), reporting every problem at
-// once, without contacting anything; it is what --check-config adds to
-// Validate.
+// kubeconfig or, in serve mode, the in-cluster service account), reporting
+// every problem at once, without contacting anything; it is what
+// --check-config adds to Validate.
 func CheckConfig(cfg config.Config) error {
 	var errs []error
 	if cfg.ProfilesFile != "" {
@@ -71,11 +72,42 @@ func CheckConfig(cfg config.Config) error {
 	}
 	if cfg.Mode == config.ModeServe || cfg.Kube.Kubeconfig != "" {
 		// Builds the client config only; nothing is contacted.
-		if _, err := kubeClient(cfg.Kube); err != nil {
+		if _, err := KubeClient(cfg.Kube); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Infra are the outside parts the broker runs on. Serve builds them from
+// the configuration; gpubroker-dev embeds or simulates some of them. Run
+// takes them over: it calls Closers when it returns, even on error.
+type Infra struct {
+	// Redis is the broker's Redis; Kube its Kubernetes client.
+	Redis redis.UniversalClient
+	Kube  kubernetes.Interface
+	// Catalog is the profiles and quotas.
+	Catalog *catalog.Catalog
+	// Bearer verifies API tokens; Hub the JupyterHub service token.
+	Bearer *auth.Bearer
+	Hub    *auth.HubToken
+	// Mode marks the API's answers (dev mode's simulation notice).
+	Mode httpapi.Mode
+	// Web turns the web login and pages on; nil leaves them off.
+	Web *WebSettings
+	// Background runs embedded parts next to the broker until ctx ends.
+	Background []func(ctx context.Context) error
+	// Started, if set, runs once the first reconcile pass is done.
+	Started func()
+	// Closers run after everything has stopped, in reverse order.
+	Closers []func()
+}
+
+// close runs the closers in reverse order.
+func (in Infra) close() {
+	for i := len(in.Closers) - 1; i >= 0; i-- {
+		in.Closers[i]()
+	}
 }
 
 // parts are the built components that Run starts.
@@ -90,47 +122,42 @@ type parts struct {
 	reconciler *reconcile.Reconciler
 	reclaimer  *reclaim.Reclaimer
 	handler    http.Handler
-	// background runs simulated or embedded parts (dev mode); nil in serve.
-	background []func(ctx context.Context) error
-	// started, if set, runs once the first reconcile pass is done.
-	started func()
 	// checkers are the readiness checks (/readyz), also logged shortly
 	// after start so a broker whose dependencies are down says so.
 	checkers []httpapi.Checker
-	// closers run after everything has stopped, in reverse order.
-	closers []func()
 }
 
-func (p *parts) close() {
-	for i := len(p.closers) - 1; i >= 0; i-- {
-		p.closers[i]()
-	}
-}
-
-// Run runs the broker until ctx ends, then shuts down gracefully within
-// cfg.ShutdownTimeout. stdout receives dev mode's banner; logs go to stderr.
-func Run(ctx context.Context, cfg config.Config, stdout, stderr io.Writer) error {
+// Serve runs gpubroker serve: it builds the Infra from cfg (a validated
+// serve config) and runs the broker on cfg.Listen until ctx ends. Logs go
+// to stderr.
+func Serve(ctx context.Context, cfg config.Config, stderr io.Writer) error {
 	log := cfg.Logger(stderr)
 	klog.SetSlogLogger(log)
-
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	var p *parts
-	if cfg.Mode == config.ModeDev {
-		p, err = buildDev(ctx, cfg, log, ln, stdout)
-	} else {
-		p, err = buildServe(ctx, cfg, log)
-	}
+	infra, err := buildServe(ctx, cfg, log)
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	defer p.close()
+	return Run(ctx, cfg, log, ln, infra)
+}
+
+// Run runs the broker on ln over infra until ctx ends, then shuts down
+// gracefully within cfg.ShutdownTimeout. It owns ln and infra: both are
+// closed when it returns.
+func Run(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listener, infra Infra) error {
+	defer infra.close()
+	p, err := assemble(cfg, log, infra)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	for _, run := range p.background {
+	for _, run := range infra.Background {
 		g.Go(func() error { return ignoreCanceled(run(gctx)) })
 	}
 	g.Go(func() error { return ignoreCanceled(p.spawner.Run(gctx)) })
@@ -145,8 +172,8 @@ func Run(ctx context.Context, cfg config.Config, stdout, stderr io.Writer) error
 		if _, err := p.reconciler.Once(gctx); err != nil {
 			log.Warn("first reconcile pass failed; retrying on schedule", "err", err)
 		}
-		if p.started != nil {
-			p.started()
+		if infra.Started != nil {
+			infra.Started()
 		}
 		return ignoreCanceled(p.reconciler.Run(gctx))
 	})
@@ -250,60 +277,61 @@ func ignoreCanceled(err error) error {
 	return err
 }
 
-// buildServe wires the parts against a real Redis and cluster.
-func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (*parts, error) {
+// buildServe builds the outside parts of a serve config: a real Redis,
+// cluster and OIDC issuer, the profiles file, the web login's settings.
+func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (Infra, error) {
 	cat, err := catalog.Load(cfg.ProfilesFile)
 	if err != nil {
-		return nil, fmt.Errorf("profiles file %s: %w", cfg.ProfilesFile, err)
+		return Infra{}, fmt.Errorf("profiles file %s: %w", cfg.ProfilesFile, err)
 	}
 	rdb, err := cfg.Redis.Client()
 	if err != nil {
-		return nil, err
+		return Infra{}, err
 	}
-	kube, err := kubeClient(cfg.Kube)
-	if err != nil {
-		rdb.Close()
-		return nil, err
+	in := Infra{Redis: rdb, Catalog: cat, Closers: []func(){func() { rdb.Close() }}}
+	fail := func(err error) (Infra, error) {
+		in.close()
+		return Infra{}, err
 	}
-	bearer, err := auth.NewBearer(ctx, auth.BearerConfig{
-		IssuerURL: cfg.OIDCIssuer, Audience: cfg.OIDCAudience,
-		UsernameClaim: cfg.OIDCUsernameClaim, GroupsClaim: cfg.OIDCGroupsClaim, AdminGroup: cfg.AdminGroup,
-	})
-	if err != nil {
-		rdb.Close()
-		return nil, err
+	if in.Kube, err = KubeClient(cfg.Kube); err != nil {
+		return fail(err)
+	}
+	if in.Bearer, err = NewBearer(ctx, cfg, cfg.OIDCIssuer, cfg.OIDCAudience); err != nil {
+		return fail(err)
 	}
 	hub, err := cfg.HubToken()
 	if err != nil {
-		rdb.Close()
-		return nil, err
+		return fail(err)
 	}
-	ws, err := serveWebSettings(cfg, log)
-	if err != nil {
-		rdb.Close()
-		return nil, err
+	in.Hub = auth.NewHubToken(hub.Reveal())
+	if in.Web, err = serveWebSettings(cfg, log); err != nil {
+		return fail(err)
 	}
-	p, err := assemble(cfg, log, rdb, kube, cat, bearer, auth.NewHubToken(hub.Reveal()), httpapi.Mode{}, ws)
-	if err != nil {
-		rdb.Close()
-		return nil, err
-	}
-	p.closers = append(p.closers, func() { rdb.Close() })
-	return p, nil
+	return in, nil
 }
 
-// kubeClient builds the broker's clientset from its Kubernetes settings.
-func kubeClient(k cliconfig.Kube) (kubernetes.Interface, error) {
+// NewBearer builds the API token verifier for issuer and audience with the
+// claims cfg names.
+func NewBearer(ctx context.Context, cfg config.Config, issuer, audience string) (*auth.Bearer, error) {
+	return auth.NewBearer(ctx, auth.BearerConfig{
+		IssuerURL: issuer, Audience: audience,
+		UsernameClaim: cfg.OIDCUsernameClaim, GroupsClaim: cfg.OIDCGroupsClaim, AdminGroup: cfg.AdminGroup,
+	})
+}
+
+// KubeClient builds the broker's clientset from its Kubernetes settings; it
+// contacts nothing.
+func KubeClient(k cliconfig.Kube) (kubernetes.Interface, error) {
 	return k.Clientset("gpubroker/" + cliconfig.Version())
 }
 
-// assemble builds the parts every mode shares. Callers of the API are
+// assemble builds the broker's parts over infra. Callers of the API are
 // authenticated by the hub token first (when one is set), then by bearer,
-// then (with ws) by the web login's session cookie. With ws the handler
-// also serves the web login (/auth/) and the pages (everything outside
-// /api/ and the probes).
-func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, kube kubernetes.Interface,
-	cat *catalog.Catalog, bearer *auth.Bearer, hub *auth.HubToken, mode httpapi.Mode, ws *webSettings) (*parts, error) {
+// then (with infra.Web) by the web login's session cookie. With infra.Web
+// the handler also serves the web login (/auth/) and the pages (everything
+// outside /api/ and the probes).
+func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) {
+	rdb, kube, cat, mode, ws := infra.Redis, infra.Kube, infra.Catalog, infra.Mode, infra.Web
 	store := redisstore.New(rdb, cfg.Redis.Prefix)
 	sp := spawner.New(kube, spawner.Config{
 		Namespace: cfg.Namespace, HostRoot: cfg.HostRoot, Exposure: spawner.Exposure(cfg.GPUExposure),
@@ -323,7 +351,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies); err != nil {
 		return nil, err
 	}
-	authn := []auth.Authenticator{hub, bearer}
+	authn := []auth.Authenticator{infra.Hub, infra.Bearer}
 	var web *auth.Web
 	proxy := &pagesProxy{}
 	if ws != nil {
@@ -335,7 +363,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 	p.checkers = []httpapi.Checker{
 		checker{"redis", store.Ping},
 		checker{"kubernetes", func(ctx context.Context) error { return kubeReady(ctx, kube, cfg.Namespace, sp) }},
-		checker{"oidc", bearer.Ready},
+		checker{"oidc", infra.Bearer.Ready},
 	}
 	h, err := httpapi.New(httpapi.Deps{
 		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
@@ -351,7 +379,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 		if p.handler, err = mountPages(h, web, proxy, agentUsage{agents: p.agents}, log, mode.Notice); err != nil {
 			return nil, err
 		}
-		log.Info("web pages on", "public_url", ws.publicURL, "issuer", redirectHost(ws.issuerURL))
+		log.Info("web pages on", "public_url", ws.PublicURL, "issuer", redirectHost(ws.IssuerURL))
 	}
 	return p, nil
 }

@@ -134,10 +134,6 @@ type Config struct {
 	LeaderElectionNamespace string
 	// LeaseName is that Lease's name. Default "gpubroker-reclaimer".
 	LeaseName string
-
-	// DevGPUs is the number of simulated H200 GPUs in dev mode, 1..64.
-	// Default 8. Ignored in serve mode.
-	DevGPUs int
 }
 
 // EnvName returns the environment variable of a flag: GPUBROKER_ followed by

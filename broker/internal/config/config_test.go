@@ -85,7 +85,6 @@ func defaults(mode config.Mode) config.Config {
 		LeaseName:         "gpubroker-reclaimer",
 		LogLevel:          "info",
 		LogFormat:         "json",
-		DevGPUs:           8,
 	}
 	if mode == config.ModeDev {
 		c.LogFormat = "text"
@@ -108,10 +107,6 @@ func TestLoadPrecedence(t *testing.T) {
 		{name: "serve defaults", want: func(*config.Config) {}},
 		{name: "dev defaults log text", mode: config.ModeDev, want: func(c *config.Config) {
 			*c = defaults(config.ModeDev)
-		}},
-		{name: "dev gpus from the environment", mode: config.ModeDev, env: map[string]string{"GPUBROKER_DEV_GPUS": "2"}, want: func(c *config.Config) {
-			*c = defaults(config.ModeDev)
-			c.DevGPUs = 2
 		}},
 		{
 			name: "env beats default",
@@ -140,10 +135,10 @@ func TestLoadPrecedence(t *testing.T) {
 		},
 		{
 			name: "a flag over a bad variable wins quietly",
-			args: []string{"--orphan-grace=1m", "--dev-gpus", "3", "--check-config"},
-			env:  map[string]string{"GPUBROKER_ORPHAN_GRACE": "soon", "GPUBROKER_DEV_GPUS": "many", "GPUBROKER_CHECK_CONFIG": "perhaps"},
+			args: []string{"--orphan-grace=1m", "--check-config"},
+			env:  map[string]string{"GPUBROKER_ORPHAN_GRACE": "soon", "GPUBROKER_CHECK_CONFIG": "perhaps"},
 			want: func(c *config.Config) {
-				c.OrphanGrace, c.DevGPUs, c.CheckConfig = time.Minute, 3, true
+				c.OrphanGrace, c.CheckConfig = time.Minute, true
 			},
 		},
 		{
@@ -229,7 +224,7 @@ func TestLoadReportsEveryProblemAtOnce(t *testing.T) {
 			args: []string{"--nope", "--redis-ulr=redis://x", "--start-timeout=5", "-reconcile-interval", "10ms",
 				"--check-config=maybe", "--namespace=Notebooks", "extra", "--", "--listen=:1"},
 			env: map[string]string{
-				"GPUBROKER_ORPHAN_GRACE": "soon", "GPUBROKER_DEV_GPUS": "many", "GPUBROKER_LOG_LEVEL": "loud",
+				"GPUBROKER_ORPHAN_GRACE": "soon", "GPUBROKER_SHUTDOWN_TIMEOUT": "1 minute", "GPUBROKER_LOG_LEVEL": "loud",
 				"GPUBROKER_REDIS_PREFX": "gb:", "GPUBROKER_FOO": "1",
 			},
 			want: []string{
@@ -239,7 +234,7 @@ func TestLoadReportsEveryProblemAtOnce(t *testing.T) {
 				`--check-config "maybe" is not true or false`,
 				`unexpected arguments ["extra" "--listen=:1"]: gpubroker serve takes only flags (see gpubroker serve --help)`,
 				`GPUBROKER_ORPHAN_GRACE="soon" is not a duration such as 30s, 2m or 1h (for --orphan-grace)`,
-				`GPUBROKER_DEV_GPUS="many" is not a whole number such as 3 (for --dev-gpus)`,
+				`GPUBROKER_SHUTDOWN_TIMEOUT="1 minute" is not a duration such as 30s, 2m or 1h (for --shutdown-timeout)`,
 				`--redis-url (GPUBROKER_REDIS_URL): a Redis is required in serve mode: set --redis-url, or --redis-sentinel-master with --redis-sentinel-addrs`,
 				`--namespace (GPUBROKER_NAMESPACE): "Notebooks" is not a Kubernetes namespace name (lowercase letters, digits and '-', at most 63)`,
 				`--oidc-issuer (GPUBROKER_OIDC_ISSUER): is required in serve mode`,
@@ -308,7 +303,7 @@ func TestHelp(t *testing.T) {
 		"oidc-groups-claim", "admin-group", "hub-token-file", "oidc-client-id", "oidc-client-secret-file", "session-ttl", "profiles-file", "placement-policy", "host-root",
 		"gpu-exposure", "runtime-class", "reconcile-interval", "orphan-grace", "start-timeout", "shutdown-timeout",
 		"reclaim-interval", "hub-url", "hub-api-token-file", "leader-election-namespace", "lease-name",
-		"log-level", "log-format", "check-config", "dev-gpus",
+		"log-level", "log-format", "check-config",
 	} {
 		if !strings.Contains(u, "  --"+name) || !strings.Contains(u, "env "+config.EnvName(name)+",") {
 			t.Errorf("Usage lacks flag %s or its variable %s", name, config.EnvName(name))
@@ -486,14 +481,6 @@ func TestValidate(t *testing.T) {
 				c.Redis.URL, c.Redis.SentinelMaster = "", "m"
 			},
 			want: []string{"--redis-sentinel-addrs (GPUBROKER_REDIS_SENTINEL_ADDRS): is required with --redis-sentinel-master"},
-		},
-		{
-			name: "dev GPUs out of range",
-			mutate: func(c *config.Config) {
-				*c = defaults(config.ModeDev)
-				c.DevGPUs = 65
-			},
-			want: []string{"--dev-gpus (GPUBROKER_DEV_GPUS): must be 1..64, got 65"},
 		},
 	}
 	for _, tc := range tests {

@@ -24,11 +24,16 @@ func (c *Config) Table() *cliconfig.Table {
 		}
 		return nil
 	}
+	// What stands in for a setting left empty, per mode.
 	logFormat := "json"
 	summary := "Runs the broker against a real Redis, Kubernetes API server and OIDC issuer."
+	noRedis, noKube, noIssuer, noAudience, noProfiles := "none; required unless Sentinel is set", "none: the in-cluster config",
+		"none; required", "none; required", "none; required"
 	if c.Mode == ModeDev {
 		logFormat = "text"
 		summary = "Runs the whole path in one process: an embedded Redis, OIDC issuer, profiles\nand simulated GPUs and cluster, unless the flags below name real ones."
+		noRedis, noKube, noIssuer, noAudience, noProfiles = "none: an embedded Redis", "none: a simulated cluster",
+			"none: an embedded issuer", "none; required with --oidc-issuer (the embedded issuer uses gpubroker)", "none: the embedded profiles"
 	}
 	t := &cliconfig.Table{
 		Program:   "gpubroker " + string(c.Mode),
@@ -50,9 +55,8 @@ func (c *Config) Table() *cliconfig.Table {
 	add(cliconfig.Flag{Name: "public-url", Placeholder: "URL", Value: cliconfig.String(&c.PublicURL),
 		Help:  "External base URL of the broker, for links and login redirects; the web pages are on only with it in serve mode.",
 		Check: func() error { return optional(c.PublicURL, checkHTTPURL) }})
-	add(c.Redis.Flags(cliconfig.RedisRequirement{Required: serve, Why: " in serve mode",
-		URLDefault: "none; required in serve mode unless Sentinel is set, embedded in dev mode"})...)
-	add(c.Kube.Flags("none: in-cluster config in serve mode, a simulated cluster in dev mode")...)
+	add(c.Redis.Flags(cliconfig.RedisRequirement{Required: serve, Why: " in serve mode", URLDefault: noRedis})...)
+	add(c.Kube.Flags(noKube)...)
 	add(cliconfig.Flag{Name: "namespace", Placeholder: "NAME", Value: cliconfig.String(&c.Namespace), Default: "gpubroker-notebooks",
 		Help: "Namespace of the notebook pods.",
 		Check: func() error {
@@ -62,7 +66,7 @@ func (c *Config) Table() *cliconfig.Table {
 			return nil
 		}})
 	add(cliconfig.Flag{Name: "oidc-issuer", Placeholder: "URL", Value: cliconfig.String(&c.OIDCIssuer),
-		DefaultDoc: "none; required in serve mode, the embedded dev issuer in dev mode",
+		DefaultDoc: noIssuer,
 		Help:       "OIDC issuer URL whose tokens callers send.",
 		Check: func() error {
 			if c.OIDCIssuer == "" {
@@ -71,7 +75,7 @@ func (c *Config) Table() *cliconfig.Table {
 			return checkHTTPURL(c.OIDCIssuer)
 		}})
 	add(cliconfig.Flag{Name: "oidc-audience", Placeholder: "AUD", Value: cliconfig.String(&c.OIDCAudience),
-		DefaultDoc: "none; required with --oidc-issuer (the embedded dev issuer uses gpubroker)",
+		DefaultDoc: noAudience,
 		Help:       "Audience (client id) that tokens must carry.",
 		Check: func() error {
 			if strings.TrimSpace(c.OIDCAudience) == "" && (serve || c.OIDCIssuer != "") {
@@ -95,7 +99,7 @@ func (c *Config) Table() *cliconfig.Table {
 		Check: func() error { return optional(c.OIDCClientSecretFile, cliconfig.CheckFile) }})
 	add(durationFlag("session-ttl", &c.SessionTTL, "12h", time.Minute, "Absolute lifetime of a web session (at least 1m)."))
 	add(cliconfig.Flag{Name: "profiles-file", Placeholder: "PATH", Value: cliconfig.String(&c.ProfilesFile),
-		DefaultDoc: "none; required in serve mode, the embedded catalog in dev mode",
+		DefaultDoc: noProfiles,
 		Help:       "Profiles-and-quotas YAML file.",
 		Check: func() error {
 			if c.ProfilesFile == "" {
@@ -182,14 +186,6 @@ func (c *Config) Table() *cliconfig.Table {
 	add(oneOf("log-format", "FORMAT", &c.LogFormat, logFormat, logFormats, "Log format: json or text."))
 	add(cliconfig.Flag{Name: "check-config", Value: cliconfig.Bool(&c.CheckConfig),
 		Help: "Validate the configuration (the profiles file included), print every problem and exit."})
-	add(cliconfig.Flag{Name: "dev-gpus", Placeholder: "N", Value: cliconfig.Int(&c.DevGPUs), Default: "8",
-		Help: "Number of simulated H200 GPUs in dev mode, 1..64.",
-		Check: func() error {
-			if c.Mode == ModeDev && (c.DevGPUs < 1 || c.DevGPUs > 64) {
-				return fmt.Errorf("must be 1..64, got %d", c.DevGPUs)
-			}
-			return nil
-		}})
 	return t
 }
 
