@@ -43,6 +43,19 @@ func (k Kube) RESTConfig(userAgent string) (*rest.Config, error) {
 	return rc, nil
 }
 
+// Where names the API server for messages: the kubeconfig's server URL,
+// "in-cluster" without one, or the kubeconfig's path when it cannot be read.
+func (k Kube) Where() string {
+	if k.Kubeconfig == "" {
+		return "in-cluster"
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
+	if err != nil {
+		return k.Kubeconfig
+	}
+	return rc.Host
+}
+
 // Clientset builds a clientset (RESTConfig's errors); it contacts nothing.
 func (k Kube) Clientset(userAgent string) (kubernetes.Interface, error) {
 	rc, err := k.RESTConfig(userAgent)

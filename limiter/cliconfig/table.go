@@ -136,7 +136,7 @@ func (t *Table) validate(skip map[string]bool) []error {
 	var errs []error
 	for _, check := range t.Checks {
 		if err := check(); err != nil {
-			errs = append(errs, flatten(err)...)
+			errs = append(errs, Split(err)...)
 		}
 	}
 	for _, f := range t.Flags {
@@ -144,7 +144,7 @@ func (t *Table) validate(skip map[string]bool) []error {
 			continue
 		}
 		if err := f.Check(); err != nil {
-			for _, e := range flatten(err) {
+			for _, e := range Split(err) {
 				errs = append(errs, fmt.Errorf("--%s (%s): %w", f.Name, t.EnvName(f.Name), e))
 			}
 		}
@@ -152,12 +152,13 @@ func (t *Table) validate(skip map[string]bool) []error {
 	return errs
 }
 
-// flatten splits an errors.Join into its parts so that each is one line.
-func flatten(err error) []error {
+// Split returns the problems of an errors.Join, at every depth, so that
+// each is one line; any other error comes back alone.
+func Split(err error) []error {
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		var out []error
 		for _, e := range j.Unwrap() {
-			out = append(out, flatten(e)...)
+			out = append(out, Split(e)...)
 		}
 		return out
 	}

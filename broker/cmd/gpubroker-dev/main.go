@@ -17,7 +17,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/gpubroker/gpubroker/broker/internal/app"
@@ -34,27 +33,17 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		args = args[1:] // `gpubroker-dev dev`, as `gpubroker dev` was typed
 	}
 	cfg, warnings, err := dev.Load(args, environ)
-	switch {
-	case errors.Is(err, cliconfig.ErrHelp):
-		fmt.Fprint(stdout, dev.Usage())
-		return 0
-	case errors.Is(err, cliconfig.ErrVersion):
-		fmt.Fprint(stdout, cliconfig.BuildInfo("gpubroker-dev"))
-		return 0
-	}
-	for _, w := range warnings {
-		fmt.Fprintf(stderr, "gpubroker-dev: warning: %s\n", w)
-	}
-	if cfg.Broker.CheckConfig {
+	check := cfg.Broker.CheckConfig || cfg.Broker.Connect
+	if check && !errors.Is(err, cliconfig.ErrHelp) && !errors.Is(err, cliconfig.ErrVersion) {
 		err = errors.Join(err, app.CheckConfig(cfg.Broker))
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "gpubroker-dev: invalid configuration:\n  - %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  - "))
-		return 2
+	var deps []cliconfig.Dependency
+	if cfg.Broker.Connect {
+		deps = app.Dependencies(cfg.Broker, dev.Embedded(cfg)...)
 	}
-	if cfg.Broker.CheckConfig {
-		fmt.Fprintln(stdout, "gpubroker-dev: configuration is valid")
-		return 0
+	front := cliconfig.Front{Program: "gpubroker-dev", Usage: dev.Usage, Stdout: stdout, Stderr: stderr}
+	if code, done := front.Settle(context.Background(), warnings, err, check, deps); done {
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

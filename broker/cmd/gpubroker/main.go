@@ -20,7 +20,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/gpubroker/gpubroker/broker/internal/app"
@@ -75,28 +74,18 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg, warnings, err := config.Load(mode, args[1:], environ)
-	switch {
-	case errors.Is(err, cliconfig.ErrHelp):
-		fmt.Fprint(stdout, config.Usage(mode))
-		return 0
-	case errors.Is(err, cliconfig.ErrVersion):
-		fmt.Fprint(stdout, cliconfig.BuildInfo("gpubroker"))
-		return 0
-	}
-	for _, w := range warnings {
-		fmt.Fprintf(stderr, "gpubroker %s: warning: %s\n", args[0], w)
-	}
-	if cfg.CheckConfig {
+	check := cfg.CheckConfig || cfg.Connect
+	if check && !errors.Is(err, cliconfig.ErrHelp) && !errors.Is(err, cliconfig.ErrVersion) {
 		// Report the files' problems too, next to the flags' ones.
 		err = errors.Join(err, app.CheckConfig(cfg))
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "gpubroker %s: invalid configuration:\n%s", args[0], indent(err))
-		return 2
+	var deps []cliconfig.Dependency
+	if cfg.Connect {
+		deps = app.Dependencies(cfg)
 	}
-	if cfg.CheckConfig {
-		fmt.Fprintf(stdout, "gpubroker %s: configuration is valid\n", args[0])
-		return 0
+	front := cliconfig.Front{Program: "gpubroker " + args[0], Usage: func() string { return config.Usage(mode) }, Stdout: stdout, Stderr: stderr}
+	if code, done := front.Settle(context.Background(), warnings, err, check, deps); done {
+		return code
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -105,39 +94,4 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// indent prints each problem on its own line, flattening joined errors at
-// every depth.
-func indent(err error) string {
-	var b strings.Builder
-	var walk func(error)
-	walk = func(e error) {
-		if joined, ok := e.(interface{ Unwrap() []error }); ok && isJoin(e) {
-			for _, inner := range joined.Unwrap() {
-				walk(inner)
-			}
-			return
-		}
-		for _, line := range strings.Split(e.Error(), "\n") {
-			b.WriteString("  - " + line + "\n")
-		}
-	}
-	walk(err)
-	return b.String()
-}
-
-// isJoin reports whether err came from errors.Join (whose text is just its
-// parts' texts on separate lines), as opposed to an fmt.Errorf with several
-// %w, whose text carries its own words.
-func isJoin(err error) bool {
-	joined, ok := err.(interface{ Unwrap() []error })
-	if !ok {
-		return false
-	}
-	var parts []string
-	for _, e := range joined.Unwrap() {
-		parts = append(parts, e.Error())
-	}
-	return err.Error() == strings.Join(parts, "\n")
 }

@@ -19,6 +19,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"slices"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -61,19 +63,30 @@ const (
 // every problem at once, without contacting anything; it is what
 // --check-config adds to Validate.
 func CheckConfig(cfg config.Config) error {
+	// A file that is not there is one problem, which Validate reports;
+	// only files that are there are read here.
+	there := func(path string) bool { return path != "" && cliconfig.CheckFile(path) == nil }
 	var errs []error
-	if cfg.ProfilesFile != "" {
-		if _, err := catalog.Load(cfg.ProfilesFile); err != nil {
-			errs = append(errs, err) // catalog names the file in each problem
+	if there(cfg.ProfilesFile) {
+		// One line per problem of the file, each naming the flag and file.
+		flag := "--profiles-file (" + config.EnvName("profiles-file") + ") " + cfg.ProfilesFile
+		if data, err := os.ReadFile(cfg.ProfilesFile); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", flag, err))
+		} else if _, err := catalog.Parse(data); err != nil {
+			for _, e := range cliconfig.Split(err) {
+				errs = append(errs, fmt.Errorf("%s: %w", flag, e))
+			}
 		}
 	}
-	if _, err := cfg.HubToken(); err != nil {
-		errs = append(errs, err)
+	if there(cfg.HubTokenFile) {
+		if _, err := cfg.HubToken(); err != nil {
+			errs = append(errs, fmt.Errorf("--hub-token-file (%s): %w", config.EnvName("hub-token-file"), err))
+		}
 	}
-	if cfg.Mode == config.ModeServe || cfg.Kube.Kubeconfig != "" {
+	if (cfg.Mode == config.ModeServe && cfg.Kube.Kubeconfig == "") || there(cfg.Kube.Kubeconfig) {
 		// Builds the client config only; nothing is contacted.
 		if _, err := KubeClient(cfg.Kube); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("--kubeconfig (%s): %w", config.EnvName("kubeconfig"), err))
 		}
 	}
 	return errors.Join(errs...)
@@ -403,4 +416,45 @@ func kubeReady(ctx context.Context, kube kubernetes.Interface, namespace string,
 		return fmt.Errorf("api server: %w", err)
 	}
 	return nil
+}
+
+// Dependencies are the outside parts --connect contacts: Redis (PING), the
+// OIDC issuer (discovery and its keys) and the Kubernetes API server (one
+// pod listed in the notebooks' namespace, which the broker's RBAC allows).
+// embedded names the ones dev mode embeds instead ("redis", "oidc",
+// "kubernetes"), which are listed without a check.
+func Dependencies(cfg config.Config, embedded ...string) []cliconfig.Dependency {
+	deps := []cliconfig.Dependency{
+		{Name: "redis", Where: cfg.Redis.Where(), Check: func(ctx context.Context) error {
+			rdb, err := cfg.Redis.Client()
+			if err != nil {
+				return err
+			}
+			defer rdb.Close()
+			return cliconfig.PingRedis(ctx, rdb)
+		}},
+		{Name: "oidc", Where: cfg.OIDCIssuer, Check: func(ctx context.Context) error {
+			b, err := NewBearer(ctx, cfg, cfg.OIDCIssuer, cfg.OIDCAudience)
+			if err != nil {
+				return err
+			}
+			return b.Ready(ctx)
+		}},
+		{Name: "kubernetes", Where: cfg.Kube.Where() + ", namespace " + cfg.Namespace, Check: func(ctx context.Context) error {
+			kube, err := KubeClient(cfg.Kube)
+			if err != nil {
+				return err
+			}
+			if _, err := kube.CoreV1().Pods(cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+				return fmt.Errorf("list pods: %w", err)
+			}
+			return nil
+		}},
+	}
+	for i := range deps {
+		if slices.Contains(embedded, deps[i].Name) {
+			deps[i].Where, deps[i].Check = "embedded", nil
+		}
+	}
+	return deps
 }

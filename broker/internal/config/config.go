@@ -118,6 +118,9 @@ type Config struct {
 	LogFormat string
 	// CheckConfig asks main to validate the configuration and exit.
 	CheckConfig bool
+	// Connect asks main to validate the configuration, contact every
+	// outside part and exit; it implies CheckConfig.
+	Connect bool
 
 	// ReclaimInterval is the period of the idle reclaimer's cycle; at least
 	// 5 s. Default 30 s.

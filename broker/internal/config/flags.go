@@ -186,6 +186,8 @@ func (c *Config) Table() *cliconfig.Table {
 	add(oneOf("log-format", "FORMAT", &c.LogFormat, logFormat, logFormats, "Log format: json or text."))
 	add(cliconfig.Flag{Name: "check-config", Value: cliconfig.Bool(&c.CheckConfig),
 		Help: "Validate the configuration (the profiles file included), print every problem and exit."})
+	add(cliconfig.Flag{Name: "connect", Value: cliconfig.Bool(&c.Connect),
+		Help: "Like --check-config, and also contact Redis, the OIDC issuer and the Kubernetes API server, printing whether each answered."})
 	return t
 }
 

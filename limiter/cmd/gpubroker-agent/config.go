@@ -36,6 +36,9 @@ type Config struct {
 	LogLevel string
 	// CheckConfig validates and exits.
 	CheckConfig bool
+	// Connect validates, contacts Redis, the API server and NVML, and
+	// exits; it implies CheckConfig.
+	Connect bool
 }
 
 // table is the agent's flag table bound to c.
@@ -123,6 +126,8 @@ or kills processes that bypass their slice.`,
 		}})
 	add(cliconfig.Flag{Name: "check-config", Value: cliconfig.Bool(&c.CheckConfig),
 		Help: "Validate the configuration, print every problem and exit."})
+	add(cliconfig.Flag{Name: "connect", Value: cliconfig.Bool(&c.Connect),
+		Help: "Like --check-config, and also contact Redis, the Kubernetes API server and NVML, printing whether each answered."})
 	return t
 }
 

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/limiter/agent"
 	"github.com/gpubroker/gpubroker/limiter/cliconfig"
 )
@@ -84,5 +88,54 @@ func TestHelpListsEveryFlagWithItsEnvTwin(t *testing.T) {
 		if !strings.Contains(u, "  --"+f.Name) || !strings.Contains(u, "env "+envName(f.Name)+",") {
 			t.Errorf("help lacks --%s or %s", f.Name, envName(f.Name))
 		}
+	}
+}
+
+// TestConnectNamesEachDependency runs --connect against a real
+// redis-server, an API server that is not there and the NVML the machine
+// has (none on a CI runner): each is named with its outcome.
+func TestConnectNamesEachDependency(t *testing.T) {
+	redis := redistest.Start(t)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"--connect", "--node=n1", "--redis-url=" + redis.URL(), "--kubeconfig=" + kubeconfig,
+		"--nvml-library=" + filepath.Join(t.TempDir(), "libnvidia-ml.so.1")}, nil, &stdout, &stderr)
+	if code != 1 {
+		t.Errorf("exit %d, want 1\n%s", code, stderr.String())
+	}
+	for _, want := range []string{
+		"gpubroker-agent: configuration is valid\n",
+		"connect: redis      ok      " + redis.URL() + " answered in ",
+		"connect: kubernetes FAILED  https://127.0.0.1:1, node n1: list this node's pods: ",
+		"connect: nvml       FAILED  ",
+	} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	if !strings.Contains(stderr.String(), "gpubroker-agent: 2 of 3 dependencies do not answer") {
+		t.Errorf("stderr: %s", stderr.String())
+	}
+}
+
+func TestAgentVersionAndProblems(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"--version"}, nil, &stdout, &stderr); code != 0 || !strings.HasPrefix(stdout.String(), "gpubroker-agent ") {
+		t.Errorf("--version: exit %d, %q", code, stdout.String())
+	}
+	stdout.Reset()
+	if code := run([]string{"--check-config", "--enforce=maim"}, nil, &stdout, &stderr); code != 2 ||
+		!strings.Contains(stderr.String(), "gpubroker-agent: invalid configuration:\n  - --node (GPUBROKER_AGENT_NODE): is required") ||
+		!strings.Contains(stderr.String(), "\n  - --enforce (GPUBROKER_AGENT_ENFORCE): must be report, kill or off, got \"maim\"\n") {
+		t.Errorf("--check-config with problems: exit %d\n%s", code, stderr.String())
 	}
 }

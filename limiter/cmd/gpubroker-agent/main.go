@@ -4,14 +4,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/gpubroker/gpubroker/limiter/agent"
@@ -28,33 +30,22 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Environ(), os.Stdout, os.Stderr))
 }
 
-func run(args []string) int {
-	cfg, warnings, err := Load(args, os.Environ())
-	switch {
-	case errors.Is(err, cliconfig.ErrHelp):
-		fmt.Fprint(os.Stdout, usage())
-		return 0
-	case errors.Is(err, cliconfig.ErrVersion):
-		fmt.Fprint(os.Stdout, cliconfig.BuildInfo("gpubroker-agent"))
-		return 0
+func run(args, environ []string, stdout, stderr io.Writer) int {
+	cfg, warnings, err := Load(args, environ)
+	var deps []cliconfig.Dependency
+	if cfg.Connect {
+		deps = dependencies(cfg)
 	}
-	for _, w := range warnings {
-		fmt.Fprintf(os.Stderr, "gpubroker-agent: warning: %s\n", w)
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpubroker-agent: invalid configuration:\n  - %s\n", strings.ReplaceAll(err.Error(), "\n", "\n  - "))
-		return 2
-	}
-	if cfg.CheckConfig {
-		fmt.Fprintln(os.Stdout, "gpubroker-agent: configuration is valid")
-		return 0
+	front := cliconfig.Front{Program: "gpubroker-agent", Usage: usage, Stdout: stdout, Stderr: stderr}
+	if code, done := front.Settle(context.Background(), warnings, err, cfg.CheckConfig || cfg.Connect, deps); done {
+		return code
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated in Load
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 	klog.SetSlogLogger(log.With("component", "client-go"))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -76,7 +67,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer rdb.Close()
 	store := agentstore.New(rdb, cfg.Redis.Prefix, agentstore.WithMaxLen(cfg.SampleMaxLen))
 
-	kube, err := cfg.Kube.Clientset("gpubroker-agent/" + cliconfig.Version())
+	kube, err := cfg.Kube.Clientset(userAgent)
 	if err != nil {
 		return err
 	}
@@ -84,14 +75,10 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		log.Warn("pod ignored", "err", err)
 	})
 
-	var opts []nvml.LibraryOption
-	if cfg.NVMLLibrary != "" {
-		opts = append(opts, nvml.WithLibraryPath(cfg.NVMLLibrary))
-	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a, err := agent.New(cfg.Agent, agent.Deps{
-		NVML:    nvml.New(opts...),
+		NVML:    nvmlLibrary(cfg),
 		Samples: store,
 		Quotas:  store,
 		Audit:   store,
@@ -142,4 +129,54 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return nil
 	})
 	return g.Wait()
+}
+
+// userAgent is the agent's user agent at the API server.
+var userAgent = "gpubroker-agent/" + cliconfig.Version()
+
+// nvmlLibrary is NVML from --nvml-library, or the system's.
+func nvmlLibrary(cfg Config) nvml.Interface {
+	var opts []nvml.LibraryOption
+	if cfg.NVMLLibrary != "" {
+		opts = append(opts, nvml.WithLibraryPath(cfg.NVMLLibrary))
+	}
+	return nvml.New(opts...)
+}
+
+// dependencies are what --connect contacts: Redis (PING), the API server
+// (this node's pods, as the agent watches them) and NVML (loaded,
+// initialised and asked for its device count).
+func dependencies(cfg Config) []cliconfig.Dependency {
+	return []cliconfig.Dependency{
+		{Name: "redis", Where: cfg.Redis.Where(), Check: func(ctx context.Context) error {
+			rdb, err := cfg.Redis.Client()
+			if err != nil {
+				return err
+			}
+			defer rdb.Close()
+			return cliconfig.PingRedis(ctx, rdb)
+		}},
+		{Name: "kubernetes", Where: cfg.Kube.Where() + ", node " + cfg.Agent.Node, Check: func(ctx context.Context) error {
+			kube, err := cfg.Kube.Clientset(userAgent)
+			if err != nil {
+				return err
+			}
+			_, err = kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + cfg.Agent.Node, Limit: 1})
+			if err != nil {
+				return fmt.Errorf("list this node's pods: %w", err)
+			}
+			return nil
+		}},
+		{Name: "nvml", Where: cmp.Or(cfg.NVMLLibrary, "the system's libnvidia-ml.so.1"), Check: func(context.Context) error {
+			lib := nvmlLibrary(cfg)
+			if ret := lib.Init(); ret != nvml.SUCCESS {
+				return fmt.Errorf("init: %w", ret)
+			}
+			defer lib.Shutdown()
+			if _, ret := lib.DeviceGetCount(); ret != nvml.SUCCESS {
+				return fmt.Errorf("device count: %w", ret)
+			}
+			return nil
+		}},
+	}
 }

@@ -52,3 +52,19 @@ func Usage() string {
 	var c Config
 	return c.Table().Usage()
 }
+
+// Embedded names the outside parts c leaves to dev mode ("redis", "oidc",
+// "kubernetes"), in app.Dependencies' terms.
+func Embedded(c Config) []string {
+	var out []string
+	if c.Broker.Redis.URL == "" && c.Broker.Redis.SentinelMaster == "" {
+		out = append(out, "redis")
+	}
+	if c.Broker.OIDCIssuer == "" {
+		out = append(out, "oidc")
+	}
+	if c.Broker.Kube.Kubeconfig == "" {
+		out = append(out, "kubernetes")
+	}
+	return out
+}

@@ -125,6 +125,7 @@ func build(ctx context.Context, c Config, log *slog.Logger, ln net.Listener, std
 			return fail(fmt.Errorf("embedded oidc issuer: %w", err))
 		}
 		in.Background = append(in.Background, func(ctx context.Context) error { return iss.Serve(ctx, il) })
+		in.Closers = append(in.Closers, func() { il.Close() }) // Serve closes it too; this covers a Run that never started
 		in.Web = &app.WebSettings{IssuerURL: issuerURL, ClientID: audience, ClientSecret: secret, PublicURL: publicURL}
 		token, err = iss.Mint(devissuer.Claims{
 			Subject: devUser, Username: devUser, Email: devUser + "@localhost",
@@ -169,16 +170,23 @@ func build(ctx context.Context, c Config, log *slog.Logger, ln net.Listener, std
 		web = in.Web.PublicURL
 	}
 	profiles := in.Catalog.Profiles()
-	in.Started = func() { printBanner(stdout, "http://"+ln.Addr().String(), web, token, profiles) }
+	in.Started = func() { printBanner(stdout, listenURL(ln), web, token, profiles) }
 	return in, nil
 }
 
 // devPublicURL is dev mode's public URL: the configured one, else the
-// listener's address (with "localhost" for an unspecified host).
+// listener's URL.
 func devPublicURL(configured string, ln net.Listener) string {
 	if configured != "" {
 		return configured
 	}
+	return listenURL(ln)
+}
+
+// listenURL is the http URL a person on this machine opens for ln:
+// "localhost" for an unspecified host (":8080" listens on [::]), the host
+// as it is otherwise.
+func listenURL(ln net.Listener) string {
 	host, port, err := net.SplitHostPort(ln.Addr().String())
 	if err != nil {
 		return "http://" + ln.Addr().String()

@@ -3,6 +3,7 @@ package dev
 import (
 	"errors"
 	"flag"
+	"log/slog"
 	"net"
 	"strings"
 	"testing"
@@ -73,5 +74,36 @@ func TestDevPublicURL(t *testing.T) {
 				t.Errorf("devPublicURL = %q, want prefix %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestBannerURLsUseLocalhost builds dev mode on a listener for every
+// address (":0", as the default ":8080") and checks that the banner's URLs
+// are ones a person can open: localhost, never [::].
+func TestBannerURLsUseLocalhost(t *testing.T) {
+	c, _, err := Load(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", ":0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var banner strings.Builder
+	in, err := build(t.Context(), c, slog.New(slog.DiscardHandler), ln, &banner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for i := len(in.Closers) - 1; i >= 0; i-- {
+			in.Closers[i]()
+		}
+	}()
+	in.Started()
+	out := banner.String()
+	if strings.Contains(out, "[::]") || strings.Contains(out, "0.0.0.0") || !strings.Contains(out, "API:      http://localhost:") ||
+		!strings.Contains(out, "Web:      http://localhost:") || !strings.Contains(out, "curl -sS -X PUT") {
+		t.Errorf("banner:\n%s", out)
 	}
 }
