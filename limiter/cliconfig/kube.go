@@ -2,6 +2,7 @@ package cliconfig
 
 import (
 	"fmt"
+	"strconv"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -13,20 +14,52 @@ type Kube struct {
 	// Kubeconfig is a kubeconfig path; "" means the pod's in-cluster config
 	// (its service account).
 	Kubeconfig string
+	// QPS and Burst are the client's rate limit (a token bucket: Burst
+	// requests at once, refilled at QPS per second); > 0 each.
+	QPS   float64
+	Burst int
 }
 
-// Flags returns the Kubernetes flags bound to k: --kubeconfig, whose
-// default the help and README show as kubeconfigDefault.
-func (k *Kube) Flags(kubeconfigDefault string) []Flag {
+// KubeDefaults are a binary's defaults for its Kubernetes flags.
+type KubeDefaults struct {
+	// Kubeconfig is --kubeconfig's default as the help shows it.
+	Kubeconfig string
+	// QPS and Burst are the rate limit's defaults; Source says where they
+	// come from, for the help ("kube-scheduler's").
+	QPS    float64
+	Burst  int
+	Source string
+}
+
+// Flags returns the Kubernetes flags bound to k: --kubeconfig,
+// --kube-api-qps and --kube-api-burst, with d's defaults.
+func (k *Kube) Flags(d KubeDefaults) []Flag {
 	return []Flag{
-		{Name: "kubeconfig", Placeholder: "PATH", Value: String(&k.Kubeconfig), DefaultDoc: kubeconfigDefault,
+		{Name: "kubeconfig", Placeholder: "PATH", Value: String(&k.Kubeconfig), DefaultDoc: d.Kubeconfig,
 			Help:  "Kubeconfig file naming the Kubernetes API server and the credentials for it.",
 			Check: func() error { return checkOptionalFile(k.Kubeconfig) }},
+		{Name: "kube-api-qps", Placeholder: "QPS", Value: Float(&k.QPS), Default: strconv.FormatFloat(d.QPS, 'g', -1, 64),
+			Help: "Requests per second the Kubernetes client sustains (client-go's own default is 5; this default is " + d.Source + "); the API server's priority and fairness protects it beyond that.",
+			Check: func() error {
+				if k.QPS <= 0 {
+					return fmt.Errorf("must be > 0, got %g", k.QPS)
+				}
+				return nil
+			}},
+		{Name: "kube-api-burst", Placeholder: "N", Value: Int(&k.Burst), Default: strconv.Itoa(d.Burst),
+			Help: "Requests the Kubernetes client may send at once above --kube-api-qps (client-go's own default is 10; this default is " + d.Source + ").",
+			Check: func() error {
+				if k.Burst < 1 {
+					return fmt.Errorf("must be at least 1, got %d", k.Burst)
+				}
+				return nil
+			}},
 	}
 }
 
 // RESTConfig builds the client configuration from Kubeconfig, or from the
-// in-cluster service account when it is "", with userAgent set. It reads
+// in-cluster service account when it is "", with userAgent and the rate
+// limit (QPS, Burst; zero values leave client-go's 5 and 10) set. It reads
 // files only and contacts nothing.
 func (k Kube) RESTConfig(userAgent string) (*rest.Config, error) {
 	var rc *rest.Config
@@ -40,6 +73,7 @@ func (k Kube) RESTConfig(userAgent string) (*rest.Config, error) {
 		return nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
 	rc.UserAgent = userAgent
+	rc.QPS, rc.Burst = float32(k.QPS), k.Burst
 	return rc, nil
 }
 

@@ -15,12 +15,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -99,6 +101,10 @@ type Infra struct {
 	// Redis is the broker's Redis; Kube its Kubernetes client.
 	Redis redis.UniversalClient
 	Kube  kubernetes.Interface
+	// Streams is a client of the same Redis for the event streams' blocking
+	// reads, with a pool of its own so that waiting streams never take the
+	// connections placement needs; nil means Redis.
+	Streams redis.UniversalClient
 	// Catalog is the profiles and quotas.
 	Catalog *catalog.Catalog
 	// Bearer verifies API tokens; Hub the JupyterHub service token.
@@ -225,29 +231,48 @@ func warnIfNotReady(ctx context.Context, log *slog.Logger, checks []httpapi.Chec
 	return nil
 }
 
+// podEventWorkers is how many pod events are applied at once. Events of
+// one pod always go to the same worker, so they stay in order; events of
+// different pods (different spawns) are applied side by side, each a few
+// Redis round trips, instead of queueing behind one another.
+const podEventWorkers = 16
+
 // forwardPodEvents hands every pod observation to the lifecycle. The
-// spawner's dispatcher must not block, so events pass through a buffer; if
-// it overflows, the reconciler is asked for a pass, which replays every
-// pod's current phase. A storage failure is logged and left to that pass too.
+// spawner's dispatcher must not block, so events pass through a buffer per
+// worker; if one overflows, the reconciler is asked for a pass, which
+// replays every pod's current phase. A storage failure is logged and left
+// to that pass too.
 func forwardPodEvents(ctx context.Context, p *parts) error {
-	events := make(chan spawner.PodEvent, 1024)
+	queues := make([]chan spawner.PodEvent, podEventWorkers)
+	for i := range queues {
+		queues[i] = make(chan spawner.PodEvent, 256)
+	}
 	p.spawner.Subscribe(ctx, func(ev spawner.PodEvent) {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(ev.Pod)) // hash.Hash.Write never fails
 		select {
-		case events <- ev:
+		case queues[h.Sum32()%podEventWorkers] <- ev:
 		default:
 			p.reconciler.Trigger()
 		}
 	})
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev := <-events:
-			if err := p.service.HandlePodEvent(ctx, ev); err != nil && ctx.Err() == nil {
-				p.log.WarnContext(ctx, "pod event not applied; the reconciler will retry", "pod", ev.Pod, "err", err)
+	var wg sync.WaitGroup
+	for _, q := range queues {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case ev := <-q:
+					if err := p.service.HandlePodEvent(ctx, ev); err != nil && ctx.Err() == nil {
+						p.log.WarnContext(ctx, "pod event not applied; the reconciler will retry", "pod", ev.Pod, "err", err)
+					}
+				}
 			}
-		}
+		})
 	}
+	wg.Wait()
+	return nil
 }
 
 // serveHTTP serves until ctx ends, then drains within the shutdown timeout.
@@ -297,11 +322,11 @@ func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (Infra
 	if err != nil {
 		return Infra{}, fmt.Errorf("profiles file %s: %w", cfg.ProfilesFile, err)
 	}
-	rdb, err := cfg.Redis.Client()
+	rdb, streams, err := RedisClients(cfg)
 	if err != nil {
 		return Infra{}, err
 	}
-	in := Infra{Redis: rdb, Catalog: cat, Closers: []func(){func() { rdb.Close() }}}
+	in := Infra{Redis: rdb, Streams: streams, Catalog: cat, Closers: []func(){func() { rdb.Close() }, func() { streams.Close() }}}
 	fail := func(err error) (Infra, error) {
 		in.close()
 		return Infra{}, err
@@ -321,6 +346,19 @@ func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (Infra
 		return fail(err)
 	}
 	return in, nil
+}
+
+// RedisClients returns two clients of the configured Redis: rdb for every
+// operation and streams, with a pool of cfg.RedisStreamConnections, for the
+// event streams' blocking reads (Infra.Streams). The caller closes both.
+func RedisClients(cfg config.Config) (rdb, streams redis.UniversalClient, err error) {
+	opts, err := cfg.Redis.Options()
+	if err != nil {
+		return nil, nil, err
+	}
+	streamOpts := *opts
+	streamOpts.PoolSize = cfg.RedisStreamConnections
+	return redis.NewUniversalClient(opts), redis.NewUniversalClient(&streamOpts), nil
 }
 
 // NewBearer builds the API token verifier for issuer and audience with the
@@ -345,11 +383,11 @@ func KubeClient(k cliconfig.Kube) (kubernetes.Interface, error) {
 // outside /api/ and the probes).
 func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) {
 	rdb, kube, cat, mode, ws := infra.Redis, infra.Kube, infra.Catalog, infra.Mode, infra.Web
-	store := redisstore.New(rdb, cfg.Redis.Prefix)
+	store := redisstore.New(rdb, cfg.Redis.Prefix, redisstore.WithBlockingClient(infra.Streams))
 	sp := spawner.New(kube, spawner.Config{
 		Namespace: cfg.Namespace, HostRoot: cfg.HostRoot, Exposure: spawner.Exposure(cfg.GPUExposure),
 		RuntimeClassName: cfg.RuntimeClass, StartTimeout: cfg.StartTimeout,
-	}.WithDefaults(), log.With("part", "spawner"))
+	}.WithDefaults(), log.With("part", "spawner"), spawner.WithResync(cfg.PodResync))
 	p := &parts{log: log, redis: rdb, store: store, kube: kube, spawner: sp,
 		agents: agentstore.New(rdb, cfg.Redis.Prefix)}
 	var rec *reconcile.Reconciler

@@ -56,11 +56,18 @@ type Config struct {
 	// and the key prefix (default "gpubroker:"). Required in serve mode; in
 	// dev mode none means an embedded Redis.
 	Redis cliconfig.Redis
+	// RedisStreamConnections bounds the connections of the event streams'
+	// own Redis pool (each waiting stream holds one); >= 1. Default 1000.
+	RedisStreamConnections int
 	// Kube is the Kubernetes API server: a kubeconfig, or "" for the
 	// in-cluster config in serve mode and a simulated cluster in dev mode.
 	Kube cliconfig.Kube
 	// Namespace holds the notebook pods. Default "gpubroker-notebooks".
 	Namespace string
+	// PodResync is how often every cached pod is classified again, so that
+	// deadlines fire without a pod update; at least 1 s. Default
+	// spawner.DefaultResync (5 s).
+	PodResync time.Duration
 
 	// OIDCIssuer is the issuer URL. Required in serve mode; "" in dev mode
 	// means the embedded dev issuer.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/limiter/cliconfig"
+	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // Table returns the flag table of c's mode bound to c: every setting with
@@ -56,7 +57,18 @@ func (c *Config) Table() *cliconfig.Table {
 		Help:  "External base URL of the broker, for links and login redirects; the web pages are on only with it in serve mode.",
 		Check: func() error { return optional(c.PublicURL, checkHTTPURL) }})
 	add(c.Redis.Flags(cliconfig.RedisRequirement{Required: serve, Why: " in serve mode", URLDefault: noRedis})...)
-	add(c.Kube.Flags(noKube)...)
+	add(cliconfig.Flag{Name: "redis-stream-connections", Placeholder: "N", Value: cliconfig.Int(&c.RedisStreamConnections), Default: "1000",
+		Help: "Most Redis connections the event streams of this replica hold at once, in a pool of their own (each waiting stream holds one, until a few seconds after its client left), so streams never delay placement.",
+		Check: func() error {
+			if c.RedisStreamConnections < 1 {
+				return fmt.Errorf("must be at least 1, got %d", c.RedisStreamConnections)
+			}
+			return nil
+		}})
+	add(c.Kube.Flags(cliconfig.KubeDefaults{Kubeconfig: noKube, QPS: KubeAPIQPS, Burst: KubeAPIBurst,
+		Source: "kube-scheduler's and the kubelet's, the components on the pod-creation path"})...)
+	add(durationFlag("pod-resync", &c.PodResync, spawnerResync, time.Second,
+		"Period at which every cached notebook pod is judged again, so that deadlines such as --start-timeout fire without a new pod update; it reads the informer's cache, not the API server."))
 	add(cliconfig.Flag{Name: "namespace", Placeholder: "NAME", Value: cliconfig.String(&c.Namespace), Default: "gpubroker-notebooks",
 		Help: "Namespace of the notebook pods.",
 		Check: func() error {
@@ -190,6 +202,20 @@ func (c *Config) Table() *cliconfig.Table {
 		Help: "Like --check-config, and also contact Redis, the OIDC issuer and the Kubernetes API server, printing whether each answered."})
 	return t
 }
+
+// The broker's Kubernetes client rate limit: the defaults of kube-scheduler
+// (KubeSchedulerConfiguration clientConnection qps 50, burst 100) and of the
+// kubelet since v1.27 (kubeAPIQPS 50, kubeAPIBurst 100), the components
+// that create and bind pods; kube-controller-manager uses 20 and 30.
+// client-go's own 5 and 10 made every spawn beyond the tenth in a burst wait
+// for a token (issue 16: 5 spawns per second).
+const (
+	KubeAPIQPS   = 50
+	KubeAPIBurst = 100
+)
+
+// spawnerResync is --pod-resync's default, spawner.DefaultResync.
+var spawnerResync = spawner.DefaultResync.String()
 
 // foreignEnv are GPUBROKER_* variables of other programs: the node agent's,
 // the test helpers', the stub driver's and the in-pod hook's.

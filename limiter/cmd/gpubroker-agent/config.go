@@ -76,7 +76,8 @@ or kills processes that bypass their slice.`,
 		Help: "The host's proc tree (the agent needs the host pid namespace)."})
 	add(cliconfig.Flag{Name: "nvml-library", Placeholder: "PATH", Value: cliconfig.String(&c.NVMLLibrary), DefaultDoc: "the system's",
 		Help: "Path of libnvidia-ml.so.1."})
-	add(c.Kube.Flags("none: in-cluster config")...)
+	add(c.Kube.Flags(cliconfig.KubeDefaults{Kubeconfig: "none: in-cluster config", QPS: 5, Burst: 10,
+		Source: "client-go's too: the agent lists and watches one node's pods"})...)
 	add(nonNegative("sample-interval", &c.Agent.SampleInterval, agent.DefaultSampleInterval,
 		"Time between usage samples; samples are stale after three intervals."))
 	add(nonNegative("heartbeat-interval", &c.Agent.HeartbeatInterval, agent.DefaultHeartbeatInterval,

@@ -86,16 +86,16 @@ func build(ctx context.Context, c Config, log *slog.Logger, ln net.Listener, std
 		}
 		in.Closers = append(in.Closers, mr.Close)
 		in.Redis = redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+		in.Streams = redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, PoolSize: cfg.RedisStreamConnections})
 		simulated = append(simulated, "Redis is embedded (miniredis, in memory: data is lost at exit)")
 	} else {
-		rdb, err := cfg.Redis.Client()
-		if err != nil {
+		var err error
+		if in.Redis, in.Streams, err = app.RedisClients(cfg); err != nil {
 			return fail(err)
 		}
-		in.Redis = rdb
 	}
-	rdb := in.Redis
-	in.Closers = append(in.Closers, func() { rdb.Close() })
+	rdb, streams := in.Redis, in.Streams
+	in.Closers = append(in.Closers, func() { rdb.Close() }, func() { streams.Close() })
 
 	issuerURL, audience := cfg.OIDCIssuer, cfg.OIDCAudience
 	publicURL := devPublicURL(cfg.PublicURL, ln)
