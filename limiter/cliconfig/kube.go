@@ -47,13 +47,8 @@ func (k *Kube) Flags(d KubeDefaults) []Flag {
 				return nil
 			}},
 		{Name: "kube-api-burst", Placeholder: "N", Value: Int(&k.Burst), Default: strconv.Itoa(d.Burst),
-			Help: "Requests the Kubernetes client may send at once above --kube-api-qps (client-go's own default is 10; this default is " + d.Source + ").",
-			Check: func() error {
-				if k.Burst < 1 {
-					return fmt.Errorf("must be at least 1, got %d", k.Burst)
-				}
-				return nil
-			}},
+			Help:  "Requests the Kubernetes client may send at once above --kube-api-qps (client-go's own default is 10; this default is " + d.Source + ").",
+			Check: AtLeast(&k.Burst, 1)},
 	}
 }
 

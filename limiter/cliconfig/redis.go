@@ -61,7 +61,7 @@ func (r *Redis) Flags(req RedisRequirement) []Flag {
 	sentinel := func() bool { return r.SentinelMaster != "" || len(r.SentinelAddrs) > 0 }
 	return []Flag{
 		{Name: "redis-url", Placeholder: "URL", Value: String(&r.URL), DefaultDoc: req.URLDefault,
-			Help: "Redis to use: redis://[user:password@]host:port[/db], or rediss:// for TLS.",
+			Help:   "Redis to use: redis://[user:password@]host:port[/db], or rediss:// for TLS.",
 			Redact: RedactURL,
 			Check: func() error {
 				switch {
@@ -183,12 +183,20 @@ func (r Redis) Where() string {
 	return fmt.Sprintf("sentinel master %s at %s", r.SentinelMaster, strings.Join(r.SentinelAddrs, ","))
 }
 
-// PingRedis is a connect check: PING answered with PONG.
-func PingRedis(ctx context.Context, c redis.UniversalClient) error {
-	if err := c.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("PING: %w", err)
-	}
-	return nil
+// Dependency is the --connect check of this Redis: a client of its own
+// sends PING and must get PONG.
+func (r Redis) Dependency() Dependency {
+	return Dependency{Name: "redis", Where: r.Where(), Check: func(ctx context.Context) error {
+		c, err := r.Client()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := c.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("PING: %w", err)
+		}
+		return nil
+	}}
 }
 
 // checkRedisURL checks a Redis URL without echoing its password.

@@ -94,7 +94,6 @@ func TestRedisOptions(t *testing.T) {
 	}
 }
 
-
 func TestRedisFlagsReportEachProblemOnItsFlag(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing")
 	tests := []struct {

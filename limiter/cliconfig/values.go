@@ -150,7 +150,7 @@ func (v boolFlagValue) Set(s string) error {
 	}
 	return nil
 }
-func (v boolFlagValue) Form() string    { return "true or false" }
+func (v boolFlagValue) Form() string     { return "true or false" }
 func (v boolFlagValue) IsBoolFlag() bool { return true }
 
 type listValue struct{ p *[]string }
@@ -177,6 +177,16 @@ func (v listValue) Set(s string) error {
 	return nil
 }
 func (v listValue) Form() string { return "a comma-separated list" }
+
+// AtLeast returns a Check that *p is at least least.
+func AtLeast[T int | int64](p *T, least T) func() error {
+	return func() error {
+		if *p < least {
+			return fmt.Errorf("must be at least %d, got %d", least, *p)
+		}
+		return nil
+	}
+}
 
 // formError is a value that did not parse, in the user's words.
 func formError(v Value, raw string, err error) error {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpubroker/gpubroker/broker/devissuer"
 	"github.com/gpubroker/gpubroker/broker/redistest"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig/cliconfigtest"
 )
 
 func TestDevPointsToItsOwnBinary(t *testing.T) {
@@ -41,17 +42,6 @@ func writeFile(t *testing.T, name, content string) string {
 	return p
 }
 
-// deadKubeconfig names an API server on a port nobody listens on.
-func deadKubeconfig(t *testing.T) string {
-	return writeFile(t, "kubeconfig", `apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`)
-}
-
 // TestCheckConfigTellsTheWholeTruthAtOnce gives gpubroker serve
 // --check-config problems of every kind in one run: unknown and misspelled
 // flags, values that do not parse in flags and in variables, a missing
@@ -64,7 +54,7 @@ func TestCheckConfigTellsTheWholeTruthAtOnce(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing")
 	var stdout, stderr bytes.Buffer
 	code := run([]string{"serve", "--check-config", "--nope", "--redis-ulr=redis://r", "--start-timeout=5",
-		"--profiles-file=" + profiles, "--hub-token-file=" + missing, "--kubeconfig=" + deadKubeconfig(t), "--shutdown-timeout=1s",
+		"--profiles-file=" + profiles, "--hub-token-file=" + missing, "--kubeconfig=" + cliconfigtest.DeadKubeconfig(t), "--shutdown-timeout=1s",
 		"--oidc-issuer=https://idp.example"},
 		[]string{"GPUBROKER_ORPHAN_GRACE=soon", "GPUBROKER_CHECK_CONFIG=perhaps", "GPUBROKER_SHUTDOWN_TIMEOUT=never",
 			"GPUBROKER_REDIS_URL=redis://127.0.0.1:6390/0", "GPUBROKER_NAMESPCE=x"},
@@ -114,7 +104,7 @@ func TestConnectNamesEachDependencyAndWhetherItAnswers(t *testing.T) {
 	profiles := writeFile(t, "profiles.yaml", "profiles:\n  - {name: small, displayName: Small, image: i, cpu: \"1\", memory: 1Gi, slice: {memoryMiB: 1024, computePercent: 10, computeLimitPercent: 50}}\n")
 	var stdout, stderr bytes.Buffer
 	code := run([]string{"serve", "--connect", "--redis-url=" + redis.URL(), "--oidc-issuer=" + issuer.URL(), "--oidc-audience=gpubroker",
-		"--profiles-file=" + profiles, "--kubeconfig=" + deadKubeconfig(t)}, nil, &stdout, &stderr)
+		"--profiles-file=" + profiles, "--kubeconfig=" + cliconfigtest.DeadKubeconfig(t)}, nil, &stdout, &stderr)
 	if code != 1 {
 		t.Errorf("exit %d, want 1 (the API server does not answer)\n%s", code, stderr.String())
 	}

@@ -463,14 +463,7 @@ func kubeReady(ctx context.Context, kube kubernetes.Interface, namespace string,
 // "kubernetes"), which are listed without a check.
 func Dependencies(cfg config.Config, embedded ...string) []cliconfig.Dependency {
 	deps := []cliconfig.Dependency{
-		{Name: "redis", Where: cfg.Redis.Where(), Check: func(ctx context.Context) error {
-			rdb, err := cfg.Redis.Client()
-			if err != nil {
-				return err
-			}
-			defer rdb.Close()
-			return cliconfig.PingRedis(ctx, rdb)
-		}},
+		cfg.Redis.Dependency(),
 		{Name: "oidc", Where: cfg.OIDCIssuer, Check: func(ctx context.Context) error {
 			b, err := NewBearer(ctx, cfg, cfg.OIDCIssuer, cfg.OIDCAudience)
 			if err != nil {

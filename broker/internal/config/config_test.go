@@ -16,16 +16,8 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/limiter/cliconfig"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig/cliconfigtest"
 )
-
-// environ turns a map into os.Environ's form.
-func environ(m map[string]string) []string {
-	var out []string
-	for k, v := range m {
-		out = append(out, k+"="+v)
-	}
-	return out
-}
 
 // serveBasics are what serve mode requires (a Redis, an issuer and its
 // audience, a profiles file that exists), as variables, for tests about
@@ -193,7 +185,7 @@ func TestLoadPrecedence(t *testing.T) {
 			if mode == config.ModeServe {
 				env = merge(serveBasics(profiles), tc.env)
 			}
-			got, warnings, err := config.Load(mode, tc.args, environ(env))
+			got, warnings, err := config.Load(mode, tc.args, cliconfigtest.Environ(env))
 			if err != nil || len(warnings) > 0 {
 				t.Fatalf("Load: %v (warnings %q)", err, warnings)
 			}
@@ -260,7 +252,7 @@ func TestLoadReportsEveryProblemAtOnce(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, warnings, err := config.Load(tc.mode, tc.args, environ(tc.env))
+			_, warnings, err := config.Load(tc.mode, tc.args, cliconfigtest.Environ(tc.env))
 			if err == nil {
 				t.Fatal("Load succeeded, want an error")
 			}

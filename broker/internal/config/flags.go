@@ -58,13 +58,8 @@ func (c *Config) Table() *cliconfig.Table {
 		Check: func() error { return optional(c.PublicURL, checkHTTPURL) }})
 	add(c.Redis.Flags(cliconfig.RedisRequirement{Required: serve, Why: " in serve mode", URLDefault: noRedis})...)
 	add(cliconfig.Flag{Name: "redis-stream-connections", Placeholder: "N", Value: cliconfig.Int(&c.RedisStreamConnections), Default: "1000",
-		Help: "Most Redis connections the event streams of this replica hold at once, in a pool of their own (each waiting stream holds one, until a few seconds after its client left), so streams never delay placement.",
-		Check: func() error {
-			if c.RedisStreamConnections < 1 {
-				return fmt.Errorf("must be at least 1, got %d", c.RedisStreamConnections)
-			}
-			return nil
-		}})
+		Help:  "Most Redis connections the event streams of this replica hold at once, in a pool of their own (each waiting stream holds one, until a few seconds after its client left), so streams never delay placement.",
+		Check: cliconfig.AtLeast(&c.RedisStreamConnections, 1)})
 	add(c.Kube.Flags(cliconfig.KubeDefaults{Kubeconfig: noKube, QPS: KubeAPIQPS, Burst: KubeAPIBurst,
 		Source: "kube-scheduler's and the kubelet's, the components on the pod-creation path"})...)
 	add(durationFlag("pod-resync", &c.PodResync, spawnerResync, time.Second,

@@ -7,11 +7,12 @@ import (
 
 	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/limiter/cliconfig"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig/cliconfigtest"
 )
 
 func TestWebLoginSettings(t *testing.T) {
 	c, _, err := config.Load(config.ModeServe, []string{"--oidc-audience=aud", "--session-ttl=30s"},
-		environ(map[string]string{"GPUBROKER_OIDC_CLIENT_SECRET_FILE": "/nonexistent/secret"}))
+		cliconfigtest.Environ(map[string]string{"GPUBROKER_OIDC_CLIENT_SECRET_FILE": "/nonexistent/secret"}))
 	if c.ClientID() != "aud" || c.SessionTTL != 30*time.Second {
 		t.Errorf("client id %q ttl %s, want the audience and 30s", c.ClientID(), c.SessionTTL)
 	}

@@ -63,13 +63,8 @@ or kills processes that bypass their slice.`,
 		}})
 	add(c.Redis.Flags(cliconfig.RedisRequirement{Required: true, URLDefault: "none; required unless Sentinel is set"})...)
 	add(cliconfig.Flag{Name: "sample-maxlen", Placeholder: "N", Value: cliconfig.Int64(&c.SampleMaxLen), Default: "3600",
-		Help: "Samples kept per slice (Redis stream MAXLEN ~; 3600 = 1 h at 1 Hz, about 196 KB per slice).",
-		Check: func() error {
-			if c.SampleMaxLen < 1 {
-				return fmt.Errorf("must be at least 1, got %d", c.SampleMaxLen)
-			}
-			return nil
-		}})
+		Help:  "Samples kept per slice (Redis stream MAXLEN ~; 3600 = 1 h at 1 Hz, about 196 KB per slice).",
+		Check: cliconfig.AtLeast(&c.SampleMaxLen, 1)})
 	add(cliconfig.Flag{Name: "host-root", Placeholder: "PATH", Value: cliconfig.String(&c.Agent.HostRoot), Default: agent.DefaultHostRoot,
 		Help: "Host directory holding slices/<id>/quota and usage (the broker's --host-root)."})
 	add(cliconfig.Flag{Name: "proc-root", Placeholder: "PATH", Value: cliconfig.String(&c.ProcRoot), Default: agent.DefaultProcRoot,

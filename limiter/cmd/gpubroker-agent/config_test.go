@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,15 +13,8 @@ import (
 	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/limiter/agent"
 	"github.com/gpubroker/gpubroker/limiter/cliconfig"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig/cliconfigtest"
 )
-
-func environ(m map[string]string) []string {
-	var out []string
-	for k, v := range m {
-		out = append(out, k+"="+v)
-	}
-	return out
-}
 
 func TestLoadFlagOverEnvOverDefault(t *testing.T) {
 	env := map[string]string{
@@ -33,7 +25,7 @@ func TestLoadFlagOverEnvOverDefault(t *testing.T) {
 		"GPUBROKER_AGENT_ENFORCE_SAMPLES": "many", // overridden by the flag: quiet
 		"GPUBROKER_LISTEN":                ":1",   // the broker's, not the agent's: no warning
 	}
-	c, warnings, err := Load([]string{"--sample-interval=500ms", "--enforce-samples=4"}, environ(env))
+	c, warnings, err := Load([]string{"--sample-interval=500ms", "--enforce-samples=4"}, cliconfigtest.Environ(env))
 	if err != nil || len(warnings) > 0 {
 		t.Fatalf("Load: %v (warnings %q)", err, warnings)
 	}
@@ -51,7 +43,7 @@ func TestLoadFlagOverEnvOverDefault(t *testing.T) {
 func TestLoadReportsEveryProblem(t *testing.T) {
 	env := map[string]string{"GPUBROKER_AGENT_ENFORCE_SAMPLES": "many", "GPUBROKER_AGENT_HEARTBEAT_INTERVL": "5s"}
 	_, warnings, err := Load([]string{"--enforce=maim", "--redis-prefix={x}", "--log-level=loud", "--sample-maxlen=0",
-		"--sample-interval=-1s", "--enforce-tolerance=101", "--metrics-adr=:1", "--metrics-addr=9400"}, environ(env))
+		"--sample-interval=-1s", "--enforce-tolerance=101", "--metrics-adr=:1", "--metrics-addr=9400"}, cliconfigtest.Environ(env))
 	want := []string{
 		"--metrics-adr: no such flag; did you mean --metrics-addr? (see gpubroker-agent --help)",
 		`GPUBROKER_AGENT_ENFORCE_SAMPLES="many" is not a whole number such as 3 (for --enforce-samples)`,
@@ -96,16 +88,7 @@ func TestHelpListsEveryFlagWithItsEnvTwin(t *testing.T) {
 // has (none on a CI runner): each is named with its outcome.
 func TestConnectNamesEachDependency(t *testing.T) {
 	redis := redistest.Start(t)
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kubeconfig, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := cliconfigtest.DeadKubeconfig(t)
 	var stdout, stderr bytes.Buffer
 	code := run([]string{"--connect", "--node=n1", "--redis-url=" + redis.URL(), "--kubeconfig=" + kubeconfig,
 		"--nvml-library=" + filepath.Join(t.TempDir(), "libnvidia-ml.so.1")}, nil, &stdout, &stderr)

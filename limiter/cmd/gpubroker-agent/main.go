@@ -148,14 +148,7 @@ func nvmlLibrary(cfg Config) nvml.Interface {
 // initialised and asked for its device count).
 func dependencies(cfg Config) []cliconfig.Dependency {
 	return []cliconfig.Dependency{
-		{Name: "redis", Where: cfg.Redis.Where(), Check: func(ctx context.Context) error {
-			rdb, err := cfg.Redis.Client()
-			if err != nil {
-				return err
-			}
-			defer rdb.Close()
-			return cliconfig.PingRedis(ctx, rdb)
-		}},
+		cfg.Redis.Dependency(),
 		{Name: "kubernetes", Where: cfg.Kube.Where() + ", node " + cfg.Agent.Node, Check: func(ctx context.Context) error {
 			kube, err := cfg.Kube.Clientset(userAgent)
 			if err != nil {
