@@ -18,17 +18,13 @@ import (
 	"golang.org/x/oauth2"
 )
 
-// Redis keys of the web login. Cookie values, states and session ids never
-// appear in a key: keys hold their SHA-256, so a copy of Redis's key space
-// does not hand out sessions. Every key has a TTL.
-//
-//	key                                   type    TTL          owner
-//	<prefix>{web:<sha256(state)>}:login   STRING  10 min       /auth/login writes, the callback GETDELs
-//	<prefix>{web:<sha256(id)>}:session    STRING  SessionTTL   callback writes, refresh rewrites (KEEPTTL), logout DELs
-//	<prefix>{web:<sha256(id)>}:refresh    STRING  15 s         the replica refreshing the session (lock)
-func (w *Web) loginKey(state string) string { return w.prefix + "{web:" + digest(state) + "}:login" }
-func (w *Web) sessionKey(id string) string  { return w.prefix + "{web:" + digest(id) + "}:session" }
-func (w *Web) refreshKey(id string) string  { return w.prefix + "{web:" + digest(id) + "}:refresh" }
+// Redis keys of the web login: redisschema.Keys.Login, Session and
+// SessionRefresh (see the table there). Cookie values, states and session
+// ids never appear in a key: keys hold their SHA-256, so a copy of Redis's
+// key space does not hand out sessions. Every key has a TTL.
+func (w *Web) loginKey(state string) string { return w.keys.Login(state) }
+func (w *Web) sessionKey(id string) string  { return w.keys.Session(id) }
+func (w *Web) refreshKey(id string) string  { return w.keys.SessionRefresh(id) }
 
 func digest(s string) string {
 	sum := sha256.Sum256([]byte(s))

@@ -17,6 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/oauth2"
 	"golang.org/x/sync/singleflight"
+
+	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 )
 
 // Paths the web login serves (Web.Handler), relative to the broker's root.
@@ -111,7 +113,7 @@ type Session struct {
 type Web struct {
 	cfg    WebConfig
 	rdb    redis.UniversalClient
-	prefix string
+	keys   redisschema.Keys
 	now    func() time.Time
 	client *http.Client
 	pages  Pages
@@ -185,7 +187,7 @@ func NewWeb(cfg WebConfig, rdb redis.UniversalClient, prefix string, opts ...Web
 		cfg.GroupsClaim = DefaultGroupsClaim
 	}
 	w := &Web{
-		cfg: cfg, rdb: rdb, prefix: prefix, now: time.Now,
+		cfg: cfg, rdb: rdb, keys: redisschema.New(prefix), now: time.Now,
 		client: &http.Client{Timeout: 10 * time.Second},
 		pages:  textPages{}, log: slog.New(slog.DiscardHandler),
 		secure: pub.Scheme == "https",

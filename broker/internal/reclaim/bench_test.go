@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
@@ -87,7 +88,7 @@ func BenchmarkCycle10k(b *testing.B) {
 	cycle() // the first cycle writes every spawn's state once
 
 	// The raw read: the same keys, pipelined in one round of batches.
-	setKey := prefix + agentstore.HashTag + "srvs" // redisstore's set of all server records
+	setKey := redisschema.New(prefix).AllServers()
 	raw := func() {
 		members, err := rdb.SMembers(ctx, setKey).Result()
 		if err != nil || len(members) != n {
@@ -111,7 +112,7 @@ func BenchmarkCycle10k(b *testing.B) {
 				for i := lo; i < hi; i++ {
 					spawn := fmt.Sprintf("spawn-%05d", i)
 					p.XRevRangeN(ctx, agents.Keys().Samples(spawn), "+", "-", perServer)
-					p.HGetAll(ctx, prefix+"{reclaim}:spawn:"+spawn)
+					p.HGetAll(ctx, redisschema.New(prefix).IdleState(spawn))
 				}
 				return nil
 			}); err != nil {

@@ -24,5 +24,5 @@
 //   - Exactly one replica runs the cycle (RunLeader, a Lease released on
 //     shutdown only after the cycle stopped).
 //
-// Redis keys (one hash tag, {reclaim}): see policy.go and state.go.
+// Redis keys: redisschema.Keys (the reclaim: keys and the audit log).
 package reclaim

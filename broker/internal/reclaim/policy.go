@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
@@ -19,16 +20,9 @@ import (
 // versioned store in Redis whose every change is audited. The reclaimer
 // (idle detection and actions) builds on it.
 //
-// Redis keys (all under one hash tag, so the update script is atomic on a
-// cluster too):
-//
-//	key                                      type    TTL   owner
-//	<prefix>{reclaim}:policy                 STRING  none  PolicyStore.Put (JSON of the current Policy)
-//	<prefix>{reclaim}:policy:version         STRING  none  PolicyStore.Put (current version, integer)
-//	<prefix>{reclaim}:policy:history         HASH    none  PolicyStore.Put (version → JSON; the last historyKeep)
-//	<prefix>{reclaim}:audit                  STREAM  none  PolicyStore.Put and the reclaimer (field "entry": JSON of AuditEntry; MAXLEN ~ auditMaxLen)
-//
-// None of them can be orphaned: they are singletons, bounded in size.
+// Redis keys: redisschema.Keys.ReclaimPolicy, ReclaimPolicyVersion,
+// ReclaimPolicyHistory and Audit (see the table there). None of them can be
+// orphaned: they are singletons, bounded in size.
 
 // Action is what happens to an idle server.
 type Action string
@@ -473,10 +467,10 @@ func NewPolicyStore(rdb redis.UniversalClient, prefix string, now func() time.Ti
 	return &PolicyStore{rdb: rdb, prefix: prefix, now: now}
 }
 
-func (s *PolicyStore) policyKey() string  { return s.prefix + "{reclaim}:policy" }
-func (s *PolicyStore) versionKey() string { return s.prefix + "{reclaim}:policy:version" }
-func (s *PolicyStore) historyKey() string { return s.prefix + "{reclaim}:policy:history" }
-func (s *PolicyStore) auditKey() string   { return s.prefix + "{reclaim}:audit" }
+func (s *PolicyStore) policyKey() string  { return redisschema.New(s.prefix).ReclaimPolicy() }
+func (s *PolicyStore) versionKey() string { return redisschema.New(s.prefix).ReclaimPolicyVersion() }
+func (s *PolicyStore) historyKey() string { return redisschema.New(s.prefix).ReclaimPolicyHistory() }
+func (s *PolicyStore) auditKey() string   { return redisschema.New(s.prefix).Audit() }
 
 // storedPolicy is Policy's JSON form in Redis.
 type storedPolicy struct {

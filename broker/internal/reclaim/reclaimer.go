@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
@@ -73,7 +74,7 @@ type Config struct {
 	// Hub, when set, is told about servers whose GPU is busy.
 	Hub HubNotifier
 	// SampleKeys names the node agents' sample streams.
-	SampleKeys agentstore.Keys
+	SampleKeys redisschema.Keys
 	// Interval is the time between cycles; 0 means 30 s. Activity within
 	// the last Interval (at least 1 min) counts as current.
 	Interval time.Duration
@@ -100,7 +101,7 @@ type Reclaimer struct {
 	shrinker Shrinker
 	prober   ActivityProber
 	hub      HubNotifier
-	keys     agentstore.Keys
+	keys     redisschema.Keys
 	interval time.Duration
 	lookback time.Duration
 	nSamples int64

@@ -7,14 +7,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 )
 
-// Redis keys of the reclaimer (same hash tag as the policy):
-//
-//	key                                  type  TTL          owner
-//	<prefix>{reclaim}:spawn:<spawnID>    HASH  stateTTL     Reclaimer (idle clock and ladder progress of one spawn)
-//
-// A spawn's state is keyed by its spawn id, so every start begins with a
+// The reclaimer's idle states are redisschema.Keys.IdleState (see the
+// table there). A spawn's state is keyed by its spawn id, so every start begins with a
 // fresh clock; the TTL collects the states of spawns that ended.
 const stateTTL = 8 * 24 * time.Hour
 
@@ -54,7 +52,9 @@ type IdleState struct {
 	NextAt     time.Time
 }
 
-func (r *Reclaimer) stateKey(spawnID string) string { return r.prefix + "{reclaim}:spawn:" + spawnID }
+func (r *Reclaimer) stateKey(spawnID string) string {
+	return redisschema.New(r.prefix).IdleState(spawnID)
+}
 
 func msText(t time.Time) string {
 	if t.IsZero() {

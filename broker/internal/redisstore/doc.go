@@ -33,8 +33,9 @@
 //     id: a late event of an old spawn never changes the current one. State
 //     changes follow fleet.TransitionSources, and every change appends an
 //     event to the server's stream in the same step.
-//   - All keys are built in keys.go under one prefix and the hash tag
-//     {gpubroker}, so every multi-key script runs on one Cluster slot.
+//   - All keys are built by broker/api/redisschema under one prefix and the
+//     hash tag {gpubroker}, so every multi-key script runs on one Cluster
+//     slot; the table of key, type, TTL and owner is there.
 //   - Scripts check nothing they do not need to: requests are validated in
 //     Go first (fleet.ErrInvalid) and every script reply is type-checked.
 //

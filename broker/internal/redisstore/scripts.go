@@ -10,7 +10,7 @@ import (
 
 // The scripts. lib.lua and servers.lua hold helpers and are prepended to the
 // scripts that use them; each script file states its KEYS/ARGV/returns
-// contract. All keys a script touches share one hash tag (see keys.go).
+// contract. All keys a script touches share one hash tag (broker/api/redisschema).
 var (
 	//go:embed scripts/lib.lua
 	libLua string

@@ -46,7 +46,7 @@ func (st *Store) AddAudit(ctx context.Context, r AuditRecord) error {
 	ctx, cancel := st.op(ctx)
 	defer cancel()
 	err = st.rdb.XAdd(ctx, &redis.XAddArgs{
-		Stream: st.k.Audit(), MaxLen: auditMaxLen, Approx: true, ID: "*", Values: []any{"r", b},
+		Stream: st.k.AgentAudit(), MaxLen: auditMaxLen, Approx: true, ID: "*", Values: []any{"r", b},
 	}).Err()
 	if err != nil {
 		return fmt.Errorf("audit %s %s pid %d: %w", r.Action, r.Reason, r.PID, err)
@@ -58,7 +58,7 @@ func (st *Store) AddAudit(ctx context.Context, r AuditRecord) error {
 func (st *Store) RecentAudit(ctx context.Context, n int64) ([]AuditRecord, error) {
 	ctx, cancel := st.op(ctx)
 	defer cancel()
-	msgs, err := st.rdb.XRevRangeN(ctx, st.k.Audit(), "+", "-", n).Result()
+	msgs, err := st.rdb.XRevRangeN(ctx, st.k.AgentAudit(), "+", "-", n).Result()
 	if err != nil {
 		return nil, fmt.Errorf("read audit: %w", err)
 	}

@@ -276,16 +276,6 @@ func TestAuditRoundTrip(t *testing.T) {
 	}
 }
 
-func TestKeysShareOneHashTagUnderThePrefix(t *testing.T) {
-	k := agentstore.NewKeys("p:")
-	got := []string{k.Nodes(), k.Node("n"), k.Samples("s"), k.DesiredQuota("s"), k.AppliedQuota("s"), k.Audit(), k.QuotaChanged()}
-	want := []string{"p:{gpubroker}:agent:nodes", "p:{gpubroker}:agent:node:n", "p:{gpubroker}:agent:s:s",
-		"p:{gpubroker}:agent:qd:s", "p:{gpubroker}:agent:qa:s", "p:{gpubroker}:agent:audit", "p:{gpubroker}:agent:quota-changed"}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("keys (-want +got):\n%s", diff)
-	}
-}
-
 // day24h writes 24 h of 1 Hz samples for one slice through AddSamples, in
 // batches as an agent with many slices would, and returns the stream's
 // memory (MEMORY USAGE ... SAMPLES 0, exact) and length.
