@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/leader"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 )
@@ -60,7 +61,7 @@ func runReclaimer(ctx context.Context, cfg config.Config, p *parts) error {
 	if err != nil {
 		return fmt.Errorf("reclaimer identity: %w", err)
 	}
-	return reclaim.RunLeader(ctx, reclaim.LeaderConfig{
+	return leader.Run(ctx, leader.Config{
 		Client: p.kube, Namespace: cfg.LeaderElectionNamespace, Name: cfg.LeaseName, Identity: id,
 		OnLeader: func(leading bool) { p.log.Info("reclaimer leadership", "leading", leading, "identity", id) },
 	}, p.reclaimer.Run)

@@ -21,8 +21,9 @@
 //   - Exempt users and groups (and exempt overrides) are never reclaimed.
 //   - Extensions are granted by one Lua script against the per-spawn limit;
 //     the cycle never writes the extension fields, so it cannot undo one.
-//   - Exactly one replica runs the cycle (RunLeader, a Lease released on
-//     shutdown only after the cycle stopped).
+//   - Exactly one replica runs the cycle: the composition root runs it under
+//     broker/internal/leader (a Lease released on shutdown only after the
+//     cycle stopped).
 //
 // Redis keys: redisschema.Keys (the reclaim: keys and the audit log).
 package reclaim

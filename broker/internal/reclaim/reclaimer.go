@@ -90,7 +90,8 @@ type Config struct {
 }
 
 // Reclaimer finds idle servers and warns, shrinks or stops them by the
-// policy. One replica runs it (RunLeader); Extend and State are safe from
+// policy. One replica runs it (the composition root elects it with
+// broker/internal/leader); Extend and State are safe from
 // any replica. Safe for concurrent use.
 type Reclaimer struct {
 	rdb      redis.UniversalClient
