@@ -12,14 +12,16 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/leader"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
+	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 )
 
 // newReclaimer builds the idle reclaimer over the parts: idle states and
-// audit in Redis, events through the store, stops through the lifecycle,
-// shrinks through the resize service, probes with the hub API token (when
-// configured) and, with --hub-url, activity posted to the hub.
-func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *reclaim.PolicyStore) (*reclaim.Reclaimer, error) {
+// audit in Redis, the agents' samples through agentstore, events through
+// the store, stops through the lifecycle, shrinks through the resize
+// service, probes with the hub API token (when configured) and, with
+// --hub-url, activity posted to the hub.
+func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *reclaim.Policies, audit *redisstore.AuditLog) (*reclaim.Reclaimer, error) {
 	token, err := cfg.HubAPIToken()
 	if err != nil {
 		return nil, err
@@ -38,12 +40,13 @@ func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *recla
 	}
 	svc := p.service
 	return reclaim.New(reclaim.Config{
-		Redis: p.redis, Prefix: cfg.RedisPrefix, Policies: policies, Servers: p.store, Stopper: svc,
+		Policies: policies, Audit: audit, States: redisstore.NewReclaim(p.redis, cfg.RedisPrefix),
+		Samples: redisstore.AgentSamples{Agents: p.agents}, Servers: p.store, Stopper: svc,
 		Shrinker: reclaim.ShrinkFunc(func(ctx context.Context, srv fleet.Server, cp, cl int) error {
 			_, err := svc.Resize(ctx, srv.ServerKey, fleet.Slice{MemoryMiB: srv.Slice.MemoryMiB, ComputePercent: cp, ComputeLimitPercent: cl}, reclaim.Actor)
 			return err
 		}),
-		Prober: reclaim.NewProber(client, 5*time.Second), Hub: hub, SampleKeys: p.agents.Keys(),
+		Prober: reclaim.NewProber(client, 5*time.Second), Hub: hub,
 		Interval: cfg.ReclaimInterval, Log: log,
 	})
 }

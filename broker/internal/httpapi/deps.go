@@ -93,8 +93,10 @@ type Deps struct {
 	Auth Authenticator
 	// Resize serves PATCH .../servers/{name}/slice; nil: not served.
 	Resize Resizer
-	// Policy serves the reclaim policy and audit routes; nil: not served.
+	// Policy serves the reclaim policy routes; nil: not served.
 	Policy Policy
+	// Audit serves the audit log route; nil: not served.
+	Audit Audit
 	// Reclaim serves a server's idle state and extend routes; nil: not served.
 	Reclaim Reclaim
 	// Checkers run concurrently on GET /readyz; none means always ready.
@@ -112,9 +114,8 @@ type Deps struct {
 // DefaultSimulatedNotice is the notice shown in dev mode when Deps.Notice is "".
 const DefaultSimulatedNotice = "dev mode: the Kubernetes cluster and the GPUs are simulated; no real notebook runs"
 
-// Policy is the reclaim policy store with the audit log (implemented by
-// *reclaim.PolicyStore). It is optional: without it the reclaim-policy and
-// audit routes are not served (404).
+// Policy is the reclaim policy (implemented by *reclaim.Policies). It is
+// optional: without it the reclaim-policy routes are not served (404).
 type Policy interface {
 	// Get returns the current policy (reclaim.DefaultPolicy, version 0,
 	// when none was saved).
@@ -123,6 +124,11 @@ type Policy interface {
 	// it; *reclaim.ValidationError (fleet.ErrInvalid) or
 	// *reclaim.ConflictError (fleet.ErrConflict) otherwise.
 	Put(ctx context.Context, p reclaim.Policy, actor string) (reclaim.Policy, error)
+}
+
+// Audit is the audit log (implemented by *redisstore.AuditLog). It is
+// optional: without it the audit route is not served (404).
+type Audit interface {
 	// Audit returns a page of audit entries, newest first, and the next
 	// page's cursor.
 	Audit(ctx context.Context, q reclaim.AuditQuery) ([]reclaim.AuditEntry, string, error)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -19,7 +18,7 @@ func (a *api) getReclaimPolicy(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, toReclaimPolicy(p))
+	return c.JSON(http.StatusOK, p.API())
 }
 
 // putReclaimPolicy saves a new version of the policy. The body's version
@@ -34,11 +33,11 @@ func (a *api) putReclaimPolicy(c echo.Context) error {
 	if err := decodeJSON(c, &body); err != nil {
 		return err
 	}
-	saved, err := a.deps.Policy.Put(c.Request().Context(), fromReclaimPolicy(body), p.User)
+	saved, err := a.deps.Policy.Put(c.Request().Context(), reclaim.PolicyFromAPI(body), p.User)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, toReclaimPolicy(saved))
+	return c.JSON(http.StatusOK, saved.API())
 }
 
 // maxAuditFilterBytes bounds the audit filters.
@@ -67,7 +66,7 @@ func (a *api) listAudit(c echo.Context) error {
 		}
 		q.Limit = n
 	}
-	entries, next, err := a.deps.Policy.Audit(c.Request().Context(), q)
+	entries, next, err := a.deps.Audit.Audit(c.Request().Context(), q)
 	if err != nil {
 		return err
 	}
@@ -77,50 +76,4 @@ func (a *api) listAudit(c echo.Context) error {
 			Target: e.Target, Reason: e.Reason, PolicyVersion: e.PolicyVersion, Inputs: e.Inputs})
 	}
 	return c.JSON(http.StatusOK, page)
-}
-
-func toReclaimPolicy(p reclaim.Policy) v1.ReclaimPolicy {
-	out := v1.ReclaimPolicy{
-		Version: p.Version, Enabled: p.Enabled, IdleComputePercent: p.IdleComputePercent,
-		IdleAfterSeconds: int64(p.IdleAfter / time.Second), Action: v1.ReclaimAction(p.Action),
-		WarnSeconds: int64(p.Warn / time.Second), ShrinkComputePercent: p.ShrinkComputePercent,
-		ExemptGroups: p.ExemptGroups, Reason: p.Reason, UpdatedBy: p.UpdatedBy,
-		ExemptUsers: p.ExemptUsers, StopAfterSeconds: int64(p.StopAfter / time.Second),
-		MinRunningSeconds: int64(p.MinRunning / time.Second), MaxAgeSeconds: int64(p.MaxAge / time.Second),
-		MaxExtendSeconds: int64(p.MaxExtend / time.Second), DryRun: p.DryRun,
-	}
-	for _, o := range p.Overrides {
-		out.Overrides = append(out.Overrides, v1.ReclaimOverride{Profile: o.Profile, Group: o.Group, Exempt: o.Exempt,
-			IdleAfterSeconds: o.IdleAfterSeconds, WarnSeconds: o.WarnSeconds, StopAfterSeconds: o.StopAfterSeconds,
-			MinRunningSeconds: o.MinRunningSeconds, MaxAgeSeconds: o.MaxAgeSeconds,
-			Action: v1.ReclaimAction(o.Action), ShrinkComputePercent: o.ShrinkComputePercent})
-	}
-	if !p.UpdatedAt.IsZero() {
-		t := p.UpdatedAt.UTC()
-		out.UpdatedAt = &t
-	}
-	return out
-}
-
-// fromReclaimPolicy converts a PUT body; durations beyond what fits are
-// clamped so that Validate reports them as out of range.
-func fromReclaimPolicy(p v1.ReclaimPolicy) reclaim.Policy {
-	secs := func(s int64) time.Duration {
-		const maxSecs = int64(1<<63-1) / int64(time.Second)
-		return time.Duration(max(min(s, maxSecs), -maxSecs)) * time.Second
-	}
-	out := reclaim.Policy{
-		Version: p.Version, Enabled: p.Enabled, IdleComputePercent: p.IdleComputePercent,
-		IdleAfter: secs(p.IdleAfterSeconds), Action: reclaim.Action(p.Action), Warn: secs(p.WarnSeconds),
-		ShrinkComputePercent: p.ShrinkComputePercent, ExemptGroups: p.ExemptGroups, Reason: p.Reason,
-		ExemptUsers: p.ExemptUsers, StopAfter: secs(p.StopAfterSeconds), MinRunning: secs(p.MinRunningSeconds),
-		MaxAge: secs(p.MaxAgeSeconds), MaxExtend: secs(p.MaxExtendSeconds), DryRun: p.DryRun,
-	}
-	for _, o := range p.Overrides {
-		out.Overrides = append(out.Overrides, reclaim.Override{Profile: o.Profile, Group: o.Group, Exempt: o.Exempt,
-			IdleAfterSeconds: o.IdleAfterSeconds, WarnSeconds: o.WarnSeconds, StopAfterSeconds: o.StopAfterSeconds,
-			MinRunningSeconds: o.MinRunningSeconds, MaxAgeSeconds: o.MaxAgeSeconds,
-			Action: reclaim.Action(o.Action), ShrinkComputePercent: o.ShrinkComputePercent})
-	}
-	return out
 }

@@ -10,14 +10,16 @@ import (
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
+	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 )
 
 func newPolicyHarness(t *testing.T) *harness {
 	t.Helper()
 	rs := redistest.Start(t)
-	store := reclaim.NewPolicyStore(rs.Client(t), rs.Prefix(t), func() time.Time { return testNow })
-	return newHarness(t, harnessConfig{policy: store})
+	rdb, prefix := rs.Client(t), rs.Prefix(t)
+	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, prefix), func() time.Time { return testNow })
+	return newHarness(t, harnessConfig{policy: policies, audit: redisstore.NewAuditLog(rdb, prefix)})
 }
 
 const validPolicy = `{"version":%d,"enabled":true,"idleComputePercent":5,"idleAfterSeconds":3600,"action":"stop","warnSeconds":600,"reason":"save money"}`

@@ -41,6 +41,8 @@ func (a *api) routes(e *echo.Echo) {
 	if a.deps.Policy != nil {
 		e.GET("/api/v1/admin/reclaim-policy", a.getReclaimPolicy, user, a.adminOnly)
 		e.PUT("/api/v1/admin/reclaim-policy", a.putReclaimPolicy, user, a.adminOnly)
+	}
+	if a.deps.Audit != nil {
 		e.GET("/api/v1/admin/audit", a.listAudit, user, a.adminOnly)
 	}
 }

@@ -40,7 +40,8 @@ func BenchmarkCycle10k(b *testing.B) {
 	ctx := b.Context()
 	store := redisstore.New(rdb, prefix, redisstore.WithClock(c.Now))
 	agents := agentstore.New(rdb, prefix)
-	policies := reclaim.NewPolicyStore(rdb, prefix, c.Now)
+	states := redisstore.NewReclaim(rdb, prefix)
+	policies := reclaim.NewPolicies(states, c.Now)
 	p := stopPolicy()
 	if _, err := policies.Put(ctx, p, "admin"); err != nil {
 		b.Fatal(err)
@@ -70,9 +71,10 @@ func BenchmarkCycle10k(b *testing.B) {
 	if err := agents.AddSamples(ctx, samples); err != nil {
 		b.Fatal(err)
 	}
-	rec, err := reclaim.New(reclaim.Config{Redis: rdb, Prefix: prefix, Policies: policies, Servers: store,
+	rec, err := reclaim.New(reclaim.Config{Policies: policies, Audit: redisstore.NewAuditLog(rdb, prefix), States: states,
+		Samples: redisstore.AgentSamples{Agents: agents}, Servers: store,
 		Stopper: &stopper{store: store}, Shrinker: reclaim.QuotaShrinker{Quotas: agents}, Prober: failProber{},
-		SampleKeys: agents.Keys(), SamplesPerServer: perServer, Now: c.Now})
+		SamplesPerServer: perServer, Now: c.Now})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -127,7 +127,9 @@ type fixture struct {
 	rdb      *redis.Client
 	store    *redisstore.Store
 	agents   *agentstore.Store
-	policies *reclaim.PolicyStore
+	policies *reclaim.Policies
+	states   *redisstore.Reclaim
+	log      *redisstore.AuditLog
 	stopper  *stopper
 	rec      *reclaim.Reclaimer
 }
@@ -142,17 +144,29 @@ func newFixture(t *testing.T) *fixture {
 	c := &clock{now: t0}
 	store := redisstore.New(rdb, prefix, redisstore.WithClock(c.Now))
 	agents := agentstore.New(rdb, prefix)
-	policies := reclaim.NewPolicyStore(rdb, prefix, c.Now)
+	states := redisstore.NewReclaim(rdb, prefix)
+	log := redisstore.NewAuditLog(rdb, prefix)
+	policies := reclaim.NewPolicies(states, c.Now)
 	st := &stopper{store: store}
+	f := &fixture{t: t, prefix: prefix, clock: c, rdb: rdb, store: store, agents: agents, policies: policies,
+		states: states, log: log, stopper: st}
+	f.rec = f.reclaimer(nil)
+	return f
+}
+
+// reclaimer builds a Reclaimer over the fixture's parts, telling hub (if
+// not nil) about busy servers.
+func (f *fixture) reclaimer(hub reclaim.HubNotifier) *reclaim.Reclaimer {
+	f.t.Helper()
 	rec, err := reclaim.New(reclaim.Config{
-		Redis: rdb, Prefix: prefix, Policies: policies, Servers: store, Stopper: st,
-		Shrinker: reclaim.QuotaShrinker{Quotas: agents}, Prober: reclaim.NewProber(nil, 0),
-		SampleKeys: agents.Keys(), Interval: interval, Now: c.Now,
+		Policies: f.policies, Audit: f.log, States: f.states, Samples: redisstore.AgentSamples{Agents: f.agents},
+		Servers: f.store, Stopper: f.stopper, Shrinker: reclaim.QuotaShrinker{Quotas: f.agents},
+		Prober: reclaim.NewProber(nil, 0), Hub: hub, Interval: interval, Now: f.clock.Now,
 	})
 	if err != nil {
-		t.Fatal(err)
+		f.t.Fatal(err)
 	}
-	return &fixture{t: t, prefix: prefix, clock: c, rdb: rdb, store: store, agents: agents, policies: policies, stopper: st, rec: rec}
+	return rec
 }
 
 func (f *fixture) policy(p reclaim.Policy) reclaim.Policy {
@@ -224,7 +238,7 @@ func (f *fixture) get(name string) fleet.Server {
 
 func (f *fixture) audit() []reclaim.AuditEntry {
 	f.t.Helper()
-	es, _, err := f.policies.Audit(f.t.Context(), reclaim.AuditQuery{Actor: reclaim.Actor, Limit: 200})
+	es, _, err := f.log.Audit(f.t.Context(), reclaim.AuditQuery{Actor: reclaim.Actor, Limit: 200})
 	if err != nil {
 		f.t.Fatal(err)
 	}

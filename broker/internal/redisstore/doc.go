@@ -1,8 +1,12 @@
 // Package redisstore keeps the broker's shared state in Redis: GPU
 // inventory, slice placement, quota usage, server records and server event
-// streams. Store implements the store contracts that the servers service
-// and the reconciler use; it is safe for concurrent use by many goroutines
-// and many broker replicas sharing one Redis (single node or Sentinel).
+// streams (Store, for the servers service and the reconciler); the reclaim
+// policy with its history and the idle states (Reclaim, for
+// broker/internal/reclaim); the audit log (AuditLog); and the node agents'
+// samples as the reclaimer reads them (AgentSamples, through
+// limiter/agent/agentstore). Each is safe for concurrent use by many
+// goroutines and many broker replicas sharing one Redis (single node or
+// Sentinel).
 //
 // # Invariants
 //

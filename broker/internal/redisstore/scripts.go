@@ -36,6 +36,10 @@ var (
 	transitionLua string
 	//go:embed scripts/delete_server.lua
 	deleteServerLua string
+	//go:embed scripts/save_policy.lua
+	savePolicyLua string
+	//go:embed scripts/extend_idle.lua
+	extendIdleLua string
 )
 
 var (
@@ -49,6 +53,8 @@ var (
 	restoreServerScript = redis.NewScript(serversLua + restoreServerLua)
 	transitionScript    = redis.NewScript(serversLua + transitionLua)
 	deleteServerScript  = redis.NewScript(serversLua + deleteServerLua)
+	savePolicyScript    = redis.NewScript(savePolicyLua)
+	extendIdleScript    = redis.NewScript(extendIdleLua)
 )
 
 // The helpers below check the type of every part of a script's reply; a

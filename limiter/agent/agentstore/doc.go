@@ -48,8 +48,10 @@
 // The agent: Heartbeat, AddSamples, DesiredQuota, WatchQuotaChanges,
 // SetAppliedQuota, AddAudit. The broker: SyncInventory (every few seconds:
 // registers reported GPUs, marks GPUs of stale nodes unhealthy), Nodes (the
-// reason a GPU is unhealthy, to tell the servers on it), LatestSample,
-// RecentSamples and Sample.Stale (idle detection; stale means unknown),
+// reason a GPU is unhealthy, to tell the servers on it), LatestSample and
+// RecentSamples (resize, usage charts), RecentSamplesBatch and
+// Sample.FreshUntil (idle detection: one pipelined read of every running
+// slice per cycle; stale means unknown),
 // SetDesiredQuota and AppliedQuota (resize, reclaim), DeleteQuotas (on
 // release), RecentAudit (admin view).
 //

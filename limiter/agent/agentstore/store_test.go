@@ -98,6 +98,51 @@ func TestSampleStaleAfterThreeIntervals(t *testing.T) {
 	}
 }
 
+// TestRecentSamplesBatch reads many slices in one call: each slice's
+// newest samples down to the first one before since, none for a slice
+// without samples, and a slice's history ends just before a sample that
+// does not decode (older ones are not trusted); what it returns decodes as
+// RecentSamples does.
+func TestRecentSamplesBatch(t *testing.T) {
+	st, c := newStore(t)
+	kernel := t0.Add(-time.Second)
+	var in []agentstore.Sample
+	for i := range 4 {
+		in = append(in, agentstore.Sample{Slice: "s1", At: t0.Add(time.Duration(i) * 10 * time.Second), Interval: 10 * time.Second,
+			SMPercent: ptr(10 * i), MemoryUsedMiB: ptr(int64(1024)), Processes: ptr(1), LastKernel: &kernel})
+	}
+	in = append(in, agentstore.Sample{Slice: "s3", At: t0, Interval: time.Second, SMPercent: ptr(5), Missing: "gpu lost"})
+	if err := st.AddSamples(t.Context(), in); err != nil {
+		t.Fatal(err)
+	}
+	// A corrupt entry in s3's stream, then a good one after it.
+	if err := c.XAdd(t.Context(), &redis.XAddArgs{Stream: st.Keys().Samples("s3"), Values: []any{"t", "soon"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.AddSamples(t.Context(), []agentstore.Sample{{Slice: "s3", At: t0.Add(time.Second), Interval: time.Second, SMPercent: ptr(7)}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.RecentSamplesBatch(t.Context(), []string{"s1", "s2", "s3"}, 10, t0.Add(15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, err := st.RecentSamples(t.Context(), "s1", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s3, err := st.LatestSample(t.Context(), "s3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]agentstore.Sample{s1[:3], nil, {s3}} // s1: 30 s, 20 s and 10 s (the first before 15 s)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("batch (-want +got):\n%s", diff)
+	}
+	if n := len(s1); n != 4 {
+		t.Errorf("RecentSamples(s1) has %d samples, want 4", n)
+	}
+}
+
 func TestSampleStreamIsBoundedAndExpires(t *testing.T) {
 	st, c := newStore(t, agentstore.WithMaxLen(200), agentstore.WithSampleTTL(time.Hour))
 	var batch []agentstore.Sample
