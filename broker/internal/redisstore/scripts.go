@@ -40,6 +40,8 @@ var (
 	savePolicyLua string
 	//go:embed scripts/extend_idle.lua
 	extendIdleLua string
+	//go:embed scripts/release_lock.lua
+	releaseLockLua string
 )
 
 var (
@@ -55,6 +57,7 @@ var (
 	deleteServerScript  = redis.NewScript(serversLua + deleteServerLua)
 	savePolicyScript    = redis.NewScript(savePolicyLua)
 	extendIdleScript    = redis.NewScript(extendIdleLua)
+	releaseLockScript   = redis.NewScript(releaseLockLua)
 )
 
 // The helpers below check the type of every part of a script's reply; a
