@@ -120,7 +120,7 @@ func TestExtendAndIdleRoutes(t *testing.T) {
 
 func TestIdleStateBeforeTheFirstLook(t *testing.T) {
 	got := toIdleState(reclaim.IdleState{SpawnID: "s"}, testNow)
-	want := idleState{Verdict: "unchecked"}
+	want := v1.IdleState{Verdict: v1.IdleUnchecked}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/api/v1/v1test"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/redistest"
@@ -73,24 +75,33 @@ func TestReclaimPolicyRoutes(t *testing.T) {
 	}
 }
 
-// TestReclaimPolicyCarriesEveryField saves a policy using every field the
-// reclaimer reads, overrides included, and reads the same back.
+// TestReclaimPolicyCarriesEveryField saves, through PUT, a policy that
+// sets every field of the wire type (v1test.FullReclaimPolicy, checked by
+// reflection) and reads the same back through GET; only the fields the
+// server owns (version, updatedBy, updatedAt) differ.
 func TestReclaimPolicyCarriesEveryField(t *testing.T) {
+	full := v1test.FullReclaimPolicy()
+	if z := v1test.ZeroFields(full); len(z) != 0 {
+		t.Fatalf("the fixture leaves %v zero", z)
+	}
 	h := newPolicyHarness(t)
-	body := `{"version":0,"enabled":true,"idleComputePercent":5,"idleAfterSeconds":3600,"action":"shrink",` +
-		`"warnSeconds":600,"shrinkComputePercent":5,"exemptUsers":["ceo"],"exemptGroups":["oncall"],` +
-		`"stopAfterSeconds":7200,"minRunningSeconds":900,"maxAgeSeconds":86400,"maxExtendSeconds":3600,"dryRun":true,` +
-		`"overrides":[{"profile":"large","idleAfterSeconds":1800},{"group":"research","exempt":true}]}`
-	if rec := h.do(t, req{method: "PUT", path: "/api/v1/admin/reclaim-policy", token: tokAdmin, body: body}); rec.Code != http.StatusOK {
-		t.Fatalf("put: %d %s", rec.Code, rec.Body)
+	in := full
+	in.Version = 0
+	body, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := h.do(t, req{method: "PUT", path: "/api/v1/admin/reclaim-policy", token: tokAdmin, body: string(body)})
+	if put.Code != http.StatusOK {
+		t.Fatalf("put: %d %s", put.Code, put.Body)
 	}
 	got := decode[v1.ReclaimPolicy](t, h.do(t, req{method: "GET", path: "/api/v1/admin/reclaim-policy", token: tokAdmin}))
-	got.UpdatedAt, got.UpdatedBy = nil, ""
-	want := v1.ReclaimPolicy{Version: 1, Enabled: true, IdleComputePercent: 5, IdleAfterSeconds: 3600, Action: v1.ReclaimShrink,
-		WarnSeconds: 600, ShrinkComputePercent: 5, ExemptUsers: []string{"ceo"}, ExemptGroups: []string{"oncall"},
-		StopAfterSeconds: 7200, MinRunningSeconds: 900, MaxAgeSeconds: 86400, MaxExtendSeconds: 3600, DryRun: true,
-		Overrides: []v1.ReclaimOverride{{Profile: "large", IdleAfterSeconds: 1800}, {Group: "research", Exempt: true}}}
+	want := full
+	want.Version, want.UpdatedBy, want.UpdatedAt = 1, "root", &testNow
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("policy read back (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want, decode[v1.ReclaimPolicy](t, put)); diff != "" {
+		t.Errorf("PUT's answer (-want +got):\n%s", diff)
 	}
 }

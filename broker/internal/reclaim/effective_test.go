@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/api/v1/v1test"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 )
 
@@ -105,6 +106,22 @@ func TestValidateAddedFields(t *testing.T) {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestPolicyFromAPIAndBackKeepsEveryField: the one converter between the
+// wire document and the domain loses no field (checked by reflection).
+func TestPolicyFromAPIAndBackKeepsEveryField(t *testing.T) {
+	full := v1test.FullReclaimPolicy()
+	if z := v1test.ZeroFields(full); len(z) != 0 {
+		t.Fatalf("the fixture leaves %v zero", z)
+	}
+	p := reclaim.PolicyFromAPI(full)
+	if err := p.Validate(); err != nil {
+		t.Errorf("the fixture is not a valid policy: %v", err)
+	}
+	if diff := cmp.Diff(full, p.API()); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
 	}
 }
 

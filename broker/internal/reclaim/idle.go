@@ -4,17 +4,20 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
 
-// Verdict is what the reclaimer makes of a running server.
-type Verdict string
+// Verdict is what the reclaimer makes of a running server; the wire type
+// itself (v1.IdleVerdict).
+type Verdict = v1.IdleVerdict
 
 // The verdicts. Only VerdictIdle can lead to an action (ARCHITECTURE.md invariant
 // 4: missing data is unknown, never idle).
 const (
-	VerdictActive  Verdict = "active"
-	VerdictIdle    Verdict = "idle"
-	VerdictUnknown Verdict = "unknown"
+	VerdictActive  = v1.IdleActive
+	VerdictIdle    = v1.IdleIdle
+	VerdictUnknown = v1.IdleUnknown
 )
 
 // Reasons for the active verdict; kept without figures so that the stored

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/gpubroker/gpubroker/broker/api/v1/v1test"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 	"github.com/gpubroker/gpubroker/broker/redistest"
@@ -89,6 +90,38 @@ func TestReclaimOnMiniredis(t *testing.T) {
 	ext, err := NewReclaim(rdb, "dev:").ExtendIdle(t.Context(), "sp1", time.UnixMilli(1000), time.Minute, time.Hour)
 	if err != nil || !ext.Granted || !ext.Until.Equal(time.UnixMilli(61000)) || ext.Total != time.Minute {
 		t.Errorf("extend on miniredis: %+v %v", ext, err)
+	}
+}
+
+// TestStoredPolicyKeepsEveryField saves a policy that sets every field of
+// the wire type (checked by reflection) and reads the same back.
+func TestStoredPolicyKeepsEveryField(t *testing.T) {
+	full := v1test.FullReclaimPolicy()
+	if z := v1test.ZeroFields(full); len(z) != 0 {
+		t.Fatalf("the fixture leaves %v zero", z)
+	}
+	srv := redistest.Start(t)
+	r := NewReclaim(srv.Client(t), srv.Prefix(t))
+	p := reclaim.PolicyFromAPI(full)
+	p.Version = 1
+	if saved, err := r.SavePolicy(t.Context(), p, reclaim.AuditEntry{Action: "test"}); err != nil || !saved {
+		t.Fatalf("save: %v %v", saved, err)
+	}
+	got, ok, err := r.Policy(t.Context())
+	if err != nil || !ok {
+		t.Fatalf("policy: %v %v", ok, err)
+	}
+	want := full
+	want.Version = 1
+	if diff := cmp.Diff(want, got.API()); diff != "" {
+		t.Errorf("stored policy (-want +got):\n%s", diff)
+	}
+	hist, err := r.PolicyHistory(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, hist[1].API()); diff != "" {
+		t.Errorf("policy history's version 1 (-want +got):\n%s", diff)
 	}
 }
 
