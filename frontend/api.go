@@ -172,9 +172,14 @@ func (c apiClient) policy(ctx context.Context, r *http.Request, v Viewer) (v1.Re
 	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/admin/reclaim-policy", nil, nil, &out)
 }
 
-func (c apiClient) putPolicy(ctx context.Context, r *http.Request, v Viewer, p v1.ReclaimPolicy) (v1.ReclaimPolicy, error) {
+// putPolicy saves p, or with validate only checks it (nothing is saved).
+func (c apiClient) putPolicy(ctx context.Context, r *http.Request, v Viewer, p v1.ReclaimPolicy, validate bool) (v1.ReclaimPolicy, error) {
 	var out v1.ReclaimPolicy
-	return out, c.call(ctx, r, v, http.MethodPut, "/api/v1/admin/reclaim-policy", nil, p, &out)
+	path := "/api/v1/admin/reclaim-policy"
+	if validate {
+		path += "?validate=true"
+	}
+	return out, c.call(ctx, r, v, http.MethodPut, path, nil, p, &out)
 }
 
 func (c apiClient) audit(ctx context.Context, r *http.Request, v Viewer, q url.Values) (v1.AuditPage, error) {

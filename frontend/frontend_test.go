@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/api/v1/v1test"
 	"github.com/gpubroker/gpubroker/frontend"
 )
 
@@ -301,16 +302,100 @@ func TestPolicyInvalidShowsInlineErrors(t *testing.T) {
 	}
 }
 
-func TestPolicyNotANumberNeverReachesTheAPI(t *testing.T) {
-	s := newSite(t, fakeSessions{v: root}, policyAnswers())
+// TestPolicyNotANumberIsNeverSaved: an entry that is not a number is
+// refused by the form itself, in the form's words, and kept as typed; the
+// rest of the policy is only validated (PUT ?validate=true), never saved.
+func TestPolicyNotANumberIsNeverSaved(t *testing.T) {
+	a := policyAnswers()
+	a["PUT /api/v1/admin/reclaim-policy?validate=true"] = answer{200, policy0}
+	s := newSite(t, fakeSessions{v: root}, a)
 	rec := s.do(t, "POST", "/admin/reclaim", policyForm(map[string]string{"idleAfterMinutes": "an hour"}))
 	body := rec.Body.String()
 	if rec.Code != 400 || !strings.Contains(body, `<p class="error" id="idleAfterMinutes-error">enter a number of minutes</p>`) ||
 		!strings.Contains(body, `value="an hour"`) {
 		t.Errorf("%d %s", rec.Code, body)
 	}
-	if w := s.api.writes(); len(w) != 0 {
-		t.Errorf("API writes %+v", w)
+	for _, w := range s.api.writes() {
+		if w.Path != "/api/v1/admin/reclaim-policy?validate=true" {
+			t.Errorf("API write %+v, want only validation", w)
+		}
+	}
+}
+
+// TestPolicyShowsEveryProblemAtOnce: the form's own problem (not a number)
+// and the API's validation of the other fields show together, each next to
+// its field, in the form's units, with every entry kept as typed.
+func TestPolicyShowsEveryProblemAtOnce(t *testing.T) {
+	a := policyAnswers()
+	a["PUT /api/v1/admin/reclaim-policy?validate=true"] = answer{400, v1.Error{Code: v1.CodeBadRequest, Message: "the policy is not valid",
+		Fields: []v1.FieldProblem{
+			{Field: "idleAfterSeconds", Message: "must be between 1 minute and 7 days"}, // the form's own message wins
+			{Field: "maxAgeSeconds", Message: "must be 0 (no limit) or between 1 hour and 90 days, and longer than the warning"},
+			{Field: "overrides[0].warnSeconds", Message: "must be shorter than the idle time, so that the warning comes before the action"},
+		}}}
+	s := newSite(t, fakeSessions{v: root}, a)
+	form := policyForm(map[string]string{"idleAfterMinutes": "soon", "maxAgeHours": "0.5", "overrideRows": "3",
+		"o1.kind": "group", "o1.name": "students", "o1.warnMinutes": "90", "o2.name": "", "o0.name": ""})
+	rec := s.do(t, "POST", "/admin/reclaim", form)
+	body := rec.Body.String()
+	if rec.Code != http.StatusBadRequest {
+		t.Fatalf("status %d", rec.Code)
+	}
+	for _, want := range []string{
+		`<p class="error" id="idleAfterMinutes-error">enter a number of minutes</p>`,
+		`<p class="error" id="maxAgeHours-error">must be 0 (no limit) or between 1 hour and 90 days, and longer than the warning</p>`,
+		`<p class="error" id="o1.warnMinutes-error">must be shorter than the idle time, so that the warning comes before the action</p>`,
+		`value="soon"`, `value="0.5"`, `id="o1.warnMinutes" name="o1.warnMinutes" inputmode="decimal" value="90"`, `value="students"`,
+		`<a href="#o1.warnMinutes">Override 2 (group students): Warning (minutes): must be shorter`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("page lacks %s", want)
+		}
+	}
+	if n := strings.Count(body, `class="error"`); n != 3 {
+		t.Errorf("%d error messages, want 3 (one per problem)", n)
+	}
+	var checked v1.ReclaimPolicy
+	if w := s.api.writes(); len(w) != 1 || json.Unmarshal([]byte(w[0].Body), &checked) != nil ||
+		checked.MaxAgeSeconds != 1800 || len(checked.Overrides) != 1 || checked.Overrides[0].Group != "students" || checked.Overrides[0].WarnSeconds != 5400 {
+		t.Errorf("validation request %+v, want hours and minutes in seconds and the one filled override row", w)
+	}
+}
+
+// TestPolicyFormCarriesEveryField renders the page for a policy that sets
+// every field of the wire type (checked by reflection), submits the form
+// as a browser would, unchanged, and compares what the page sends with
+// what it showed: a save from the page never drops a field.
+func TestPolicyFormCarriesEveryField(t *testing.T) {
+	full := v1test.FullReclaimPolicy()
+	if z := v1test.ZeroFields(full); len(z) != 0 {
+		t.Fatalf("the fixture leaves %v zero", z)
+	}
+	a := baseAnswers()
+	a["GET /api/v1/admin/reclaim-policy"] = answer{200, full}
+	saved := full
+	saved.Version++
+	a["PUT /api/v1/admin/reclaim-policy"] = answer{200, saved}
+	s := newSite(t, fakeSessions{v: root}, a)
+	page := s.do(t, "GET", "/admin/reclaim", nil).Body.String()
+	form := formValues(t, page, "policy")
+	form.Set("op", "save")
+	rec := s.do(t, "POST", "/admin/reclaim", form)
+	if rec.Code != http.StatusSeeOther {
+		t.Fatalf("save: %d %s", rec.Code, rec.Body)
+	}
+	w := s.api.writes()
+	if len(w) != 1 || w[0].Path != "/api/v1/admin/reclaim-policy" {
+		t.Fatalf("writes %+v, want one save", w)
+	}
+	var got v1.ReclaimPolicy
+	if err := json.Unmarshal([]byte(w[0].Body), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := full
+	want.UpdatedBy, want.UpdatedAt = "", nil // read-only: the server sets them
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("PUT from the unchanged form (-want +got):\n%s", diff)
 	}
 }
 
@@ -321,7 +406,7 @@ func TestPolicyConflictExplained(t *testing.T) {
 	s := newSite(t, fakeSessions{v: root}, a)
 	rec := s.do(t, "POST", "/admin/reclaim", policyForm(map[string]string{"version": "2", "idleComputePercent": "7"}))
 	body := rec.Body.String()
-	for _, want := range []string{"Not saved: someone else changed the policy.", "version 3 by bob", "idle below 7 %", `name="version" value="3"`} {
+	for _, want := range []string{"Not saved: someone else changed the policy.", "version 3 by bob", "<li>Idle below (% SM utilization): 7</li>", `name="version" value="3"`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("conflict page lacks %q", want)
 		}

@@ -23,15 +23,32 @@ func (a *api) getReclaimPolicy(c echo.Context) error {
 
 // putReclaimPolicy saves a new version of the policy. The body's version
 // is the one the edit started from (409 if another was saved since);
-// updatedBy and updatedAt are ignored.
+// updatedBy and updatedAt are ignored. With ?validate=true it only checks
+// the body and answers it as it would be saved (normalized); nothing is
+// saved or audited.
 func (a *api) putReclaimPolicy(c echo.Context) error {
 	p, err := principal(c)
 	if err != nil {
 		return err
 	}
+	validate := false
+	switch c.QueryParam("validate") {
+	case "":
+	case "true":
+		validate = true
+	default:
+		return fmt.Errorf("%w: validate must be true or absent", fleet.ErrInvalid)
+	}
 	var body v1.ReclaimPolicy
 	if err := decodeJSON(c, &body); err != nil {
 		return err
+	}
+	if validate {
+		pol := reclaim.PolicyFromAPI(body).Normalize()
+		if err := pol.Validate(); err != nil {
+			return err
+		}
+		return c.JSON(http.StatusOK, pol.API())
 	}
 	saved, err := a.deps.Policy.Put(c.Request().Context(), reclaim.PolicyFromAPI(body), p.User)
 	if err != nil {
