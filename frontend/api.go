@@ -172,6 +172,12 @@ func (c apiClient) policy(ctx context.Context, r *http.Request, v Viewer) (v1.Re
 	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/admin/reclaim-policy", nil, nil, &out)
 }
 
+// previewPolicy asks what the reclaimer would do now under p (unsaved).
+func (c apiClient) previewPolicy(ctx context.Context, r *http.Request, v Viewer, p v1.ReclaimPolicy) (v1.ReclaimPreview, error) {
+	var out v1.ReclaimPreview
+	return out, c.call(ctx, r, v, http.MethodPost, "/api/v1/admin/reclaim-policy/preview", nil, p, &out)
+}
+
 // putPolicy saves p, or with validate only checks it (nothing is saved).
 func (c apiClient) putPolicy(ctx context.Context, r *http.Request, v Viewer, p v1.ReclaimPolicy, validate bool) (v1.ReclaimPolicy, error) {
 	var out v1.ReclaimPolicy

@@ -31,7 +31,8 @@
 // faked: a usage chart says "no data yet" until the node agent has reported
 // samples for the slice (or when Deps.Usage is nil). The idle-reclaim
 // settings page (reclaim.go) edits every field of the policy, in the form's
-// units, and sends every field on save. A running server's page shows the
+// units, sends every field on save, and previews what the reclaimer would
+// do now to every running server under the edited, unsaved policy. A running server's page shows the
 // reclaimer's idle state (active, idle since, unknown with the reason, not
 // checked yet) and countdown from GET …/idle, and extends it (POST
 // /servers/{name}/extend → POST …/extend). A running server's page resizes its slice

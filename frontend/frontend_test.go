@@ -362,6 +362,65 @@ func TestPolicyShowsEveryProblemAtOnce(t *testing.T) {
 	}
 }
 
+// TestPolicyPreviewListsEveryServerAndKeepsTheForm: the preview button
+// sends the form's policy (unsaved) to the preview route and shows, per
+// running server, the idle state, the actions due now and the next step;
+// the form keeps what was typed.
+func TestPolicyPreviewListsEveryServerAndKeepsTheForm(t *testing.T) {
+	a := policyAnswers()
+	since, next := t0.Add(-11*time.Minute), t0.Add(2*time.Minute)
+	pol := policy0
+	pol.Enabled, pol.Action, pol.IdleAfterSeconds, pol.WarnSeconds = false, v1.ReclaimStop, 600, 120
+	a["POST /api/v1/admin/reclaim-policy/preview"] = answer{200, v1.ReclaimPreview{Policy: pol, At: t0, Servers: []v1.ReclaimPreviewServer{
+		{User: "alice", Name: "nb", Profile: "small", Idle: v1.IdleState{Verdict: v1.IdleIdle, Since: &since, NextAction: v1.ReclaimStop, NextAt: &next},
+			Actions: []v1.ReclaimPreviewAction{{Action: "warn", Message: "idle for 11 min; will stop at 15:02 UTC unless extended (your files are kept)"}}},
+		{User: "bob", Name: "train", Profile: "big", Idle: v1.IdleState{Verdict: v1.IdleActive, Reason: "the GPU is busy"}, Actions: []v1.ReclaimPreviewAction{}},
+	}}}
+	s := newSite(t, fakeSessions{v: root}, a)
+	form := policyForm(map[string]string{"op": "preview", "action": "stop", "idleAfterMinutes": "10", "warnMinutes": "2", "reason": "try"})
+	form.Del("enabled")
+	rec := s.do(t, "POST", "/admin/reclaim", form)
+	body := rec.Body.String()
+	if rec.Code != http.StatusOK {
+		t.Fatalf("preview: %d %s", rec.Code, body)
+	}
+	row := func(server string) string { return between(body, ">"+server+"</a>", "</tr>") }
+	for _, c := range []struct{ in, want string }{
+		{body, "Reclaiming is off in this policy:"},
+		{row("alice/nb"), "Idle for 11 min (since 14:49 UTC)."},
+		{row("alice/nb"), "<strong>warn</strong>: idle for 11 min; will stop at 15:02 UTC unless extended (your files are kept)"},
+		{row("alice/nb"), "If it stays idle, it stops (your files are kept) at 15:02 UTC unless extended."},
+		{row("bob/train"), "Active: the GPU is busy."},
+		{row("bob/train"), "<td>Nothing</td>"},
+		{body, `id="idleAfterMinutes" name="idleAfterMinutes" inputmode="decimal" value="10"`},
+		{body, `name="reason" value="try"`},
+	} {
+		if !strings.Contains(c.in, htmlText(c.want)) && !strings.Contains(c.in, c.want) {
+			t.Errorf("preview page lacks %q", c.want)
+		}
+	}
+	var sent v1.ReclaimPolicy
+	if w := s.api.writes(); len(w) != 1 || w[0].Path != "/api/v1/admin/reclaim-policy/preview" || json.Unmarshal([]byte(w[0].Body), &sent) != nil ||
+		sent.Enabled || sent.IdleAfterSeconds != 600 || sent.WarnSeconds != 120 || sent.Action != v1.ReclaimStop {
+		t.Errorf("API writes %+v, want only the preview of the typed policy", w)
+	}
+}
+
+// TestPolicyPreviewOfAnInvalidPolicyShowsTheErrors: the preview refuses
+// what a save would, with the errors next to their fields.
+func TestPolicyPreviewOfAnInvalidPolicyShowsTheErrors(t *testing.T) {
+	a := policyAnswers()
+	a["POST /api/v1/admin/reclaim-policy/preview"] = answer{400, v1.Error{Code: v1.CodeBadRequest, Message: "the policy is not valid",
+		Fields: []v1.FieldProblem{{Field: "warnSeconds", Message: "must be shorter than the idle time, so that the warning comes before the action"}}}}
+	s := newSite(t, fakeSessions{v: root}, a)
+	rec := s.do(t, "POST", "/admin/reclaim", policyForm(map[string]string{"op": "preview", "warnMinutes": "90"}))
+	body := rec.Body.String()
+	if rec.Code != http.StatusBadRequest || !strings.Contains(body, `<p class="error" id="warnMinutes-error">must be shorter than the idle time`) ||
+		strings.Contains(body, `id="preview"`) || !strings.Contains(body, `value="90"`) {
+		t.Errorf("%d %s", rec.Code, body)
+	}
+}
+
 // TestPolicyFormCarriesEveryField renders the page for a policy that sets
 // every field of the wire type (checked by reflection), submits the form
 // as a browser would, unchanged, and compares what the page sends with

@@ -393,6 +393,34 @@ type policyData struct {
 	Unsaved  []fieldError // the admin's values that a conflict stopped (label, value)
 	Saved    bool
 	CSRF     string
+	// Preview is what the reclaimer would do now under the form's policy
+	// (nil: not asked).
+	Preview *previewData
+}
+
+// previewData is the preview as the page shows it.
+type previewData struct {
+	At      string
+	Enabled bool
+	DryRun  bool
+	Servers []previewRow
+}
+
+// previewRow is one running server of the preview.
+type previewRow struct {
+	Server, Profile  string
+	State, Countdown string // idleTexts of the state after the cycle
+	Actions          []v1.ReclaimPreviewAction
+}
+
+func previewOf(p v1.ReclaimPreview) *previewData {
+	d := &previewData{At: p.At.UTC().Format("15:04:05 UTC"), Enabled: p.Policy.Enabled, DryRun: p.Policy.DryRun}
+	for _, s := range p.Servers {
+		state, countdown := idleTexts(s.Idle, p.At)
+		d.Servers = append(d.Servers, previewRow{Server: s.User + "/" + s.Name, Profile: s.Profile,
+			State: state, Countdown: countdown, Actions: s.Actions})
+	}
+	return d
 }
 
 func (h *Handler) policyPage(w http.ResponseWriter, r *http.Request, v Viewer) {
@@ -430,8 +458,10 @@ func (h *Handler) renderPolicy(w http.ResponseWriter, r *http.Request, v Viewer,
 	h.render(w, r, status, "reclaim", view{Title: "Idle reclaim settings", Nav: "reclaim", Viewer: &v, Data: d})
 }
 
-// savePolicy handles the form's buttons: save (op=save, the default), and
-// add an override row (op=add, nothing is sent).
+// savePolicy handles the form's buttons: save (op=save, the default),
+// preview (op=preview: what the reclaimer would do now under the form's
+// policy; nothing is saved) and add an override row (op=add, nothing is
+// sent).
 func (h *Handler) savePolicy(w http.ResponseWriter, r *http.Request, v Viewer) {
 	ctx := r.Context()
 	f := readPolicyForm(r.PostForm)
@@ -451,16 +481,22 @@ func (h *Handler) savePolicy(w http.ResponseWriter, r *http.Request, v Viewer) {
 	d.Errors = pp.errs
 	status := http.StatusBadRequest
 	var err error
-	if len(pp.errs) == 0 {
+	switch {
+	case len(pp.errs) > 0:
+		// Validate the rest, so that every problem shows at once; the
+		// fields already in error keep the form's own message.
+		_, err = h.api.putPolicy(ctx, r, v, pp.policy, true)
+	case r.PostForm.Get("op") == "preview":
+		var pv v1.ReclaimPreview
+		if pv, err = h.api.previewPolicy(ctx, r, v, pp.policy); err == nil {
+			d.Preview, status = previewOf(pv), http.StatusOK
+		}
+	default:
 		var saved v1.ReclaimPolicy
 		if saved, err = h.api.putPolicy(ctx, r, v, pp.policy, false); err == nil {
 			http.Redirect(w, r, "/admin/reclaim?saved="+strconv.FormatInt(saved.Version, 10), http.StatusSeeOther)
 			return
 		}
-	} else {
-		// Validate the rest, so that every problem shows at once; the
-		// fields already in error keep the form's own message.
-		_, err = h.api.putPolicy(ctx, r, v, pp.policy, true)
 	}
 	if !h.policyRefused(w, r, v, err, pp, &d) {
 		return

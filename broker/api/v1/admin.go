@@ -118,3 +118,42 @@ type AuditPage struct {
 	// Next is the cursor (?before=) of the following page; "" on the last.
 	Next string `json:"next,omitempty"`
 }
+
+// ReclaimPreview is the answer of POST
+// /api/v1/admin/reclaim-policy/preview: what the reclaimer's next cycle
+// would do to every running server if the posted policy were saved now
+// with reclaiming on and no dry run. Nothing is done, audited or stored;
+// with Policy.Enabled false or Policy.DryRun true, none of it would reach
+// the servers.
+type ReclaimPreview struct {
+	// Policy is the posted policy as it would be saved (normalized).
+	Policy ReclaimPolicy `json:"policy"`
+	// At is when the reclaimer looked.
+	At time.Time `json:"at"`
+	// Servers are the running servers, by user and name.
+	Servers []ReclaimPreviewServer `json:"servers"`
+}
+
+// ReclaimPreviewServer is what one cycle would do to one running server.
+type ReclaimPreviewServer struct {
+	User    string `json:"user"`
+	Name    string `json:"name"`
+	Profile string `json:"profile"`
+	// Idle is the server's idle state after that cycle: the verdict and
+	// its reason, whether the policy exempts it, and the next action with
+	// its time if it stays idle.
+	Idle IdleState `json:"idle"`
+	// Actions are the actions due now, in order; empty when nothing
+	// happens now.
+	Actions []ReclaimPreviewAction `json:"actions"`
+}
+
+// ReclaimPreviewAction is one action of a preview.
+type ReclaimPreviewAction struct {
+	// Action is warn, shrink, restore or stop, or notice for a message
+	// without an action (the idle countdown is cancelled).
+	Action string `json:"action"`
+	// Message is the event the server's user would see, e.g. "idle for 50
+	// min; will stop at 15:30 UTC unless extended (your files are kept)".
+	Message string `json:"message"`
+}

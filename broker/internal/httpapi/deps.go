@@ -134,9 +134,10 @@ type Audit interface {
 	Audit(ctx context.Context, q reclaim.AuditQuery) ([]reclaim.AuditEntry, string, error)
 }
 
-// Reclaim is the idle reclaimer's per-server side (implemented by
-// *reclaim.Reclaimer). It is optional: without it the idle and extend
-// routes are not served (404). Safe for concurrent use.
+// Reclaim is the idle reclaimer's per-server side and its preview
+// (implemented by *reclaim.Reclaimer). It is optional: without it the
+// idle, extend and preview routes are not served (404). Safe for
+// concurrent use.
 type Reclaim interface {
 	// State returns the idle state of srv's current spawn.
 	State(ctx context.Context, srv fleet.Server) (reclaim.IdleState, error)
@@ -144,4 +145,7 @@ type Reclaim interface {
 	// beyond the policy's limit (the message names what is left),
 	// fleet.ErrConflict when srv is not running.
 	Extend(ctx context.Context, srv fleet.Server, d time.Duration, actor string) (reclaim.IdleState, error)
+	// Preview returns what the next cycle would do to every running
+	// server under pol (*reclaim.ValidationError for an invalid pol).
+	Preview(ctx context.Context, pol reclaim.Policy) ([]reclaim.PreviewServer, error)
 }

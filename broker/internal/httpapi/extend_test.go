@@ -51,11 +51,28 @@ func (f *fakeReclaim) Extend(_ context.Context, srv fleet.Server, d time.Duratio
 	return st, nil
 }
 
+// Preview validates pol as the reclaimer does and answers, for every
+// spawn with a state, its state and a warning that names pol's idle time.
+func (f *fakeReclaim) Preview(_ context.Context, pol reclaim.Policy) ([]reclaim.PreviewServer, error) {
+	if err := pol.Validate(); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []reclaim.PreviewServer
+	for spawn, st := range f.states {
+		st.SpawnID = spawn
+		out = append(out, reclaim.PreviewServer{Server: fleet.Server{ServerKey: fleet.ServerKey{User: "alice", Name: "nb"}, Profile: "small", SpawnID: spawn},
+			State: st, Actions: []reclaim.PreviewAction{{Action: "warn", Message: "idle past " + pol.IdleAfter.String()}}})
+	}
+	return out, nil
+}
+
 func newReclaimHarness(t *testing.T) (*harness, *fakeReclaim) {
 	t.Helper()
 	h := newHarness(t)
 	fr := &fakeReclaim{limit: time.Hour, states: map[string]reclaim.IdleState{}}
-	e, err := New(Deps{Servers: h.servers, Profiles: testProfiles, Fleet: h.fleet, Auth: fakeAuth{tokAlice: alice, tokBob: bob, tokHub: hub},
+	e, err := New(Deps{Servers: h.servers, Profiles: testProfiles, Fleet: h.fleet, Auth: fakeAuth{tokAlice: alice, tokBob: bob, tokHub: hub, tokAdmin: root},
 		Reclaim: fr, Log: slog.New(slog.NewJSONHandler(h.logs, nil)), Now: func() time.Time { return testNow }})
 	if err != nil {
 		t.Fatal(err)
@@ -123,5 +140,44 @@ func TestIdleStateBeforeTheFirstLook(t *testing.T) {
 	want := v1.IdleState{Verdict: v1.IdleUnchecked}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+func TestPreviewRoute(t *testing.T) {
+	h, fr := newReclaimHarness(t)
+	since := testNow.Add(-40 * time.Minute)
+	fr.states["sp1"] = reclaim.IdleState{Verdict: reclaim.VerdictIdle, Since: since, NextAction: reclaim.ActionStop, NextAt: testNow.Add(2 * time.Minute)}
+	body := `{"version":0,"enabled":false,"idleComputePercent":5,"idleAfterSeconds":1800,"action":"stop","warnSeconds":120,"exemptGroups":["b"," a"]}`
+	steps := []struct {
+		name       string
+		r          req
+		wantStatus int
+		wantIn     string
+	}{
+		{"users may not preview", req{method: "POST", path: "/api/v1/admin/reclaim-policy/preview", token: tokAlice, body: body}, 403, "administrators"},
+		{"an invalid policy lists its fields", req{method: "POST", path: "/api/v1/admin/reclaim-policy/preview", token: tokAdmin,
+			body: `{"version":0,"idleComputePercent":500,"idleAfterSeconds":1800,"action":"stop","warnSeconds":120}`}, 400, `"field":"idleComputePercent"`},
+		{"unknown field", req{method: "POST", path: "/api/v1/admin/reclaim-policy/preview", token: tokAdmin, body: `{"colour":"red"}`}, 400, `unknown field`},
+	}
+	for _, s := range steps {
+		if rec := h.do(t, s.r); rec.Code != s.wantStatus || !strings.Contains(rec.Body.String(), s.wantIn) {
+			t.Errorf("%s: %d %s, want %d containing %s", s.name, rec.Code, rec.Body, s.wantStatus, s.wantIn)
+		}
+	}
+	rec := h.do(t, req{method: "POST", path: "/api/v1/admin/reclaim-policy/preview", token: tokAdmin, body: body})
+	if rec.Code != 200 {
+		t.Fatalf("preview: %d %s", rec.Code, rec.Body)
+	}
+	got := decode[v1.ReclaimPreview](t, rec)
+	next := testNow.Add(2 * time.Minute)
+	want := v1.ReclaimPreview{
+		Policy: v1.ReclaimPolicy{IdleComputePercent: 5, IdleAfterSeconds: 1800, Action: v1.ReclaimStop, WarnSeconds: 120, ExemptGroups: []string{"a", "b"}},
+		At:     testNow,
+		Servers: []v1.ReclaimPreviewServer{{User: "alice", Name: "nb", Profile: "small",
+			Idle:    v1.IdleState{Verdict: v1.IdleIdle, Since: &since, NextAction: v1.ReclaimStop, NextAt: &next},
+			Actions: []v1.ReclaimPreviewAction{{Action: "warn", Message: "idle past 30m0s"}}}},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("preview (-want +got):\n%s", diff)
 	}
 }

@@ -57,6 +57,31 @@ func (a *api) putReclaimPolicy(c echo.Context) error {
 	return c.JSON(http.StatusOK, saved.API())
 }
 
+// previewReclaimPolicy answers what the next cycle would do to every
+// running server under the posted (unsaved) policy.
+func (a *api) previewReclaimPolicy(c echo.Context) error {
+	var body v1.ReclaimPolicy
+	if err := decodeJSON(c, &body); err != nil {
+		return err
+	}
+	pol := reclaim.PolicyFromAPI(body).Normalize()
+	servers, err := a.deps.Reclaim.Preview(c.Request().Context(), pol)
+	if err != nil {
+		return err
+	}
+	now := a.deps.Now()
+	out := v1.ReclaimPreview{Policy: pol.API(), At: now.UTC(), Servers: []v1.ReclaimPreviewServer{}}
+	for _, ps := range servers {
+		s := v1.ReclaimPreviewServer{User: ps.Server.User, Name: ps.Server.Name, Profile: ps.Server.Profile,
+			Idle: toIdleState(ps.State, now), Actions: []v1.ReclaimPreviewAction{}}
+		for _, act := range ps.Actions {
+			s.Actions = append(s.Actions, v1.ReclaimPreviewAction{Action: act.Action, Message: act.Message})
+		}
+		out.Servers = append(out.Servers, s)
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
 // maxAuditFilterBytes bounds the audit filters.
 const maxAuditFilterBytes = 255
 

@@ -42,6 +42,9 @@ func (a *api) routes(e *echo.Echo) {
 		e.GET("/api/v1/admin/reclaim-policy", a.getReclaimPolicy, user, a.adminOnly)
 		e.PUT("/api/v1/admin/reclaim-policy", a.putReclaimPolicy, user, a.adminOnly)
 	}
+	if a.deps.Reclaim != nil {
+		e.POST("/api/v1/admin/reclaim-policy/preview", a.previewReclaimPolicy, user, a.adminOnly)
+	}
 	if a.deps.Audit != nil {
 		e.GET("/api/v1/admin/audit", a.listAudit, user, a.adminOnly)
 	}
