@@ -511,15 +511,27 @@ func TestFleetByNode(t *testing.T) {
 
 func TestAuditFilterAndPaging(t *testing.T) {
 	a := baseAnswers()
-	a["GET /api/v1/admin/audit?actor=bob&limit=50"] = answer{200, v1.AuditPage{Next: "17-0", Entries: []v1.AuditEntry{{
-		ID: "18-0", Time: t0, Actor: "bob", Action: "reclaim-policy.update", Target: "reclaim-policy", PolicyVersion: 3, Reason: "save money",
-		Inputs: map[string]string{"action": "warn → stop"},
+	a["GET /api/v1/admin/audit?actor=bob&limit=50"] = answer{200, v1.AuditPage{Next: "17-0,+", Entries: []v1.AuditEntry{{
+		ID: "18-0", Time: t0, Source: v1.AuditSourceReclaim, Actor: "bob", ActorKind: v1.ActorAdmin, Action: "reclaim-policy.update",
+		Target: "reclaim-policy", PolicyVersion: 3, Reason: "save money", Inputs: map[string]string{"action": "warn → stop"},
+	}}}}
+	a["GET /api/v1/admin/audit?limit=50&source=agent"] = answer{200, v1.AuditPage{Entries: []v1.AuditEntry{{
+		ID: "19-0", Time: t0, Source: v1.AuditSourceAgent, Actor: "gpubroker-agent@n1", ActorKind: v1.ActorAgent, Action: "agent.kill",
+		Target: "pod:notebooks/nb-alice", Reason: "over-memory", Inputs: map[string]string{"memoryUsedMiB": "9000"},
 	}}}}
 	s := newSite(t, fakeSessions{v: root}, a)
 	body := s.do(t, "GET", "/admin/audit?actor=bob", nil).Body.String()
-	for _, want := range []string{`<td>bob</td>`, `<code>action</code>: warn → stop`, `href="/admin/audit?actor=bob&amp;before=17-0">Older entries`, `id="f-actor" name="actor" value="bob"`} {
+	for _, want := range []string{`<td>bob <span class="muted">(admin)</span></td>`, `<td>reclaim</td>`, `<code>action</code>: warn → stop`,
+		`href="/admin/audit?actor=bob&amp;before=17-0%2C%2B">Older entries`, `id="f-actor" name="actor" value="bob"`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("audit page lacks %q", want)
+		}
+	}
+	body = s.do(t, "GET", "/admin/audit?source=agent", nil).Body.String()
+	for _, want := range []string{`<td>agent</td><td>gpubroker-agent@n1 <span class="muted">(agent)</span></td><td><code>agent.kill</code></td><td>pod:notebooks/nb-alice</td>`,
+		`<option value="agent" selected>`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("agents' audit page lacks %q", want)
 		}
 	}
 }

@@ -235,12 +235,19 @@ type auditData struct {
 	Filter url.Values
 	Page   v1.AuditPage
 	More   string // the next page's URL
+	// Actions are the actions the log holds today, offered in the filter.
+	Actions []string
 }
+
+// auditActions are the actions written to the audit log, for the action
+// filter's suggestions.
+var auditActions = []string{"reclaim-policy.update", "reclaim.warn", "reclaim.shrink", "reclaim.restore", "reclaim.stop",
+	"reclaim.extend", "agent.report", "agent.kill", "agent.kill-failed"}
 
 func (h *Handler) auditPage(w http.ResponseWriter, r *http.Request, v Viewer) {
 	in := r.URL.Query()
 	q := url.Values{}
-	for _, k := range []string{"actor", "action", "target", "before"} {
+	for _, k := range []string{"source", "actor", "action", "target", "before"} {
 		if s := strings.TrimSpace(in.Get(k)); s != "" {
 			q.Set(k, s)
 		}
@@ -256,10 +263,10 @@ func (h *Handler) auditPage(w http.ResponseWriter, r *http.Request, v Viewer) {
 		h.apiFailed(w, r, v, err)
 		return
 	}
-	d := auditData{Filter: q, Page: page}
+	d := auditData{Filter: q, Page: page, Actions: auditActions}
 	if page.Next != "" {
 		more := url.Values{}
-		for _, k := range []string{"actor", "action", "target"} {
+		for _, k := range []string{"source", "actor", "action", "target"} {
 			if s := q.Get(k); s != "" {
 				more.Set(k, s)
 			}

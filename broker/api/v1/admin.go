@@ -92,17 +92,32 @@ type FieldProblem struct {
 	Message string `json:"message"`
 }
 
-// AuditEntry is one admin or automatic action, as GET /api/v1/admin/audit
-// lists it.
+// AuditEntry is one audited action (ARCHITECTURE.md invariant 6), as GET
+// /api/v1/admin/audit lists it: the broker's own (the reclaim policy, the
+// reclaimer, extensions) and the node agents' enforcement records, in one
+// log. It is also the form in which the broker stores its entries, so that
+// every part that acts (later: every lifecycle action by a user, the hub,
+// an admin, the reclaimer or an agent) records the same shape.
 type AuditEntry struct {
-	// ID orders entries (newest first in a page) and is the page cursor.
+	// ID is the entry's id within its source's log (a Redis stream id,
+	// "<ms>-<seq>"); Source and ID together identify an entry.
 	ID   string    `json:"id"`
 	Time time.Time `json:"time"`
-	// Actor is the user who acted, or "gpubroker" for automatic actions.
+	// Source is the log the entry comes from: AuditSourceReclaim (the
+	// broker's reclaim policy and reclaimer) or AuditSourceAgent (a node
+	// agent's enforcement).
+	Source string `json:"source"`
+	// Actor is who acted: a user name, "jupyterhub", "reclaimer", or
+	// "gpubroker-agent@<node>".
 	Actor string `json:"actor"`
-	// Action names what was done, e.g. "reclaim-policy.update".
+	// ActorKind says what kind of actor: user, admin, hub, reclaimer or
+	// agent; empty when not recorded.
+	ActorKind string `json:"actorKind,omitempty"`
+	// Action names what was done, e.g. "reclaim-policy.update",
+	// "reclaim.stop", "agent.kill".
 	Action string `json:"action"`
-	// Target names what it was done to, e.g. "reclaim-policy".
+	// Target names what it was done to, e.g. "reclaim-policy",
+	// "server:<user>/<name>", "pod:<namespace>/<pod>".
 	Target string `json:"target"`
 	Reason string `json:"reason,omitempty"`
 	// PolicyVersion is the reclaim policy version in force (or saved).
@@ -112,10 +127,27 @@ type AuditEntry struct {
 	Inputs map[string]string `json:"inputs,omitempty"`
 }
 
+// The audit sources.
+const (
+	AuditSourceReclaim = "reclaim"
+	AuditSourceAgent   = "agent"
+)
+
+// The audit actor kinds.
+const (
+	ActorUser      = "user"
+	ActorAdmin     = "admin"
+	ActorHub       = "hub"
+	ActorReclaimer = "reclaimer"
+	ActorAgent     = "agent"
+)
+
 // AuditPage is the body of GET /api/v1/admin/audit.
 type AuditPage struct {
+	// Entries are the page's entries, newest first.
 	Entries []AuditEntry `json:"entries"`
 	// Next is the cursor (?before=) of the following page; "" on the last.
+	// It is opaque: it holds the position in each source's log.
 	Next string `json:"next,omitempty"`
 }
 

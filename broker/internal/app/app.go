@@ -346,7 +346,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
 	p.reconciler = rec
 	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.RedisPrefix), nil)
-	audit := redisstore.NewAuditLog(rdb, cfg.RedisPrefix)
+	audit := redisstore.NewAuditLog(rdb, cfg.RedisPrefix, p.agents)
 	var err error
 	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies, audit); err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
@@ -126,12 +127,13 @@ type Policy interface {
 	Put(ctx context.Context, p reclaim.Policy, actor string) (reclaim.Policy, error)
 }
 
-// Audit is the audit log (implemented by *redisstore.AuditLog). It is
+// Audit is the audit log: the broker's and the node agents' entries in one
+// view (implemented by *redisstore.AuditLog). It is
 // optional: without it the audit route is not served (404).
 type Audit interface {
 	// Audit returns a page of audit entries, newest first, and the next
 	// page's cursor.
-	Audit(ctx context.Context, q reclaim.AuditQuery) ([]reclaim.AuditEntry, string, error)
+	Audit(ctx context.Context, q audit.Query) ([]audit.Entry, string, error)
 }
 
 // Reclaim is the idle reclaimer's per-server side and its preview
@@ -141,10 +143,11 @@ type Audit interface {
 type Reclaim interface {
 	// State returns the idle state of srv's current spawn.
 	State(ctx context.Context, srv fleet.Server) (reclaim.IdleState, error)
-	// Extend postpones idle actions on srv by d for actor; fleet.ErrInvalid
+	// Extend postpones idle actions on srv by d for actor (the user, the
+	// hub acting for them, or an admin); fleet.ErrInvalid
 	// beyond the policy's limit (the message names what is left),
 	// fleet.ErrConflict when srv is not running.
-	Extend(ctx context.Context, srv fleet.Server, d time.Duration, actor string) (reclaim.IdleState, error)
+	Extend(ctx context.Context, srv fleet.Server, d time.Duration, actor audit.Actor) (reclaim.IdleState, error)
 	// Preview returns what the next cycle would do to every running
 	// server under pol (*reclaim.ValidationError for an invalid pol).
 	Preview(ctx context.Context, pol reclaim.Policy) ([]reclaim.PreviewServer, error)

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 )
@@ -34,7 +35,7 @@ func (f *fakeReclaim) State(_ context.Context, srv fleet.Server) (reclaim.IdleSt
 	return st, nil
 }
 
-func (f *fakeReclaim) Extend(_ context.Context, srv fleet.Server, d time.Duration, actor string) (reclaim.IdleState, error) {
+func (f *fakeReclaim) Extend(_ context.Context, srv fleet.Server, d time.Duration, actor audit.Actor) (reclaim.IdleState, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if srv.State != v1.StateRunning {
@@ -47,7 +48,7 @@ func (f *fakeReclaim) Extend(_ context.Context, srv fleet.Server, d time.Duratio
 	st.Extended += d
 	st.ExtendedUntil = testNow.Add(st.Extended)
 	f.states[srv.SpawnID] = st
-	f.actors = append(f.actors, actor)
+	f.actors = append(f.actors, actor.Name+" ("+actor.Kind+")")
 	return st, nil
 }
 
@@ -130,7 +131,7 @@ func TestExtendAndIdleRoutes(t *testing.T) {
 		{"the hub extends for the user", req{method: "POST", path: "/api/v1/users/alice/servers/nb/extend", token: tokHub, body: `{"seconds":600}`}, 200, `"extendedSeconds":3000`},
 		{"past the limit says what is left", req{method: "POST", path: "/api/v1/users/alice/servers/nb/extend", token: tokAlice, body: `{"seconds":1200}`}, 400, "at most 10m0s more"},
 	})
-	if diff := cmp.Diff([]string{"alice", "jupyterhub"}, fr.actors); diff != "" {
+	if diff := cmp.Diff([]string{"alice (user)", "jupyterhub (hub)"}, fr.actors); diff != "" {
 		t.Errorf("actors (-want +got):\n%s", diff)
 	}
 }

@@ -3,11 +3,14 @@ package httpapi
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 )
@@ -86,20 +89,23 @@ func (a *api) previewReclaimPolicy(c echo.Context) error {
 const maxAuditFilterBytes = 255
 
 // listAudit answers a page of the audit log, newest first, filtered by
-// ?actor=, ?action= and ?target=, after the cursor ?before=, at most
-// ?limit= (1..200, default 50) entries.
+// ?source= (reclaim or agent), ?actor=, ?action= and ?target=, after the
+// cursor ?before=, at most ?limit= (1..200, default 50) entries.
 func (a *api) listAudit(c echo.Context) error {
-	q := reclaim.AuditQuery{
-		Actor: c.QueryParam("actor"), Action: c.QueryParam("action"), Target: c.QueryParam("target"),
-		Before: c.QueryParam("before"),
+	q := audit.Query{
+		Source: c.QueryParam("source"), Actor: c.QueryParam("actor"), Action: c.QueryParam("action"),
+		Target: c.QueryParam("target"), Before: c.QueryParam("before"),
 	}
 	for name, v := range map[string]string{"actor": q.Actor, "action": q.Action, "target": q.Target} {
 		if len(v) > maxAuditFilterBytes {
 			return fmt.Errorf("%w: the %s filter is longer than %d bytes", fleet.ErrInvalid, name, maxAuditFilterBytes)
 		}
 	}
-	if q.Before != "" && !reclaim.ValidBefore(q.Before) {
-		return fmt.Errorf("%w: before must be an entry id from a previous page, like 1764428400000-0", fleet.ErrInvalid)
+	if q.Source != "" && !slices.Contains(audit.Sources, q.Source) {
+		return fmt.Errorf("%w: source must be one of %s", fleet.ErrInvalid, strings.Join(audit.Sources, ", "))
+	}
+	if _, ok := audit.ParseCursor(q.Before); q.Before != "" && !ok {
+		return fmt.Errorf("%w: before must be the next cursor of a previous page, like 1764428400000-0,+", fleet.ErrInvalid)
 	}
 	if s := c.QueryParam("limit"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -112,10 +118,8 @@ func (a *api) listAudit(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	page := v1.AuditPage{Entries: []v1.AuditEntry{}, Next: next}
-	for _, e := range entries {
-		page.Entries = append(page.Entries, v1.AuditEntry{ID: e.ID, Time: e.Time, Actor: e.Actor, Action: e.Action,
-			Target: e.Target, Reason: e.Reason, PolicyVersion: e.PolicyVersion, Inputs: e.Inputs})
+	if entries == nil {
+		entries = []v1.AuditEntry{}
 	}
-	return c.JSON(http.StatusOK, page)
+	return c.JSON(http.StatusOK, v1.AuditPage{Entries: entries, Next: next})
 }

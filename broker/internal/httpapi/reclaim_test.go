@@ -21,7 +21,7 @@ func newPolicyHarness(t *testing.T) *harness {
 	rs := redistest.Start(t)
 	rdb, prefix := rs.Client(t), rs.Prefix(t)
 	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, prefix), func() time.Time { return testNow })
-	return newHarness(t, harnessConfig{policy: policies, audit: redisstore.NewAuditLog(rdb, prefix)})
+	return newHarness(t, harnessConfig{policy: policies, audit: redisstore.NewAuditLog(rdb, prefix, nil)})
 }
 
 const validPolicy = `{"version":%d,"enabled":true,"idleComputePercent":5,"idleAfterSeconds":3600,"action":"stop","warnSeconds":600,"reason":"save money"}`
@@ -55,6 +55,8 @@ func TestReclaimPolicyRoutes(t *testing.T) {
 		{"audit lists the change", req{method: "GET", path: "/api/v1/admin/audit?actor=root&limit=10", token: tokAdmin}, 200, `"action":"reclaim-policy.update"`},
 		{"audit bad limit", req{method: "GET", path: "/api/v1/admin/audit?limit=0", token: tokAdmin}, 400, "limit must be"},
 		{"audit bad cursor", req{method: "GET", path: "/api/v1/admin/audit?before=x", token: tokAdmin}, 400, "before must be"},
+		{"audit bad source", req{method: "GET", path: "/api/v1/admin/audit?source=hub", token: tokAdmin}, 400, "source must be one of reclaim, agent"},
+		{"audit of the agents only", req{method: "GET", path: "/api/v1/admin/audit?source=agent", token: tokAdmin}, 200, `{"entries":[]}`},
 		{"audit for users", req{method: "GET", path: "/api/v1/admin/audit", token: tokBob}, 403, "administrators"},
 	}
 	for _, s := range steps {
@@ -69,7 +71,7 @@ func TestReclaimPolicyRoutes(t *testing.T) {
 	}
 	e := page.Entries[0]
 	e.ID = ""
-	want := v1.AuditEntry{Time: testNow, Actor: "root", Action: "reclaim-policy.update", Target: "reclaim-policy", Reason: "save money", PolicyVersion: 1,
+	want := v1.AuditEntry{Time: testNow, Source: v1.AuditSourceReclaim, Actor: "root", ActorKind: v1.ActorAdmin, Action: "reclaim-policy.update", Target: "reclaim-policy", Reason: "save money", PolicyVersion: 1,
 		Inputs: map[string]string{"enabled": "false → true", "action": "warn → stop", "warnSeconds": "900 → 600"}}
 	if diff := cmp.Diff(want, e); diff != "" {
 		t.Errorf("audit entry (-want +got):\n%s", diff)

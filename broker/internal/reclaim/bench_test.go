@@ -71,7 +71,7 @@ func BenchmarkCycle10k(b *testing.B) {
 	if err := agents.AddSamples(ctx, samples); err != nil {
 		b.Fatal(err)
 	}
-	rec, err := reclaim.New(reclaim.Config{Policies: policies, Audit: redisstore.NewAuditLog(rdb, prefix), States: states,
+	rec, err := reclaim.New(reclaim.Config{Policies: policies, Audit: redisstore.NewAuditLog(rdb, prefix, nil), States: states,
 		Samples: redisstore.AgentSamples{Agents: agents}, Servers: store,
 		Stopper: &stopper{store: store}, Shrinker: reclaim.QuotaShrinker{Quotas: agents}, Prober: failProber{},
 		SamplesPerServer: perServer, Now: c.Now})

@@ -3,6 +3,9 @@ package reclaim
 import (
 	"context"
 	"time"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 )
 
 // PolicyStore keeps the versions of the policy and writes the audit entry
@@ -16,7 +19,7 @@ type PolicyStore interface {
 	// p.Version-1, keeps it in the history and appends entry to the audit
 	// log, all in one step; saved is false (and nothing is written) when
 	// another version was saved since.
-	SavePolicy(ctx context.Context, p Policy, entry AuditEntry) (saved bool, err error)
+	SavePolicy(ctx context.Context, p Policy, entry audit.Entry) (saved bool, err error)
 	// PolicyHistory returns the versions still kept (at least the last 100)
 	// by version number.
 	PolicyHistory(ctx context.Context) (map[int64]Policy, error)
@@ -53,7 +56,7 @@ func (ps *Policies) Get(ctx context.Context) (Policy, error) {
 }
 
 // Put saves p as the next version if p.Version is the current version
-// (optimistic concurrency), recording actor, the time and an audit entry
+// (optimistic concurrency), recording actor (an admin), the time and an audit entry
 // with the changed fields in the same atomic step. It returns the saved
 // policy. Errors: *ValidationError (fleet.ErrInvalid) for an invalid p,
 // *ConflictError (fleet.ErrConflict) when another version was saved since
@@ -72,8 +75,8 @@ func (ps *Policies) Put(ctx context.Context, p Policy, actor string) (Policy, er
 	}
 	now := ps.now().UTC().Truncate(time.Second)
 	p.Version, p.UpdatedBy, p.UpdatedAt = base.Version+1, actor, now
-	entry := AuditEntry{
-		Time: now, Actor: actor, Action: AuditPolicyUpdate, Target: AuditTargetPolicy,
+	entry := audit.Entry{
+		Time: now, Source: v1.AuditSourceReclaim, Actor: actor, ActorKind: v1.ActorAdmin, Action: AuditPolicyUpdate, Target: AuditTargetPolicy,
 		Reason: p.Reason, PolicyVersion: p.Version, Inputs: p.changes(base),
 	}
 	saved, err := ps.store.SavePolicy(ctx, p, entry)

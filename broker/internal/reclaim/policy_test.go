@@ -11,6 +11,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
@@ -43,7 +45,7 @@ func newStore(t *testing.T) policyEnv {
 		defer mu.Unlock()
 		now = now.Add(time.Minute)
 		return now
-	}), redisstore.NewAuditLog(rdb, prefix)}
+	}), redisstore.NewAuditLog(rdb, prefix, nil)}
 }
 
 func TestValidate(t *testing.T) {
@@ -116,7 +118,7 @@ func TestPutGetAndAudit(t *testing.T) {
 	if back, err := s.Get(ctx); err != nil || !cmp.Equal(want, back) {
 		t.Errorf("get after put (-want +got):\n%s (err %v)", cmp.Diff(want, back), err)
 	}
-	entries, next, err := s.Audit(ctx, reclaim.AuditQuery{})
+	entries, next, err := s.Audit(ctx, audit.Query{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,8 +127,8 @@ func TestPutGetAndAudit(t *testing.T) {
 	}
 	e := entries[0]
 	e.ID = ""
-	if diff := cmp.Diff(reclaim.AuditEntry{
-		Time: t0.Add(time.Minute), Actor: "root", Action: reclaim.AuditPolicyUpdate, Target: reclaim.AuditTargetPolicy,
+	if diff := cmp.Diff(audit.Entry{
+		Time: t0.Add(time.Minute), Source: v1.AuditSourceReclaim, Actor: "root", ActorKind: v1.ActorAdmin, Action: reclaim.AuditPolicyUpdate, Target: reclaim.AuditTargetPolicy,
 		Reason: "night shift", PolicyVersion: 1,
 		Inputs: map[string]string{"enabled": "false → true", "action": "warn → shrink", "shrinkComputePercent": "0 → 10", "exemptGroups": "[] → [admins, ml]"},
 	}, e); diff != "" {
@@ -145,7 +147,7 @@ func TestInvalidPutSavesNothing(t *testing.T) {
 	if err != nil || got.Version != 0 {
 		t.Errorf("after invalid put: version %d err %v, want 0", got.Version, err)
 	}
-	if entries, _, err := s.Audit(t.Context(), reclaim.AuditQuery{}); err != nil || len(entries) != 0 {
+	if entries, _, err := s.Audit(t.Context(), audit.Query{}); err != nil || len(entries) != 0 {
 		t.Errorf("audit after invalid put: %v %v, want none", entries, err)
 	}
 }
@@ -203,7 +205,7 @@ func TestConcurrentPutsOneWins(t *testing.T) {
 			t.Errorf("unexpected error %v", err)
 		}
 	}
-	entries, _, err := s.Audit(t.Context(), reclaim.AuditQuery{})
+	entries, _, err := s.Audit(t.Context(), audit.Query{})
 	if wins != 1 || err != nil || len(entries) != 1 {
 		t.Errorf("%d saves, %d audit entries (err %v), want 1 and 1", wins, len(entries), err)
 	}

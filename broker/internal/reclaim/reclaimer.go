@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
@@ -57,7 +58,7 @@ type Samples interface {
 // AuditLog receives the audit entry of every action (implemented by
 // redisstore.AuditLog).
 type AuditLog interface {
-	AppendAudit(ctx context.Context, e AuditEntry) error
+	AppendAudit(ctx context.Context, e audit.Entry) error
 }
 
 // Actor is the audit actor of the reclaimer's own actions.
@@ -355,7 +356,7 @@ func (r *Reclaimer) do(ctx context.Context, now time.Time, s fleet.Server, pol P
 	if a.compute > 0 {
 		in["computePercent"] = strconv.Itoa(a.compute)
 	}
-	return r.audit.AppendAudit(ctx, AuditEntry{Time: now, Actor: Actor, Action: a.audit, Target: target(s),
+	return r.audit.AppendAudit(ctx, audit.Entry{Time: now, Source: v1.AuditSourceReclaim, Actor: Actor, ActorKind: v1.ActorReclaimer, Action: a.audit, Target: target(s),
 		Reason: a.message, PolicyVersion: pol.Version, Inputs: in})
 }
 
@@ -393,12 +394,13 @@ func (r *Reclaimer) State(ctx context.Context, srv fleet.Server) (IdleState, err
 var ErrExtendLimit = fmt.Errorf("%w: extension limit", fleet.ErrInvalid)
 
 // Extend postpones idle actions on srv's current spawn by d (1 min..the
-// remaining allowance of the policy's MaxExtend) on behalf of actor, writes
+// remaining allowance of the policy's MaxExtend) for actor (the user, the
+// hub acting for them, or an admin), writes
 // an event and an audit record, and returns the new state. Errors:
 // fleet.ErrConflict when srv is not running, fleet.ErrInvalid for a bad d,
 // ErrExtendLimit (with the remaining allowance in the message) when the
 // total would pass the limit.
-func (r *Reclaimer) Extend(ctx context.Context, srv fleet.Server, d time.Duration, actor string) (IdleState, error) {
+func (r *Reclaimer) Extend(ctx context.Context, srv fleet.Server, d time.Duration, actor audit.Actor) (IdleState, error) {
 	if srv.State != v1.StateRunning {
 		return IdleState{}, fmt.Errorf("%w: server %q is %s; only a running server can be extended", fleet.ErrConflict, srv.Name, srv.State)
 	}
@@ -419,11 +421,12 @@ func (r *Reclaimer) Extend(ctx context.Context, srv fleet.Server, d time.Duratio
 		left := eff.MaxExtend - ext.Total
 		return IdleState{}, fmt.Errorf("%w: this server can be extended by at most %s more (the limit is %s per start)", ErrExtendLimit, durationText(max(left, 0)), durationText(eff.MaxExtend))
 	}
-	msg := fmt.Sprintf("extended by %s by %s; no idle action before %s", durationText(d), actor, clockText(ext.Until, now))
+	msg := fmt.Sprintf("extended by %s by %s; no idle action before %s", durationText(d), actor.Name, clockText(ext.Until, now))
 	if _, err := r.servers.Transition(ctx, srv.ServerKey, srv.SpawnID, v1.StateRunning, msg, fleet.ServerPatch{}); err != nil {
 		return IdleState{}, fmt.Errorf("reclaim: extend %s/%s: %w", srv.User, srv.Name, err)
 	}
-	if err := r.audit.AppendAudit(ctx, AuditEntry{Time: now, Actor: actor, Action: AuditExtend, Target: target(srv), Reason: msg,
+	if err := r.audit.AppendAudit(ctx, audit.Entry{Time: now, Source: v1.AuditSourceReclaim, Actor: actor.Name, ActorKind: actor.Kind,
+		Action: AuditExtend, Target: target(srv), Reason: msg,
 		PolicyVersion: pol.Version, Inputs: map[string]string{"spawnId": srv.SpawnID, "extendSeconds": strconv.FormatInt(int64(d/time.Second), 10),
 			"extendedUntil": ext.Until.Format(time.RFC3339), "totalSeconds": strconv.FormatInt(int64(ext.Total/time.Second), 10)}}); err != nil {
 		return IdleState{}, err

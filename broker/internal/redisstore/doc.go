@@ -2,9 +2,12 @@
 // inventory, slice placement, quota usage, server records and server event
 // streams (Store, for the servers service and the reconciler); the reclaim
 // policy with its history and the idle states (Reclaim, for
-// broker/internal/reclaim); the audit log (AuditLog); and the node agents'
-// samples as the reclaimer reads them (AgentSamples, through
-// limiter/agent/agentstore). Each is safe for concurrent use by many
+// broker/internal/reclaim); the web login's sessions (Sessions, for
+// broker/internal/auth); the audit log (AuditLog: the broker's own log
+// merged with the node agents' enforcement records); and the node agents'
+// samples as the reclaimer reads them (AgentSamples). The agents' records
+// are read through limiter/agent/agentstore, the agent contract's one
+// reader: nothing here decodes the agents' streams. Each is safe for concurrent use by many
 // goroutines and many broker replicas sharing one Redis (single node or
 // Sentinel).
 //

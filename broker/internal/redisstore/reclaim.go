@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 )
 
@@ -85,7 +86,7 @@ func (r *Reclaim) Policy(ctx context.Context) (reclaim.Policy, bool, error) {
 // SavePolicy saves p as version p.Version if the current one is
 // p.Version-1, with entry in the audit log, in one script
 // (scripts/save_policy.lua).
-func (r *Reclaim) SavePolicy(ctx context.Context, p reclaim.Policy, entry reclaim.AuditEntry) (bool, error) {
+func (r *Reclaim) SavePolicy(ctx context.Context, p reclaim.Policy, entry audit.Entry) (bool, error) {
 	doc, err := json.Marshal(p.API())
 	if err != nil {
 		return false, fmt.Errorf("encode reclaim policy: %w", err)

@@ -53,7 +53,8 @@
 // Sample.FreshUntil (idle detection: one pipelined read of every running
 // slice per cycle; stale means unknown),
 // SetDesiredQuota and AppliedQuota (resize, reclaim), DeleteQuotas (on
-// release), RecentAudit (admin view).
+// release), AuditBefore (the admin audit view, merged with the broker's
+// own log).
 //
 // # Time
 //

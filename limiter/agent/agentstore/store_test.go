@@ -316,8 +316,52 @@ func TestAuditRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]agentstore.AuditRecord{r}, got); diff != "" {
-		t.Errorf("audit (-want +got):\n%s", diff)
+	if len(got) == 1 {
+		r.ID = got[0].ID // set by the read
+	}
+	if diff := cmp.Diff([]agentstore.AuditRecord{r}, got); diff != "" || r.ID == "" {
+		t.Errorf("audit (-want +got):\n%s (id %q)", diff, r.ID)
+	}
+}
+
+// TestAuditBeforePagesAndSkipsCorruptRecords: pages of the newest records
+// with ids, older ones from the cursor on, a corrupt record skipped.
+func TestAuditBeforePagesAndSkipsCorruptRecords(t *testing.T) {
+	st, c := newStore(t)
+	for i := range 3 {
+		if err := st.AddAudit(t.Context(), agentstore.AuditRecord{At: t0.Add(time.Duration(i) * time.Second), Node: "n1", Action: "report", PID: uint32(i + 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.XAdd(t.Context(), &redis.XAddArgs{Stream: st.Keys().AgentAudit(), Values: []any{"r", "{not json"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pids := func(rs []agentstore.AuditRecord) []uint32 {
+		var out []uint32
+		for _, r := range rs {
+			out = append(out, r.PID)
+		}
+		return out
+	}
+	page1, next, err := st.AuditBefore(t.Context(), "", 2)
+	if err != nil || next == "" {
+		t.Fatalf("page 1: %v next %q", err, next)
+	}
+	page2, next2, err := st.AuditBefore(t.Context(), next, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page3, next3, err := st.AuditBefore(t.Context(), next2, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([][]uint32{{3}, {2, 1}, nil}, [][]uint32{pids(page1), pids(page2), pids(page3)}); diff != "" || next3 != "" {
+		t.Errorf("pages (-want +got):\n%s next %q", diff, next3)
+	}
+	for _, r := range append(page1, page2...) {
+		if r.ID == "" {
+			t.Errorf("record %d has no id", r.PID)
+		}
 	}
 }
 
