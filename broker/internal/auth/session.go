@@ -302,24 +302,22 @@ func (w *Web) unlock(ctx context.Context, id, token string) {
 
 // putSession stores rec as session id for ttl.
 func (w *Web) putSession(ctx context.Context, id string, rec sessionRecord, ttl time.Duration) error {
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("auth: encode session: %w", err)
-	}
-	if err := w.store.PutSession(ctx, id, b, ttl); err != nil {
-		return fmt.Errorf("auth: store session: %w", err)
-	}
-	return nil
+	return putRecord("session", rec, func(b []byte) error { return w.store.PutSession(ctx, id, b, ttl) })
 }
 
 // putLogin stores rec as the pending sign-in of state for loginTTL.
 func (w *Web) putLogin(ctx context.Context, state string, rec loginRecord) error {
+	return putRecord("sign-in", rec, func(b []byte) error { return w.store.PutLogin(ctx, state, b, loginTTL) })
+}
+
+// putRecord encodes rec (a what) and hands it to write.
+func putRecord(what string, rec any, write func([]byte) error) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
-		return fmt.Errorf("auth: encode sign-in: %w", err)
+		return fmt.Errorf("auth: encode %s: %w", what, err)
 	}
-	if err := w.store.PutLogin(ctx, state, b, loginTTL); err != nil {
-		return fmt.Errorf("auth: store sign-in: %w", err)
+	if err := write(b); err != nil {
+		return fmt.Errorf("auth: store %s: %w", what, err)
 	}
 	return nil
 }
