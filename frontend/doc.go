@@ -30,7 +30,7 @@
 // Parts of the product that do not exist yet are shown as such, never
 // faked: a usage chart says "no data yet" until the node agent has reported
 // samples for the slice (or when Deps.Usage is nil). The idle-reclaim
-// settings page (reclaim.go) edits every field of the policy, in the form's
+// settings page (reclaim.go, its form in policyform.go) edits every field of the policy, in the form's
 // units, sends every field on save, and previews what the reclaimer would
 // do now to every running server under the edited, unsaved policy. A running server's page shows the
 // reclaimer's idle state (active, idle since, unknown with the reason, not
