@@ -154,16 +154,8 @@ func (c apiClient) stop(ctx context.Context, r *http.Request, v Viewer, name str
 	return c.call(ctx, r, v, http.MethodDelete, serverPath(v.User, name), nil, nil, nil)
 }
 
-// gpuStatus is one entry of GET /api/v1/admin/gpus.
-type gpuStatus struct {
-	v1.GPU
-	AllocatedMemoryMiB      int64 `json:"allocatedMemoryMiB"`
-	AllocatedComputePercent int   `json:"allocatedComputePercent"`
-	Slices                  int   `json:"slices"`
-}
-
-func (c apiClient) gpus(ctx context.Context, r *http.Request, v Viewer) ([]gpuStatus, error) {
-	var out []gpuStatus
+func (c apiClient) gpus(ctx context.Context, r *http.Request, v Viewer) ([]v1.GPUStatus, error) {
+	var out []v1.GPUStatus
 	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/admin/gpus", nil, nil, &out)
 }
 

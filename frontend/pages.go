@@ -160,7 +160,7 @@ func (h *Handler) stop(w http.ResponseWriter, r *http.Request, v Viewer) {
 // ---- admin: fleet ----
 
 type fleetGPU struct {
-	gpuStatus
+	v1.GPUStatus
 	MemoryPercent int
 	Servers       []v1.Server
 	// Use is the measured use of the GPU's slices, in words: their summed
@@ -205,7 +205,7 @@ func (h *Handler) fleetPage(w http.ResponseWriter, r *http.Request, v Viewer) {
 			d.Servers++
 		}
 	}
-	slices.SortFunc(gpus, func(a, b gpuStatus) int {
+	slices.SortFunc(gpus, func(a, b v1.GPUStatus) int {
 		if c := strings.Compare(a.Node, b.Node); c != 0 {
 			return c
 		}
@@ -215,7 +215,7 @@ func (h *Handler) fleetPage(w http.ResponseWriter, r *http.Request, v Viewer) {
 		if len(d.Nodes) == 0 || d.Nodes[len(d.Nodes)-1].Name != g.Node {
 			d.Nodes = append(d.Nodes, fleetNode{Name: g.Node})
 		}
-		fg := fleetGPU{gpuStatus: g, Servers: byGPU[g.UUID]}
+		fg := fleetGPU{GPUStatus: g, Servers: byGPU[g.UUID]}
 		fg.Use, fg.UseKnown = h.realUse(r, fg.Servers)
 		if g.MemoryMiB > 0 {
 			fg.MemoryPercent = int(g.AllocatedMemoryMiB * 100 / g.MemoryMiB)
