@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -41,18 +42,23 @@ func Programs() []Program {
 	return out
 }
 
+// Python is the interpreter py: probes import with: Debian's, which sees
+// Debian's packages (a python3 on PATH may be another one).
+const Python = "/usr/bin/python3"
+
 // ErrMissing is wrapped by Find when a program is not installed.
 var ErrMissing = errors.New("not installed")
 
 // Find returns the path of the program listed with probe (a PATH name such
-// as "gcc", or an absolute path such as "/usr/bin/redis-server"). The error
+// as "gcc", an absolute path such as "/usr/bin/redis-server", or py:<module>
+// for Python modules, whose path is Python). The error
 // wraps ErrMissing and names the Debian package and the command that
 // installs it; a probe that is not in the list is an error too, so the list
 // stays complete.
 func Find(probe string) (string, error) {
 	var prog *Program
 	for _, p := range Programs() {
-		if p.Probe == probe {
+		if p.Probe == probe || pyModuleOf(probe, p.Probe) {
 			prog = &p
 			break
 		}
@@ -62,10 +68,16 @@ func Find(probe string) (string, error) {
 	}
 	var path string
 	var err error
-	if strings.HasPrefix(probe, "/") {
+	switch {
+	case strings.HasPrefix(probe, "py:"):
+		path = Python
+		if out, perr := exec.Command(Python, "-c", "import "+strings.TrimPrefix(probe, "py:")).CombinedOutput(); perr != nil {
+			err = fmt.Errorf("%s cannot import it: %w: %s", Python, perr, lastLine(out))
+		}
+	case strings.HasPrefix(probe, "/"):
 		path = probe
 		_, err = os.Stat(probe)
-	} else {
+	default:
 		path, err = exec.LookPath(probe)
 	}
 	if err != nil {
@@ -89,4 +101,17 @@ func Need(tb testing.TB, probe string) string {
 	}
 	tb.Fatal(err)
 	return ""
+}
+
+// pyModuleOf reports whether probe is py:<one module> and listed names it
+// among its modules (py:venv is on the line py:venv,ensurepip).
+func pyModuleOf(probe, listed string) bool {
+	m, ok := strings.CutPrefix(probe, "py:")
+	mods, listedPy := strings.CutPrefix(listed, "py:")
+	return ok && listedPy && !strings.Contains(m, ",") && slices.Contains(strings.Split(mods, ","), m)
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
 }

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -31,16 +32,25 @@ func runDeps(t *testing.T, path string, args ...string) (int, string) {
 	}
 }
 
+// installedHere caches, per probe that does not depend on PATH (absolute
+// paths, Python modules), whether this machine has it.
+var installedHere sync.Map
+
 // wantMissing lists the packages .ci/deps must name when PATH holds exactly
-// the programs in onPath: every other PATH probe, and every absolute probe
-// that does not exist here.
+// the programs in onPath: every other PATH probe, and every absolute or
+// Python probe that this machine lacks.
 func wantMissing(onPath map[string]bool) []string {
 	var pkgs []string
 	for _, p := range Programs() {
 		present := onPath[p.Probe]
-		if strings.HasPrefix(p.Probe, "/") {
-			_, err := os.Stat(p.Probe)
-			present = err == nil
+		if strings.HasPrefix(p.Probe, "/") || strings.HasPrefix(p.Probe, "py:") {
+			v, ok := installedHere.Load(p.Probe)
+			if !ok {
+				_, err := Find(p.Probe)
+				v = err == nil
+				installedHere.Store(p.Probe, v)
+			}
+			present = v.(bool)
 		}
 		if !present {
 			pkgs = append(pkgs, p.Packages...)
@@ -65,7 +75,7 @@ func TestDepsCheckFailsAtOnceNamingTheMissingPackages(t *testing.T) {
 			t.Errorf(".ci/deps %v does not print %q:\n%s", args, want, stderr)
 		}
 		for _, p := range Programs() {
-			if strings.HasPrefix(p.Probe, "/") {
+			if strings.HasPrefix(p.Probe, "/") || strings.HasPrefix(p.Probe, "py:") {
 				continue
 			}
 			if !strings.Contains(stderr, "  "+p.Probe+" (Debian package "+strings.Join(p.Packages, " ")+"): "+p.Use+"\n") {
@@ -82,7 +92,7 @@ func TestDepsCheckPassesWhenEverythingIsThere(t *testing.T) {
 	dir := t.TempDir()
 	onPath := map[string]bool{}
 	for _, p := range Programs() {
-		if strings.HasPrefix(p.Probe, "/") {
+		if strings.HasPrefix(p.Probe, "/") || strings.HasPrefix(p.Probe, "py:") {
 			continue
 		}
 		if err := os.WriteFile(filepath.Join(dir, p.Probe), []byte("#!/bin/sh\n"), 0o755); err != nil {
@@ -110,6 +120,9 @@ func TestFindNamesThePackageAndTheInstallCommand(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q: %v", want, err)
 		}
+	}
+	if _, err := Find("py:jupyterhub"); err != nil && !strings.Contains(err.Error(), "sudo apt-get install -y jupyterhub") {
+		t.Errorf("Find(py:jupyterhub) = %v, want it found or the install command", err)
 	}
 	if _, err := Find("not-a-listed-program"); err == nil || errors.Is(err, ErrMissing) || !strings.Contains(err.Error(), "e2e/testdeps/packages") {
 		t.Errorf("Find of an unlisted program = %v, want an error naming the list", err)

@@ -397,9 +397,10 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 		servers.WithResize(servers.ResizeConfig{Store: store, Quotas: p.agents, Pods: sp}))
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
 	p.reconciler = rec
-	policies := reclaim.NewPolicyStore(rdb, cfg.Redis.Prefix, nil)
+	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.Redis.Prefix), nil)
+	audit := redisstore.NewAuditLog(rdb, cfg.Redis.Prefix, p.agents)
 	var err error
-	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies); err != nil {
+	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies, audit); err != nil {
 		return nil, err
 	}
 	authn := []auth.Authenticator{infra.Hub, infra.Bearer}
@@ -418,7 +419,7 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 	}
 	h, err := httpapi.New(httpapi.Deps{
 		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
-		Policy: policies, Reclaim: p.reclaimer,
+		Policy: policies, Audit: audit, Reclaim: p.reclaimer,
 		Auth: auth.Chain(authn...), Version: cliconfig.Version(), Mode: mode,
 		Checkers: p.checkers,
 	}, httpapi.WithEventsBlock(eventsBlock))
