@@ -5,8 +5,8 @@
 // The C code is built by `go tool task limiter:build` (make -C limiter/hook)
 // into build/, which is not committed; the tests run make themselves when the
 // build is missing or stale, so `go test ./limiter/...` works on its own.
-// They need gcc and make; without them they skip, unless CI=true, where they
-// fail.
+// They need gcc, libc6-dev and make; without them they fail, naming the
+// packages (e2e/testdeps), and skip only under `go test -short`.
 //
 // Each test gets its own simulated device (GPUBROKER_STUB_STATE in a
 // temporary directory) and its own quota and usage files, so tests run in

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
@@ -32,7 +33,8 @@ const (
 // its own read and write timeouts.
 type Store struct {
 	rdb       redis.UniversalClient
-	k         keys
+	blocking  redis.UniversalClient // Events' blocking reads; rdb unless WithBlockingClient
+	k         redisschema.Keys
 	now       func() time.Time
 	opTimeout time.Duration
 	retention time.Duration
@@ -56,6 +58,20 @@ func WithOpTimeout(d time.Duration) Option {
 	}
 }
 
+// WithBlockingClient makes Events' blocking reads (XREAD BLOCK) use c
+// instead of the store's client. A waiting read holds its connection for
+// its whole block, even after the event stream's client went away, so many
+// streams would otherwise take the connections that placement and every
+// other operation need (issue 16: creates timing out behind streams).
+// Default: the store's client.
+func WithBlockingClient(c redis.UniversalClient) Option {
+	return func(s *Store) {
+		if c != nil {
+			s.blocking = c
+		}
+	}
+}
+
 // WithRetention sets how long terminal server records and idle event
 // streams are kept; default DefaultRetention. It is garbage collection only:
 // no decision depends on it. d <= 0 keeps the default.
@@ -68,19 +84,22 @@ func WithRetention(d time.Duration) Option {
 }
 
 // New returns a Store on client with every key under prefix, followed by
-// the hash tag {gpubroker}. prefix may be ""; it must be the same for every
+// the hash tag {gpubroker} (redisschema.New). prefix may be ""; it must be the same for every
 // broker replica sharing the fleet and must not contain '{' or '}' (they
 // would change which part of a key Redis Cluster hashes). New does no I/O.
 func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 	s := &Store{
 		rdb:       client,
-		k:         newKeys(prefix),
+		k:         redisschema.New(prefix),
 		now:       time.Now,
 		opTimeout: DefaultOpTimeout,
 		retention: DefaultRetention,
 	}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.blocking == nil {
+		s.blocking = client
 	}
 	return s
 }
@@ -107,7 +126,7 @@ func (s *Store) MarkReconciled(ctx context.Context) error {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	at := s.now().UTC().Format(time.RFC3339Nano)
-	if err := s.rdb.Set(ctx, s.k.marker(), at, 0).Err(); err != nil {
+	if err := s.rdb.Set(ctx, s.k.Marker(), at, 0).Err(); err != nil {
 		return fmt.Errorf("mark reconciled: %w", err)
 	}
 	return nil
@@ -117,7 +136,7 @@ func (s *Store) MarkReconciled(ctx context.Context) error {
 func (s *Store) Reconciled(ctx context.Context) (bool, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	n, err := s.rdb.Exists(ctx, s.k.marker()).Result()
+	n, err := s.rdb.Exists(ctx, s.k.Marker()).Result()
 	if err != nil {
 		return false, fmt.Errorf("read reconcile marker: %w", err)
 	}

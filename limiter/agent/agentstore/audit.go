@@ -12,6 +12,8 @@ import (
 // AuditRecord is one enforcement decision of an agent (ARCHITECTURE.md invariant
 // 6: actor, target, action, reason, policy and the inputs).
 type AuditRecord struct {
+	// ID is the stream entry id; set by reads, ignored by writes.
+	ID   string    `json:"-"`
 	At   time.Time `json:"at"`
 	Node string    `json:"node"` // the actor: gpubroker-agent on this node
 	// Action is "report", "kill" or "kill-failed".
@@ -46,7 +48,7 @@ func (st *Store) AddAudit(ctx context.Context, r AuditRecord) error {
 	ctx, cancel := st.op(ctx)
 	defer cancel()
 	err = st.rdb.XAdd(ctx, &redis.XAddArgs{
-		Stream: st.k.Audit(), MaxLen: auditMaxLen, Approx: true, ID: "*", Values: []any{"r", b},
+		Stream: st.k.AgentAudit(), MaxLen: auditMaxLen, Approx: true, ID: "*", Values: []any{"r", b},
 	}).Err()
 	if err != nil {
 		return fmt.Errorf("audit %s %s pid %d: %w", r.Action, r.Reason, r.PID, err)
@@ -58,7 +60,7 @@ func (st *Store) AddAudit(ctx context.Context, r AuditRecord) error {
 func (st *Store) RecentAudit(ctx context.Context, n int64) ([]AuditRecord, error) {
 	ctx, cancel := st.op(ctx)
 	defer cancel()
-	msgs, err := st.rdb.XRevRangeN(ctx, st.k.Audit(), "+", "-", n).Result()
+	msgs, err := st.rdb.XRevRangeN(ctx, st.k.AgentAudit(), "+", "-", n).Result()
 	if err != nil {
 		return nil, fmt.Errorf("read audit: %w", err)
 	}
@@ -69,7 +71,42 @@ func (st *Store) RecentAudit(ctx context.Context, n int64) ([]AuditRecord, error
 		if err := json.Unmarshal([]byte(v), &r); err != nil {
 			return nil, fmt.Errorf("%w: audit %s: %w", ErrCorrupt, m.ID, err)
 		}
+		r.ID = m.ID
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// AuditBefore returns up to n audit records older than the stream id
+// before ("" = from the newest), newest first, with their IDs, and the id
+// to read on from (the oldest entry read; "" when the stream has no more).
+// Records that do not decode are skipped, so a corrupt one never hides the
+// rest. The broker's audit view pages through the agents' records this
+// way.
+func (st *Store) AuditBefore(ctx context.Context, before string, n int64) ([]AuditRecord, string, error) {
+	end := "+"
+	if before != "" {
+		end = "(" + before
+	}
+	ctx, cancel := st.op(ctx)
+	defer cancel()
+	msgs, err := st.rdb.XRevRangeN(ctx, st.k.AgentAudit(), end, "-", n).Result()
+	if err != nil {
+		return nil, "", fmt.Errorf("read audit: %w", err)
+	}
+	out := make([]AuditRecord, 0, len(msgs))
+	for _, m := range msgs {
+		v, _ := m.Values["r"].(string)
+		var r AuditRecord
+		if json.Unmarshal([]byte(v), &r) != nil {
+			continue
+		}
+		r.ID = m.ID
+		out = append(out, r)
+	}
+	next := ""
+	if int64(len(msgs)) == n && n > 0 {
+		next = msgs[len(msgs)-1].ID
+	}
+	return out, next, nil
 }

@@ -5,9 +5,9 @@
 // limiter/hook/build/cudaprog, talks to it one line command at a time, and
 // polls conditions with a deadline.
 //
-// Tests that use it need gcc and make; without them Need skips the test, or
-// fails it when CI=true. Every process Start starts is killed and waited for
-// in the test's cleanup.
+// Tests that use it need gcc, libc6-dev and make; without them Need fails
+// the test naming the packages (skips it under -short). Every process Start
+// starts is killed and waited for in the test's cleanup.
 //
 // limiter/hook's own tests keep their internal harness (harness_test.go);
 // this package is for the node agent's and the broker's end-to-end tests.
@@ -26,6 +26,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
 )
 
 // DeviceUUID is the stub device's GPU UUID (limiter/hook/stub/device.c).
@@ -72,16 +74,11 @@ func Environ() []string {
 
 // Need builds the C artifacts once per test binary (make is a no-op when
 // they are up to date) and fails tb if that fails. Without gcc or make it
-// skips tb, or fails it when CI=true.
+// fails tb naming the package to install (skips it under -short).
 func Need(tb testing.TB) {
 	tb.Helper()
-	for _, tool := range []string{"gcc", "make"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				tb.Fatalf("%s is required in CI: %v", tool, err)
-			}
-			tb.Skipf("%s not found: %v", tool, err)
-		}
+	for _, tool := range []string{"gcc", "/usr/include/stdio.h", "make"} {
+		testdeps.Need(tb, tool)
 	}
 	buildOnce.Do(func() {
 		if out, err := exec.Command("make", "-C", filepath.Join(BuildDir(), ".."), "-j2").CombinedOutput(); err != nil {
