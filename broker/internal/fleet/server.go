@@ -100,3 +100,17 @@ type ResizeResult struct {
 	// expected to apply Generation (service clock); zero when Applied.
 	Deadline time.Time
 }
+
+// ProxyActivity is what the broker's notebook proxy saw of one spawn: the
+// time of the last request it forwarded and the WebSockets (kernel channels,
+// terminals) open through it. It is one activity signal among others for
+// the reclaimer; its absence means "not used through the broker", never
+// "idle" (ARCHITECTURE.md invariant 4).
+type ProxyActivity struct {
+	// LastRequest is when the last proxied request of the spawn began (UTC);
+	// zero when none was seen.
+	LastRequest time.Time
+	// OpenWebSockets is the number of WebSockets open through the proxy now,
+	// summed over the broker replicas that reported recently.
+	OpenWebSockets int
+}
