@@ -49,7 +49,7 @@ var (
 		Image: "quay.io/jupyter/pytorch-notebook:cuda12-latest", CPU: "500m", Memory: "64Gi",
 		Slice: fleet.Slice{MemoryMiB: 71680, ComputePercent: 50, ComputeLimitPercent: 50},
 		Model: "NVIDIA H200", Groups: []string{"ml-team", "admins"},
-		Args:  catalog.DefaultArgs(),
+		Args: catalog.DefaultArgs(),
 	}
 )
 

@@ -281,8 +281,8 @@ func BenchmarkNotebookProxy(b *testing.B) {
 	var wd, wv phase
 	const rounds = 4
 	for range rounds {
-		pd := getPhase(b, "http://"+nbAddr+status, direct, *benchClientsN, *benchRequests / rounds)
-		pv := getPhase(b, brokerSrv.URL+status, viaProxy, *benchClientsN, *benchRequests / rounds)
+		pd := getPhase(b, "http://"+nbAddr+status, direct, *benchClientsN, *benchRequests/rounds)
+		pv := getPhase(b, brokerSrv.URL+status, viaProxy, *benchClientsN, *benchRequests/rounds)
 		d.n, d.elapsed, d.lat = d.n+pd.n, d.elapsed+pd.elapsed, append(d.lat, pd.lat...)
 		v.n, v.elapsed, v.lat = v.n+pv.n, v.elapsed+pv.elapsed, append(v.lat, pv.lat...)
 		ed := echoPhase(b, "ws"+strings.TrimPrefix(echo.URL, "http")+"/", echo.URL, http.Header{}, *benchEchoes/rounds)
