@@ -10,6 +10,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -52,8 +53,11 @@ func TestDeployManifestsMatchTheBroker(t *testing.T) {
 	var dep *appsv1.Deployment
 	var role, leader *rbacv1.Role
 	var profiles *corev1.ConfigMap
+	var ingress *networkingv1.Ingress
 	for _, o := range deployObjects(t) {
 		switch v := o.(type) {
+		case *networkingv1.Ingress:
+			ingress = v
 		case *appsv1.Deployment:
 			dep = v
 		case *rbacv1.Role:
@@ -102,6 +106,20 @@ func TestDeployManifestsMatchTheBroker(t *testing.T) {
 	cfg, warnings, err := config.Load(config.ModeServe, nil, environ)
 	if err != nil || len(warnings) > 0 {
 		t.Fatalf("the Deployment's environment does not load: %v (warnings %q)", err, warnings)
+	}
+	// Host mode, and the Ingress routes the broker's host and every
+	// notebook host to the broker.
+	if cfg.NotebookMode != "host" || cfg.NotebookDomain == "" || cfg.PublicURL == "" {
+		t.Errorf("the Deployment should serve notebooks in host mode: mode %q, domain %q, public URL %q", cfg.NotebookMode, cfg.NotebookDomain, cfg.PublicURL)
+	}
+	hosts := map[string]bool{}
+	if ingress != nil {
+		for _, r := range ingress.Spec.Rules {
+			hosts[r.Host] = r.HTTP != nil && len(r.HTTP.Paths) == 1 && r.HTTP.Paths[0].Backend.Service.Name == "gpubroker"
+		}
+	}
+	if pub := strings.TrimPrefix(cfg.PublicURL, "https://"); !hosts[pub] || !hosts["*."+cfg.NotebookDomain] {
+		t.Errorf("the Ingress should route %s and *.%s to the broker; it routes %v", pub, cfg.NotebookDomain, hosts)
 	}
 	if role.Namespace != cfg.Namespace {
 		t.Errorf("the Role is in namespace %q, the broker's pods in %q", role.Namespace, cfg.Namespace)
