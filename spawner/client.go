@@ -85,6 +85,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	lister  corelisters.PodLister // nil until synced
+	tokens  map[tokenKey]string   // notebook tokens of spawns
 	subs    map[int]func(PodEvent)
 	nextSub int
 
@@ -106,6 +107,7 @@ func New(cs kubernetes.Interface, cfg Config, log *slog.Logger, opts ...Option) 
 		syncedCh: make(chan struct{}),
 		started:  make(chan struct{}),
 		subs:     map[int]func(PodEvent){},
+		tokens:   map[tokenKey]string{},
 		queue:    newEventQueue(),
 	}
 	for _, o := range opts {
@@ -377,13 +379,75 @@ func (c *Client) Delete(ctx context.Context, user, server, spawnID string) error
 		secretAPI.Delete)
 }
 
+// tokenCacheLimit bounds the cached notebook tokens; a full cache is
+// cleared.
+const tokenCacheLimit = 8192
+
 // NotebookToken returns the notebook token of spawn spawnID of server
-// (user, server), read from the server's Secret (v1.EnvNotebookToken). The
-// error wraps ErrNoToken when the Secret is missing, not managed by
-// gpubroker, of another spawn or without a token; other errors are the API
-// server's (retryable). Each call reads the API server: callers cache per
-// spawn, since a spawn's token never changes.
+// (user, server), read from the server's Secret (v1.EnvNotebookToken) on
+// first use and then kept (a spawn's token never changes). The error wraps
+// ErrNoToken when the Secret is missing, not managed by gpubroker, of
+// another spawn or without a token; other errors are the API server's
+// (retryable).
 func (c *Client) NotebookToken(ctx context.Context, user, server, spawnID string) (string, error) {
+	key := tokenKey{user, server, spawnID}
+	c.mu.Lock()
+	tok, ok := c.tokens[key]
+	c.mu.Unlock()
+	if ok {
+		return tok, nil
+	}
+	tok, err := c.readNotebookToken(ctx, user, server, spawnID)
+	if err != nil {
+		return "", err
+	}
+	c.mu.Lock()
+	if len(c.tokens) >= tokenCacheLimit {
+		clear(c.tokens)
+	}
+	c.tokens[key] = tok
+	c.mu.Unlock()
+	return tok, nil
+}
+
+// tokenKey names one spawn of one server.
+type tokenKey struct{ user, server, spawnID string }
+
+// NotebookPrefix returns the path prefix of the running notebook of spawn
+// spawnID of (user, server), read from its cached pod: JupyterHub's
+// JUPYTERHUB_SERVICE_PREFIX when the hub started it (hub is then true: the
+// notebook takes the hub's tokens, not the spawn's), else
+// v1.EnvBaseURL. ok is false when the cache has no such pod.
+func (c *Client) NotebookPrefix(user, server, spawnID string) (prefix string, hub, ok bool) {
+	c.mu.Lock()
+	lister := c.lister
+	c.mu.Unlock()
+	if lister == nil {
+		return "", false, false
+	}
+	pod, err := lister.Pods(c.cfg.Namespace).Get(PodName(user, server))
+	if err != nil || spawnOf(pod) != spawnID {
+		return "", false, false
+	}
+	for _, ctr := range pod.Spec.Containers {
+		if ctr.Name != ContainerName {
+			continue
+		}
+		base := ""
+		for _, e := range ctr.Env {
+			switch e.Name {
+			case "JUPYTERHUB_SERVICE_PREFIX":
+				return e.Value, true, true
+			case v1.EnvBaseURL:
+				base = e.Value
+			}
+		}
+		return base, false, base != ""
+	}
+	return "", false, false
+}
+
+func (c *Client) readNotebookToken(ctx context.Context, user, server, spawnID string) (string, error) {
 	name := SecretName(user, server)
 	s, err := c.cs.CoreV1().Secrets(c.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {

@@ -89,7 +89,8 @@ type Pods interface {
 	PodBySlugs(userSlug, serverSlug string) (spawner.ManagedPod, bool, error)
 }
 
-// Tokens reads a spawn's notebook token (spawner.Client.NotebookToken).
+// Tokens reads a spawn's notebook token (spawner.Client.NotebookToken,
+// which keeps each spawn's token after its first read).
 type Tokens interface {
 	NotebookToken(ctx context.Context, user, server, spawnID string) (string, error)
 }
@@ -166,7 +167,6 @@ type Proxy struct {
 	secure bool
 
 	forward  http.Handler
-	tokens   *tokenCache
 	keys     *keyCache
 	records  *recordCache
 	hosts    *hostCache
@@ -225,7 +225,7 @@ func New(cfg Config, deps Deps) (*Proxy, error) {
 	p := &Proxy{
 		cfg: cfg, deps: deps, log: deps.Log, now: deps.Now, public: &url.URL{Scheme: pub.Scheme, Host: pub.Host},
 		secure: pub.Scheme == "https",
-		tokens: newTokenCache(), keys: newKeyCache(), records: newRecordCache(), hosts: newHostCache(), activity: newTracker(),
+		keys: newKeyCache(), records: newRecordCache(), hosts: newHostCache(), activity: newTracker(),
 	}
 	p.forward = p.newForwarder(deps.Transport)
 	return p, nil

@@ -145,33 +145,7 @@ func (c *keyCache) put(t target, k fleet.ServerKey) {
 	c.m[t] = k
 }
 
-// tokenCache remembers each spawn's notebook token (it never changes
-// during a spawn).
-type tokenCache struct {
-	mu sync.Mutex
-	m  map[string]string
-}
-
-func newTokenCache() *tokenCache { return &tokenCache{m: map[string]string{}} }
-
-// token returns srv's spawn's notebook token, reading it on first use.
+// token returns srv's spawn's notebook token (Tokens caches it).
 func (p *Proxy) token(ctx context.Context, srv fleet.Server) (string, error) {
-	c := p.tokens
-	c.mu.Lock()
-	tok, ok := c.m[srv.SpawnID]
-	c.mu.Unlock()
-	if ok {
-		return tok, nil
-	}
-	tok, err := p.deps.Tokens.NotebookToken(ctx, srv.User, srv.Name, srv.SpawnID)
-	if err != nil {
-		return "", err
-	}
-	c.mu.Lock()
-	if len(c.m) >= cacheLimit {
-		clear(c.m)
-	}
-	c.m[srv.SpawnID] = tok
-	c.mu.Unlock()
-	return tok, nil
+	return p.deps.Tokens.NotebookToken(ctx, srv.User, srv.Name, srv.SpawnID)
 }
