@@ -49,7 +49,6 @@ func toServerRecord(s fleet.Server) v1.Server {
 	return out
 }
 
-
 // toProfile converts a profile to its wire form.
 func toProfile(p fleet.Profile) v1.Profile {
 	return v1.Profile{

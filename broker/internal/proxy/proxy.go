@@ -225,7 +225,7 @@ func New(cfg Config, deps Deps) (*Proxy, error) {
 	p := &Proxy{
 		cfg: cfg, deps: deps, log: deps.Log, now: deps.Now, public: &url.URL{Scheme: pub.Scheme, Host: pub.Host},
 		secure: pub.Scheme == "https",
-		keys: newKeyCache(), records: newRecordCache(), hosts: newHostCache(), activity: newTracker(),
+		keys:   newKeyCache(), records: newRecordCache(), hosts: newHostCache(), activity: newTracker(),
 	}
 	p.forward = p.newForwarder(deps.Transport)
 	return p, nil

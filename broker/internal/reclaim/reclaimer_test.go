@@ -44,8 +44,8 @@ type notebook struct {
 	busyKernels  int
 	idleKernels  int
 	lastActivity time.Time
-	failStatus   int // non-zero: every request answers this status
-	tracked      int // requests that lacked no_track_activity=1
+	failStatus   int    // non-zero: every request answers this status
+	tracked      int    // requests that lacked no_track_activity=1
 	token        string // non-empty: requests without "Authorization: token <token>" get 403
 	srv          *httptest.Server
 }
