@@ -5,17 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,8 +21,8 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/proxy"
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
+	"github.com/gpubroker/gpubroker/broker/jupytertest"
 	"github.com/gpubroker/gpubroker/broker/redistest"
-	"github.com/gpubroker/gpubroker/e2e/testdeps"
 )
 
 var (
@@ -36,70 +30,6 @@ var (
 	benchClientsN = flag.Int("bench.clients", 2, "concurrent clients of BenchmarkNotebookProxy's GET phases")
 	benchEchoes   = flag.Int("bench.echoes", 2000, "WebSocket round trips in each phase of BenchmarkNotebookProxy")
 )
-
-// jupyter is Debian's notebook 6.4, run by /usr/bin/python3 (the python3
-// on PATH may be another interpreter).
-const jupyter = "/usr/bin/python3"
-
-// startNotebook runs a real Jupyter notebook server on 127.0.0.1 under base
-// with token, and returns its address once it answers.
-func startNotebook(b *testing.B, base, token string) string {
-	b.Helper()
-	testdeps.Need(b, "py:notebook")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	home := b.TempDir()
-	cmd := exec.Command(jupyter, "-m", "notebook", "--no-browser", "--allow-root", "--ip=127.0.0.1", "--port="+strconv.Itoa(port),
-		"--NotebookApp.base_url="+base, "--NotebookApp.open_browser=False", "--NotebookApp.log_level=WARN")
-	cmd.Env = []string{"HOME=" + home, "JUPYTER_TOKEN=" + token, "PATH=/usr/bin:/bin", "JUPYTER_RUNTIME_DIR=" + filepath.Join(home, "run")}
-	cmd.Dir = home
-	log, err := os.Create(filepath.Join(home, "notebook.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	b.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(5 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-exited
-		}
-		log.Close()
-	})
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get("http://" + addr + base + "api")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return addr
-			}
-		}
-		select {
-		case <-exited:
-			b.Fatalf("the notebook exited:\n%s", readFile(filepath.Join(home, "notebook.log")))
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("the notebook did not answer within 60s:\n%s", readFile(filepath.Join(home, "notebook.log")))
-		}
-	}
-}
-
-func readFile(p string) string { b, _ := os.ReadFile(p); return string(b) }
 
 // redisSessions stands in for the web login's session lookup with the
 // same cost: one Redis GET of the session key per request.
@@ -220,8 +150,8 @@ func echoPhase(b *testing.B, url, origin string, header http.Header, n int) *pha
 // round trips. Run with -benchtime=1x.
 func BenchmarkNotebookProxy(b *testing.B) {
 	const base = "/user/ada/nb/"
-	token := "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	nbAddr := startNotebook(b, base, token)
+	nb := jupytertest.Start(b, jupytertest.Options{Base: base})
+	token, nbAddr := nb.Token, nb.Addr
 
 	echo := httptest.NewServer(websocket.Server{
 		Handshake: func(*websocket.Config, *http.Request) error { return nil },
