@@ -427,3 +427,29 @@ func TestIdempotencyKeyReusedForAnotherProfileIsAConflict(t *testing.T) {
 		t.Errorf("reuse with another profile = %v, want a conflict naming the first profile", err)
 	}
 }
+
+// TestStoppedServerKeepsWhyItEnded checks that a running server whose
+// notebook ended by itself says so once stopped, while a stop that was
+// asked for just says stopped.
+func TestStoppedServerKeepsWhyItEnded(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	for _, name := range []string{"asked", "crashed"} {
+		if _, _, err := f.Service.Create(ctx, "ivy", nil, name, v1.CreateServerRequest{Profile: "small"}, "k-"+name); err != nil {
+			t.Fatal(err)
+		}
+		f.SetPodRunning(t, "ivy", name, "10.0.0.9")
+		f.WaitState(t, fleet.ServerKey{User: "ivy", Name: name}, v1.StateRunning)
+	}
+	if _, err := f.Service.Delete(ctx, fleet.ServerKey{User: "ivy", Name: "asked"}); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.WaitState(t, fleet.ServerKey{User: "ivy", Name: "asked"}, v1.StateStopped); s.Message != "stopped" {
+		t.Errorf("asked stop: %q, want stopped", s.Message)
+	}
+	f.SetPodWaiting(t, "ivy", "crashed", "CrashLoopBackOff", "back-off 10s restarting failed container")
+	s := f.WaitState(t, fleet.ServerKey{User: "ivy", Name: "crashed"}, v1.StateStopped)
+	if !strings.HasPrefix(s.Message, "the notebook stopped: ") || !strings.Contains(s.Message, "crashing") {
+		t.Errorf("crashed server's stop message %q: want why it stopped", s.Message)
+	}
+}
