@@ -59,12 +59,14 @@ func (p *Proxy) newForwarder(rt http.RoundTripper) http.Handler {
 			h.Del("X-Csrf-Token")
 			filterCookies(h)
 			h.Set("Authorization", "token "+up.token)
+			h.Set("Accept-Encoding", "identity") // answers are scanned for the token (scrub)
 		},
 		FlushInterval: -1,
 		Transport:     rt,
 		ModifyResponse: func(resp *http.Response) error {
 			cleanResponse(resp.Header, p.cfg.Mode == ModePath)
-			return nil
+			up, _ := resp.Request.Context().Value(upstreamKey{}).(upstream)
+			return scrub(resp, up.token)
 		},
 		ErrorHandler: p.upstreamFailed,
 		ErrorLog:     nil,
