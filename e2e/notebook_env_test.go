@@ -3,8 +3,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,6 +61,17 @@ quotas:
   defaultUser: {servers: 2}
 `
 
+// runnerCIDRs counts the pod runners of this test process: each gets a
+// loopback /24 of its own (127.66.0.0/24, 127.66.1.0/24, …), so parallel
+// tests' notebooks never meet on one address (the runner also skips an
+// address whose port is taken, for other processes).
+var runnerCIDRs atomic.Int32
+
+func nextRunnerCIDR() netip.Prefix {
+	n := runnerCIDRs.Add(1) - 1
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{127, 66 + byte(n/256), byte(n % 256), 0}), 24)
+}
+
 // newRunnerNodes starts a pod runner for t over the shared cluster: n
 // nodes of its own (not kwok's) whose pods in namespace ns run as local
 // processes, with the broker's default host root mapped under a temp dir
@@ -83,7 +96,7 @@ func newRunnerNodes(t testing.TB, c *harness.Cluster, ns string, n int) (*runner
 		t.Fatal(err)
 	}
 	r, err := runner.New(runner.Config{
-		Client: c.Client, Namespace: ns, Nodes: names, Dir: filepath.Join(dir, "pods"), HostRoot: host,
+		Client: c.Client, Namespace: ns, Nodes: names, Dir: filepath.Join(dir, "pods"), HostRoot: host, CIDR: nextRunnerCIDR(),
 		Images:  map[string]runner.Image{notebookImage: {}},
 		Backoff: 500 * time.Millisecond, MaxBackoff: 5 * time.Second, StopGrace: 5 * time.Second,
 		ProbeInterval: 100 * time.Millisecond,

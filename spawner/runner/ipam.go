@@ -50,6 +50,18 @@ func (a *ipam) get(uid types.UID) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
+// skip marks uid's current address as unusable for everyone (something
+// outside the runner holds it) and forgets it for uid, whose next get takes
+// another.
+func (a *ipam) skip(uid types.UID) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ip, ok := a.byUID[uid]; ok {
+		delete(a.byUID, uid)
+		a.inUse[ip] = "" // held by no pod; never handed out again
+	}
+}
+
 // release frees uid's address, if it holds one.
 func (a *ipam) release(uid types.UID) {
 	a.mu.Lock()

@@ -486,3 +486,23 @@ func mustAddr(t *testing.T, s string) netip.Addr {
 	}
 	return a
 }
+
+// TestPodIPsInUseAreSkipped holds the range's first address on the pod's
+// port, as another runner's notebook would: the pod gets the next one.
+func TestPodIPsInUseAreSkipped(t *testing.T) {
+	cidr := netip.MustParsePrefix("127.68.3.0/24")
+	taken, err := net.Listen("tcp", net.JoinHostPort(cidr.Addr().Next().String(), "8888"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	f := newFixture(t, func(c *runner.Config) { c.CIDR = cidr })
+	f.installHook()
+	pod, _ := f.waitPhase(f.createPod("nb", "serve", nil, nil, true).Name, spawner.PhaseRunning)
+	if pod.Status.PodIP == cidr.Addr().Next().String() || !cidr.Contains(mustAddr(t, pod.Status.PodIP)) {
+		t.Errorf("pod IP %s: want another address of %s than the taken one", pod.Status.PodIP, cidr)
+	}
+	if _, err := get(t, spawner.URL(pod)); err != nil {
+		t.Errorf("the pod does not serve at its IP: %v", err)
+	}
+}

@@ -253,12 +253,12 @@ func (w *worker) step(ctx context.Context) {
 		return
 	}
 	if w.ip == "" {
-		ip, ok := w.r.ips.get(w.uid)
+		ip, ok := w.freeIP()
 		if !ok {
 			w.waiting = &corev1.ContainerStateWaiting{Reason: reasonCreating, Message: "no free pod IP in " + w.r.cfg.CIDR.String()}
 			return
 		}
-		w.ip = ip.String()
+		w.ip = ip
 		w.startedAt = metav1.Now()
 		if err := os.MkdirAll(filepath.Join(w.dir, "logs"), 0o755); err != nil {
 			w.waiting = &corev1.ContainerStateWaiting{Reason: reasonCreating, Message: err.Error()}
@@ -271,6 +271,43 @@ func (w *worker) step(ctx context.Context) {
 	if w.proc != nil && !w.ready {
 		w.ready = w.probe(ctx)
 	}
+}
+
+// freeIP takes a pod IP whose container ports nothing on this machine
+// listens on yet: another runner, or an earlier test's leftover, may use
+// the same range. Taken addresses stay held by this pod's UID only while
+// it is tried.
+func (w *worker) freeIP() (string, bool) {
+	for range 64 {
+		ip, ok := w.r.ips.get(w.uid)
+		if !ok {
+			return "", false
+		}
+		if w.portsFree(ip.String()) {
+			return ip.String(), true
+		}
+		w.log.Info("pod IP in use on this machine; trying the next one", "pod_ip", ip.String())
+		w.r.ips.skip(w.uid)
+	}
+	return "", false
+}
+
+// portsFree reports whether every container port of the pod can be bound
+// on ip.
+func (w *worker) portsFree(ip string) bool {
+	for _, c := range w.pod.Spec.Containers {
+		for _, p := range c.Ports {
+			if p.Protocol != "" && p.Protocol != corev1.ProtocolTCP {
+				continue
+			}
+			ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(int(p.ContainerPort))))
+			if err != nil {
+				return false
+			}
+			ln.Close()
+		}
+	}
+	return true
 }
 
 // startProcess prepares and starts the container's process, or records
