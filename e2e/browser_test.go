@@ -129,7 +129,7 @@ func newBrowserEnvWith(t *testing.T, o browserOptions) *browserEnv {
 	profiles := testProfiles
 	switch {
 	case o.notebooks:
-		e.runner, e.nodes = newRunnerNodes(t, c, e.ns, 1)
+		e.runner, e.nodes, e.hook = newRunnerNodes(t, c, e.ns, 1)
 		profiles = notebookProfiles
 	case o.held:
 		e.nodes = []string{heldNode(t, c)}

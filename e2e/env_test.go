@@ -71,6 +71,8 @@ type env struct {
 	// runner runs the pods of its nodes as local processes (envOptions
 	// notebooks); nil when kwok runs them.
 	runner *runner.Runner
+	// hook is the runner nodes' hook directory (nil without a runner).
+	hook *nodeHook
 }
 
 // envOptions size an env. Zero values take the defaults.
@@ -109,7 +111,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	e := &env{t: t, cluster: c}
 	e.ns = newNamespace(t, c)
 	if o.notebooks {
-		e.runner, e.nodes = newRunnerNodes(t, c, e.ns, o.nodes)
+		e.runner, e.nodes, e.hook = newRunnerNodes(t, c, e.ns, o.nodes)
 	} else {
 		e.nodes = newNodes(t, c, o.nodes)
 	}

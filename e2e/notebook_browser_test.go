@@ -30,6 +30,11 @@ func TestNotebookInTheBrowser(t *testing.T) {
 			e := newBrowserEnvWith(t, browserOptions{notebooks: true, hostMode: mode.host})
 			b := newTab(t)
 			e.signIn(b, "alice", "/servers")
+			// Until the node's hook is back, the pod waits: the start page
+			// shows for sure.
+			if err := e.hook.remove(); err != nil {
+				t.Fatal(err)
+			}
 			b.do("pick the jupyter profile", chromedp.Evaluate[chromedp.Void](`document.querySelector('input[name=profile][value=jupyter]').checked = true`))
 			b.set("#name", "nb")
 			b.click(`form[action="/servers"] button[type=submit]`)
@@ -39,7 +44,12 @@ func TestNotebookInTheBrowser(t *testing.T) {
 			// spawn and enters the notebook once it runs.
 			open := e.public + "/user/alice/nb/tree"
 			b.open(open)
-			b.waitFor("the notebook's own file list (after the start page, if it showed)", `document.querySelector('#notebook_list') !== null`)
+			b.waitFor("the start page following the spawn", `document.getElementById('status') && document.getElementById('status').dataset.enter === 'true' && document.getElementById('status').dataset.state === 'starting'`)
+			b.shot("notebook-starting")
+			if err := e.hook.install(); err != nil {
+				t.Fatal(err)
+			}
+			b.waitFor("the notebook's own file list, entered by the start page", `document.querySelector('#notebook_list') !== null`)
 			origin := eval[string](b, `location.origin`)
 			wantOrigin := e.public
 			if mode.host {

@@ -77,7 +77,7 @@ func nextRunnerCIDR() netip.Prefix {
 // processes, with the broker's default host root mapped under a temp dir
 // where the node's hook directory is laid out (as the agent's install step
 // would). The runner stops, and its processes with it, when t ends.
-func newRunnerNodes(t testing.TB, c *harness.Cluster, ns string, n int) (*runner.Runner, []string) {
+func newRunnerNodes(t testing.TB, c *harness.Cluster, ns string, n int) (*runner.Runner, []string, *nodeHook) {
 	t.Helper()
 	testdeps.Need(t, "py:notebook")
 	testdeps.Need(t, "py:ipykernel")
@@ -88,11 +88,8 @@ func newRunnerNodes(t testing.TB, c *harness.Cluster, ns string, n int) (*runner
 	}
 	dir := t.TempDir()
 	host := filepath.Join(dir, "node")
-	hook := filepath.Join(host, "var", "lib", "gpubroker", v1.HostHookSubdir)
-	if err := os.MkdirAll(hook, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(hook, "ld.so.preload"), nil, 0o644); err != nil {
+	hook := &nodeHook{dir: filepath.Join(host, "var", "lib", "gpubroker", v1.HostHookSubdir)}
+	if err := hook.install(); err != nil {
 		t.Fatal(err)
 	}
 	r, err := runner.New(runner.Config{
@@ -129,5 +126,21 @@ func newRunnerNodes(t testing.TB, c *harness.Cluster, ns string, n int) (*runner
 	if err != nil {
 		t.Fatalf("runner nodes: %v", err)
 	}
-	return r, names
+	return r, names, hook
 }
+
+// nodeHook is the runner nodes' hook directory, which every notebook pod
+// mounts (hostPath, type Directory): while it is missing, pods wait in
+// ContainerCreating, as on a node whose agent has not installed the hook.
+type nodeHook struct{ dir string }
+
+// install lays out the directory and its preload file.
+func (h *nodeHook) install() error {
+	if err := os.MkdirAll(h.dir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(h.dir, "ld.so.preload"), nil, 0o644)
+}
+
+// remove takes it away again.
+func (h *nodeHook) remove() error { return os.RemoveAll(h.dir) }
