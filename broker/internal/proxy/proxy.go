@@ -429,13 +429,8 @@ func (p *Proxy) servePath(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, r, err)
 		return
 	}
-	srv, ok, err := p.resolve(ctx, t, pr)
-	if err != nil {
-		p.unavailable(w, r, err)
-		return
-	}
+	srv, ok := p.found(w, r, t, pr)
 	if !ok {
-		p.notFound(w, r)
 		return
 	}
 	if !slash {
@@ -464,13 +459,8 @@ func (p *Proxy) serveEntry(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, r, err)
 		return
 	}
-	srv, ok, err := p.resolve(ctx, t, sess.Principal)
-	if err != nil {
-		p.unavailable(w, r, err)
-		return
-	}
+	srv, ok := p.found(w, r, t, sess.Principal)
 	if !ok {
-		p.notFound(w, r)
 		return
 	}
 	if srv.State != fleetRunning || srv.URL == "" {
@@ -503,12 +493,11 @@ func (p *Proxy) serveHost(w http.ResponseWriter, r *http.Request, label string) 
 		p.refuse(w, r, err)
 		return
 	}
-	srv, ok, err := p.resolve(ctx, t, pr)
-	if err != nil {
-		p.unavailable(w, r, err)
+	srv, ok := p.found(w, r, t, pr)
+	if !ok {
 		return
 	}
-	if !ok || spawner.PodName(srv.User, srv.Name) != label {
+	if spawner.PodName(srv.User, srv.Name) != label {
 		p.notFound(w, r)
 		return
 	}
@@ -534,6 +523,19 @@ func (p *Proxy) serveHost(w http.ResponseWriter, r *http.Request, label string) 
 		return
 	}
 	p.proxyTo(w, r, srv, p.hostOrigin(label))
+}
+
+// found resolves t for pr, answering the request itself (404, or 503 when
+// the lookup failed) when ok is false.
+func (p *Proxy) found(w http.ResponseWriter, r *http.Request, t target, pr auth.Principal) (fleet.Server, bool) {
+	srv, ok, err := p.resolve(r.Context(), t, pr)
+	switch {
+	case err != nil:
+		p.unavailable(w, r, err)
+	case !ok:
+		p.notFound(w, r)
+	}
+	return srv, err == nil && ok
 }
 
 // notRunning answers a request for a server that is not running: its page

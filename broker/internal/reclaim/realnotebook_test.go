@@ -2,7 +2,6 @@ package reclaim_test
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -75,17 +74,7 @@ func TestReclaimOnRealNotebooks(t *testing.T) {
 				t.Fatalf("restore server: %v %v", ok, err)
 			}
 			f.run(30*time.Minute, "spawn-1", constSM(0))
-			st := f.state("nb")
-			got := outcome{State: f.get("nb").State, Verdict: st.Verdict, Reason: st.Reason, Audits: len(f.audit()), Stops: f.stopper.calls}
-			if tc.inWhy != "" {
-				if !strings.Contains(st.Reason, tc.inWhy) {
-					t.Errorf("reason %q does not contain %q", st.Reason, tc.inWhy)
-				}
-				got.Reason = ""
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("after 30 min (-want +got):\n%s", diff)
-			}
+			f.checkOutcome("nb", tc.want, tc.inWhy)
 			if tc.want.Stops == 1 {
 				acts := []string{}
 				for _, e := range f.audit() {

@@ -277,6 +277,23 @@ func stopPolicy() reclaim.Policy {
 	return p
 }
 
+// checkOutcome compares server name's outcome with want; with inWhy the
+// reason must contain it instead of equalling want's.
+func (f *fixture) checkOutcome(name string, want outcome, inWhy string) {
+	f.t.Helper()
+	st := f.state(name)
+	got := outcome{State: f.get(name).State, Verdict: st.Verdict, Reason: st.Reason, Audits: len(f.audit()), Stops: f.stopper.calls}
+	if inWhy != "" {
+		if !strings.Contains(st.Reason, inWhy) {
+			f.t.Errorf("reason %q does not contain %q", st.Reason, inWhy)
+		}
+		got.Reason = ""
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		f.t.Errorf("outcome (-want +got):\n%s", diff)
+	}
+}
+
 type outcome struct {
 	State   v1.ServerState
 	Verdict reclaim.Verdict
@@ -323,17 +340,7 @@ func TestNotReclaimed(t *testing.T) {
 			nb.set(tc.setup)
 			f.server("a", "spawn-1", nb, tc.groups...)
 			f.run(45*time.Minute, "spawn-1", tc.sm)
-			st := f.state("a")
-			got := outcome{State: f.get("a").State, Verdict: st.Verdict, Reason: st.Reason, Audits: len(f.audit()), Stops: f.stopper.calls}
-			if tc.inWhy != "" {
-				if !strings.Contains(st.Reason, tc.inWhy) {
-					t.Errorf("reason %q does not contain %q", st.Reason, tc.inWhy)
-				}
-				got.Reason = ""
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("after 45 min (-want +got):\n%s", diff)
-			}
+			f.checkOutcome("a", tc.want, tc.inWhy)
 			if nb.tracked != 0 {
 				t.Errorf("%d probes lacked no_track_activity=1", nb.tracked)
 			}
@@ -388,17 +395,7 @@ func TestNotebookTokenAndProxyActivity(t *testing.T) {
 			} else {
 				f.run(45*time.Minute, "spawn-1", constSM(0))
 			}
-			st := f.state("a")
-			got := outcome{State: f.get("a").State, Verdict: st.Verdict, Reason: st.Reason, Audits: len(f.audit()), Stops: f.stopper.calls}
-			if tc.inWhy != "" {
-				if !strings.Contains(st.Reason, tc.inWhy) {
-					t.Errorf("reason %q does not contain %q", st.Reason, tc.inWhy)
-				}
-				got.Reason = ""
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("after 45 min (-want +got):\n%s", diff)
-			}
+			f.checkOutcome("a", tc.want, tc.inWhy)
 		})
 	}
 }
