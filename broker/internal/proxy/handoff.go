@@ -43,8 +43,9 @@ func (p *Proxy) hostCookieName() string {
 	return "gpubroker_nb"
 }
 
-// handoffRecord is a stored hand-off code's value.
-type handoffRecord struct {
+// hostSession is a stored notebook host session: whose server, which
+// start of it, on which host, for whom, from which web session, until when.
+type hostSession struct {
 	User    string `json:"u"`
 	Server  string `json:"s"`
 	SpawnID string `json:"sp"`
@@ -52,24 +53,17 @@ type handoffRecord struct {
 	// Viewer is who signed in (the owner, or an admin).
 	Viewer string `json:"v"`
 	Admin  bool   `json:"a,omitempty"`
-	// Path is where to go on the notebook host (path and query).
-	Path string `json:"p"`
 	// Web is the digest of the web session's cookie value.
 	Web string `json:"w"`
-	// Expires is the web session's end, Unix seconds.
+	// Expires is the end, Unix seconds: the web session's for a code.
 	Expires int64 `json:"e"`
 }
 
-// hostSession is a stored notebook host session.
-type hostSession struct {
-	User    string `json:"u"`
-	Server  string `json:"s"`
-	SpawnID string `json:"sp"`
-	Label   string `json:"l"`
-	Viewer  string `json:"v"`
-	Admin   bool   `json:"a,omitempty"`
-	Web     string `json:"w"`
-	Expires int64  `json:"e"`
+// handoffRecord is a stored hand-off code's value: the host session it
+// becomes and where to go on the notebook host (path and query).
+type handoffRecord struct {
+	hostSession
+	Path string `json:"p"`
 }
 
 func digestHex(s string) string {
@@ -86,9 +80,8 @@ func (p *Proxy) handOff(w http.ResponseWriter, r *http.Request, srv fleet.Server
 		return
 	}
 	label := spawner.PodName(srv.User, srv.Name)
-	rec := handoffRecord{User: srv.User, Server: srv.Name, SpawnID: srv.SpawnID, Label: label,
-		Viewer: sess.Principal.User, Admin: sess.Principal.Admin, Path: r.URL.RequestURI(),
-		Web: digestHex(c.Value), Expires: sess.Expires.Unix()}
+	rec := handoffRecord{Path: r.URL.RequestURI(), hostSession: hostSession{User: srv.User, Server: srv.Name, SpawnID: srv.SpawnID,
+		Label: label, Viewer: sess.Principal.User, Admin: sess.Principal.Admin, Web: digestHex(c.Value), Expires: sess.Expires.Unix()}}
 	v, err := json.Marshal(rec)
 	if err != nil {
 		p.unavailable(w, r, err)
@@ -131,8 +124,8 @@ func (p *Proxy) redeem(w http.ResponseWriter, r *http.Request, label string) {
 		return
 	}
 	ttl := min(p.cfg.HostSessionTTL, time.Unix(rec.Expires, 0).Sub(now))
-	hs := hostSession{User: rec.User, Server: rec.Server, SpawnID: rec.SpawnID, Label: label,
-		Viewer: rec.Viewer, Admin: rec.Admin, Web: rec.Web, Expires: now.Add(ttl).Unix()}
+	hs := rec.hostSession
+	hs.Expires = now.Add(ttl).Unix()
 	hv, err := json.Marshal(hs)
 	if err != nil {
 		p.unavailable(w, r, err)
