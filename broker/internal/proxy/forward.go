@@ -8,6 +8,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
@@ -63,6 +64,7 @@ func (p *Proxy) newForwarder(rt http.RoundTripper) http.Handler {
 		},
 		FlushInterval: -1,
 		Transport:     rt,
+		BufferPool:    copyBuffers{},
 		ModifyResponse: func(resp *http.Response) error {
 			cleanResponse(resp.Header, p.cfg.Mode == ModePath)
 			up, _ := resp.Request.Context().Value(upstreamKey{}).(upstream)
@@ -72,6 +74,15 @@ func (p *Proxy) newForwarder(rt http.RoundTripper) http.Handler {
 		ErrorLog:     nil,
 	}
 }
+
+// copyBuffers reuses the reverse proxy's 32 KiB copy buffers across
+// requests (httputil.BufferPool).
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
+func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
 
 // filterCookies drops the broker's cookies from a request's Cookie header,
 // keeping the notebook's own (its XSRF and login cookies).

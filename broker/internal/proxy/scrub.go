@@ -54,6 +54,7 @@ func scrub(resp *http.Response, token string) error {
 type scrubber struct {
 	r      io.ReadCloser
 	secret []byte
+	buf    []byte // one read's worth, allocated on first use
 	in     []byte // read, not yet scanned past the held-back tail
 	out    []byte // scanned, ready to return
 	eof    bool
@@ -73,9 +74,11 @@ func (s *scrubber) Read(p []byte) (int, error) {
 			}
 			return 0, s.err
 		}
-		buf := make([]byte, 32<<10)
-		n, err := s.r.Read(buf)
-		s.in = append(s.in, buf[:n]...)
+		if s.buf == nil {
+			s.buf = make([]byte, 8<<10)
+		}
+		n, err := s.r.Read(s.buf)
+		s.in = append(s.in, s.buf[:n]...)
 		if err != nil {
 			s.eof, s.err = true, err
 		}
