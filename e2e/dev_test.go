@@ -138,3 +138,66 @@ func createCommand(out string) string {
 	}
 	return ""
 }
+
+// TestDevModeWithJupyterHub tries the spawner class locally, as its README
+// tells: gpubroker-dev with --hub-token-file and Debian's JupyterHub in
+// front of it. The banner gives the hub's settings; a hub spawn (REST, as
+// alice) runs a real jupyterhub-singleuser on dev mode's local pods, which
+// answers through the hub's proxy; the hub stops it.
+func TestDevModeWithJupyterHub(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("e2e tests do not run with -short")
+	}
+	testdeps.Need(t, "py:notebook")
+	bin := devBinary(t)
+	ctx := t.Context()
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "hub-token")
+	if err := os.WriteFile(tokenFile, []byte("dev-hub-"+harness.UniqueName("token")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port, err := harness.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	logPath := filepath.Join(dir, "dev.log")
+	p, err := harness.StartProcess("gpubroker-dev", logPath, harness.Environ(), bin,
+		fmt.Sprintf("--listen=127.0.0.1:%d", port), "--hub-token-file="+tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(15 * time.Second); err != nil {
+			t.Errorf("stop dev: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("--- %s, last 60 lines:\n%s", logPath, harness.TailFile(logPath, 60))
+		}
+	})
+	if err := harness.WaitReady(ctx, base, p, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	err = harness.Poll(ctx, 50*time.Millisecond, 10*time.Second, func(context.Context) (bool, string, error) {
+		b, err := os.ReadFile(logPath)
+		return err == nil && strings.Contains(string(b), `c.GPUBrokerSpawner.hub_token_file = "`+tokenFile+`"`), "the banner has no hub settings", nil
+	})
+	if err != nil {
+		t.Errorf("banner: %v", err)
+	}
+
+	h := &hubEnv{}
+	h.hub, h.service = startHub(t, base, tokenFile)
+	if _, err := h.spawn(ctx, "alice", "small"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.waitHubReady(ctx, "alice", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	status, body, err := h.hubGet(ctx, "/user/alice/api/status")
+	if err != nil || status != 200 || !strings.Contains(string(body), "kernels") {
+		t.Errorf("alice's dev notebook through the hub's proxy: %d %.300s %v", status, body, err)
+	}
+	h.stopAtHub(t, "alice")
+}

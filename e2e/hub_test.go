@@ -31,16 +31,24 @@ import (
 // with hubImageRun.
 const hubImage = "example.invalid/jupyterhub-singleuser:1"
 
-// hubEntrypoint stands in for a notebook image's entrypoint script (as
-// docker-stacks' start.sh): the command it is given (the hub's
-// jupyterhub-singleuser) runs on the pod's IP, since pods of the runner
-// share this machine's network and 0.0.0.0:8888 would be one port for all;
-// without a command it runs a plain notebook server on the broker's base
-// URL, taking its token from the server's Secret (JUPYTER_TOKEN), as a
-// user of the broker's own API gets.
+// hubEntrypoint stands in for a notebook image's entrypoint (as
+// docker-stacks' start.sh) and runs the command it is given on the pod's
+// IP, since the runner's pods share this machine's network and 0.0.0.0:8888
+// would be one port for all: the hub's jupyterhub-singleuser as it is; the
+// broker's default command for a profile without one (start-notebook.sh
+// --ServerApp.base_url=…, as a user of the broker's own API gets) as the
+// classic notebook server with the options translated, taking its token
+// from the server's Secret (JUPYTER_TOKEN).
 const hubEntrypoint = `common="--ip=$GPUBROKER_POD_IP --port=8888 --allow-root --NotebookApp.port_retries=0"
-if [ $# -gt 0 ]; then exec "$@" $common; fi
-exec /usr/bin/python3 -m notebook --no-browser $common --NotebookApp.base_url="$GPUBROKER_BASE_URL" --NotebookApp.allow_remote_access=True`
+if [ "$1" != start-notebook.sh ]; then exec "$@" $common; fi
+shift
+n=$#
+while [ "$n" -gt 0 ]; do
+  a=$1; shift; n=$((n - 1))
+  case $a in --ServerApp.*) a="--NotebookApp.${a#--ServerApp.}" ;; esac
+  set -- "$@" "$a"
+done
+exec /usr/bin/python3 -m notebook --no-browser $common --NotebookApp.allow_remote_access=True "$@"`
 
 // hubImageRun is hubImage as the pod runner runs it. The classic notebook
 // UI: jupyterhub-singleuser 3.0 wraps jupyter_server when it is installed,
@@ -111,9 +119,6 @@ type hubEnv struct {
 // the hub stops first when t ends.
 func newHubEnv(t testing.TB, o envOptions) *hubEnv {
 	t.Helper()
-	pytest.Python(t) // Debian's jupyterhub, aiohttp
-	testdeps.Need(t, "/usr/bin/configurable-http-proxy")
-	testdeps.Need(t, "/usr/bin/jupyterhub-singleuser")
 	o.notebooks, o.profiles = true, hubProfiles
 	e := newEnv(t, o)
 	dir := t.TempDir()
@@ -121,7 +126,22 @@ func newHubEnv(t testing.TB, o envOptions) *hubEnv {
 	if err := os.WriteFile(tokenFile, []byte(e.hubToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h := &hubEnv{env: e, service: "svc-" + harness.UniqueName("token")}
+	h := &hubEnv{env: e}
+	h.hub, h.service = startHub(t, e.broker.URL, tokenFile)
+	return h
+}
+
+// startHub starts Debian's JupyterHub with GPUBrokerSpawner (from the
+// source tree) in front of the broker at brokerURL, which accepts the
+// token in tokenFile, with DummyAuthenticator, the users hubUsers in group
+// ml, and a service whose returned token has admin scopes. The hub stops
+// when t ends, printing its log if t failed.
+func startHub(t testing.TB, brokerURL, tokenFile string) (*harness.Hub, string) {
+	t.Helper()
+	pytest.Python(t) // Debian's jupyterhub, aiohttp
+	testdeps.Need(t, "/usr/bin/configurable-http-proxy")
+	testdeps.Need(t, "/usr/bin/jupyterhub-singleuser")
+	service := "svc-" + harness.UniqueName("token")
 	py := func(v any) string { b, _ := json.Marshal(v); return string(b) }
 	cfg := fmt.Sprintf(`
 c.JupyterHub.authenticator_class = "jupyterhub.auth.DummyAuthenticator"
@@ -138,15 +158,14 @@ c.JupyterHub.load_groups = {"ml": %s}
 c.JupyterHub.services = [{"name": "e2e", "api_token": %s}]
 c.JupyterHub.load_roles = [{"name": "e2e", "services": ["e2e"],
     "scopes": ["admin:users", "admin:servers", "access:servers", "read:users"]}]
-`, py(e.broker.URL), py(tokenFile), py(hubUsers), py(h.service))
+`, py(brokerURL), py(tokenFile), py(hubUsers), py(service))
 	hub, err := harness.StartHub(t.Context(), harness.HubOptions{
-		Dir: filepath.Join(dir, "hub"), Config: cfg,
+		Dir: filepath.Join(t.TempDir(), "hub"), Config: cfg,
 		Env: []string{"PYTHONPATH=" + pytest.Dir()},
 	})
 	if err != nil {
 		t.Fatalf("start the hub: %v", err)
 	}
-	h.hub = hub
 	t.Cleanup(func() {
 		if err := hub.Stop(); err != nil {
 			t.Errorf("stop the hub: %v", err)
@@ -156,12 +175,23 @@ c.JupyterHub.load_roles = [{"name": "e2e", "services": ["e2e"],
 			keepLog(t, hub.LogPath)
 		}
 	})
-	return h
+	return hub, service
 }
 
 // hubAPI calls the hub's REST API with the service token; it returns the
 // status and the body.
 func (h *hubEnv) hubAPI(ctx context.Context, method, path string, body any) (int, []byte, error) {
+	return h.hubCall(ctx, method, "/hub/api"+path, body)
+}
+
+// hubGet GETs path (for example /user/bob/api/status) through the hub's
+// proxy with the service token.
+func (h *hubEnv) hubGet(ctx context.Context, path string) (int, []byte, error) {
+	return h.hubCall(ctx, http.MethodGet, path, nil)
+}
+
+// hubCall sends a request to the hub's public URL with the service token.
+func (h *hubEnv) hubCall(ctx context.Context, method, path string, body any) (int, []byte, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -170,7 +200,7 @@ func (h *hubEnv) hubAPI(ctx context.Context, method, path string, body any) (int
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, h.hub.URL+"/hub/api"+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, h.hub.URL+path, rd)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -247,6 +277,14 @@ func (h *hubEnv) waitHubReady(ctx context.Context, user string, timeout time.Dur
 // waits until the hub has no server for user and no pod of user's is left.
 func (h *hubEnv) stopHub(t testing.TB, user string) {
 	t.Helper()
+	h.stopAtHub(t, user)
+	h.waitNoPods(t, user)
+}
+
+// stopAtHub stops user's default server through the hub's REST API and
+// waits until the hub has no server for user.
+func (h *hubEnv) stopAtHub(t testing.TB, user string) {
+	t.Helper()
 	ctx := t.Context()
 	status, b, err := h.hubAPI(ctx, http.MethodDelete, "/users/"+user+"/server", nil)
 	if err != nil || (status != http.StatusNoContent && status != http.StatusAccepted) {
@@ -262,7 +300,6 @@ func (h *hubEnv) stopHub(t testing.TB, user string) {
 	if err != nil {
 		t.Fatalf("the hub still has %s's server: %v", user, err)
 	}
-	h.waitNoPods(t, user)
 }
 
 // userPods lists the notebook pods of user.
@@ -480,15 +517,11 @@ func (h *hubEnv) restartWhileRunning(t *testing.T) {
 	// Through the new proxy, once the hub has put bob's route back: the
 	// notebook's own API with a token allowed to access servers.
 	err = harness.Poll(ctx, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, string, error) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.hub.URL+"/user/bob/api/status", nil)
-		req.Header.Set("Authorization", "token "+h.service)
-		resp, err := hubHTTP.Do(req)
+		status, body, err := h.hubGet(ctx, "/user/bob/api/status")
 		if err != nil {
 			return false, err.Error(), nil
 		}
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK && strings.Contains(string(body), "kernels"), fmt.Sprintf("%d %.200s", resp.StatusCode, body), nil
+		return status == http.StatusOK && strings.Contains(string(body), "kernels"), fmt.Sprintf("%d %.200s", status, body), nil
 	})
 	if err != nil {
 		t.Fatalf("bob's notebook through the restarted hub's proxy: %v", err)
