@@ -12,7 +12,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
-// Defaults of the Store options.
+// The stores' deadline and the lifetime of finished records.
 const (
 	// DefaultOpTimeout bounds each store operation (one or a few round trips).
 	DefaultOpTimeout = 2 * time.Second
@@ -32,12 +32,10 @@ const (
 // caller's cancellation reach the socket; without it go-redis applies only
 // its own read and write timeouts.
 type Store struct {
-	rdb       redis.UniversalClient
-	blocking  redis.UniversalClient // Events' blocking reads; rdb unless WithBlockingClient
-	k         redisschema.Keys
-	now       func() time.Time
-	opTimeout time.Duration
-	retention time.Duration
+	rdb      redis.UniversalClient
+	blocking redis.UniversalClient // Events' blocking reads; rdb unless WithBlockingClient
+	k        redisschema.Keys
+	now      func() time.Time
 }
 
 // Option configures a Store.
@@ -46,17 +44,6 @@ type Option func(*Store)
 // WithClock sets the time source for record and event times and for the
 // reconcile marker; default time.Now. Scripts never read Redis's clock.
 func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
-
-// WithOpTimeout bounds each operation; default DefaultOpTimeout. A blocking
-// Events call waits its block duration plus this timeout. d <= 0 keeps the
-// default.
-func WithOpTimeout(d time.Duration) Option {
-	return func(s *Store) {
-		if d > 0 {
-			s.opTimeout = d
-		}
-	}
-}
 
 // WithBlockingClient makes Events' blocking reads (XREAD BLOCK) use c
 // instead of the store's client. A waiting read holds its connection for
@@ -72,28 +59,15 @@ func WithBlockingClient(c redis.UniversalClient) Option {
 	}
 }
 
-// WithRetention sets how long terminal server records and idle event
-// streams are kept; default DefaultRetention. It is garbage collection only:
-// no decision depends on it. d <= 0 keeps the default.
-func WithRetention(d time.Duration) Option {
-	return func(s *Store) {
-		if d > 0 {
-			s.retention = d
-		}
-	}
-}
-
 // New returns a Store on client with every key under prefix, followed by
 // the hash tag {gpubroker} (redisschema.New). prefix may be ""; it must be the same for every
 // broker replica sharing the fleet and must not contain '{' or '}' (they
 // would change which part of a key Redis Cluster hashes). New does no I/O.
 func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 	s := &Store{
-		rdb:       client,
-		k:         redisschema.New(prefix),
-		now:       time.Now,
-		opTimeout: DefaultOpTimeout,
-		retention: DefaultRetention,
+		rdb: client,
+		k:   redisschema.New(prefix),
+		now: time.Now,
 	}
 	for _, o := range opts {
 		o(s)
@@ -106,7 +80,7 @@ func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 
 // op returns ctx bounded by the per-operation timeout.
 func (s *Store) op(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.opTimeout)
+	return context.WithTimeout(ctx, DefaultOpTimeout)
 }
 
 // Ping checks that Redis answers, for readiness probes.

@@ -64,8 +64,3 @@ func Run(ctx context.Context, python string, env []string, args ...string) (stri
 	}
 	return string(out), nil
 }
-
-func lastLine(b []byte) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return lines[len(lines)-1]
-}
