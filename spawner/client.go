@@ -1,13 +1,13 @@
 package spawner
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -245,7 +245,7 @@ func (c *Client) Pods() ([]ManagedPod, error) {
 		}
 		out = append(out, m)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	slices.SortFunc(out, func(a, b ManagedPod) int { return cmp.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
