@@ -49,7 +49,7 @@ func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = no
 // instead of the store's client. A waiting read holds its connection for
 // its whole block, even after the event stream's client went away, so many
 // streams would otherwise take the connections that placement and every
-// other operation need (issue 16: creates timing out behind streams).
+// other operation need (creates timed out behind streams before).
 // Default: the store's client.
 func WithBlockingClient(c redis.UniversalClient) Option {
 	return func(s *Store) {

@@ -4,7 +4,7 @@
 // only tests import it.
 //
 // The interpreter is always /usr/bin/python3: the python3 on PATH may be
-// another one that cannot import Debian's jupyterhub (JUPYTERHUB-RIG.md §1).
+// another one that cannot import Debian's jupyterhub.
 package pytest
 
 import (
