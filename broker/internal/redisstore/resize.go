@@ -65,7 +65,7 @@ func (s *Store) Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRe
 	args := []any{s.k.GPUPrefix(), req.SliceID,
 		req.Slice.MemoryMiB, req.Slice.ComputePercent, req.Slice.ComputeLimitPercent,
 		string(sliceJSON), string(allocJSON),
-		message, unixNano(s.now()), eventMaxLen, DefaultRetention.Milliseconds(),
+		message, unixNano(s.now()), eventMaxLen, s.retention.Milliseconds(),
 		userFieldPrefix, groupFieldPrefix, 1 + len(req.GroupQuotas),
 		"user", k.User, req.UserQuota.MemoryMiB, req.UserQuota.ComputePercent}
 	for _, g := range fleet.SortedGroups(req.GroupQuotas) {

@@ -118,7 +118,7 @@ func (s *Store) serverKeys(k fleet.ServerKey) []string {
 // retention for terminal states, "0" (none) otherwise.
 func (s *Store) recordTTL(st fleet.State) int64 {
 	if fleet.Terminal(st) {
-		return DefaultRetention.Milliseconds()
+		return s.retention.Milliseconds()
 	}
 	return 0
 }
@@ -151,7 +151,7 @@ func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Serve
 	if err != nil {
 		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)
 	}
-	args := append([]any{srv.IdempotencyKey, unixNano(now), eventMaxLen, DefaultRetention.Milliseconds(),
+	args := append([]any{srv.IdempotencyKey, unixNano(now), eventMaxLen, s.retention.Milliseconds(),
 		srv.Name, srv.SpawnID, srv.Message}, fields...)
 
 	ctx, cancel := s.op(ctx)
@@ -276,7 +276,7 @@ func (s *Store) Transition(ctx context.Context, k fleet.ServerKey, spawnID strin
 	if err != nil {
 		return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 	}
-	args := []any{spawnID, string(to), message, unixNano(s.now()), eventMaxLen, DefaultRetention.Milliseconds(),
+	args := []any{spawnID, string(to), message, unixNano(s.now()), eventMaxLen, s.retention.Milliseconds(),
 		s.recordTTL(to), len(pf) / 2}
 	args = append(args, pf...)
 	for _, st := range sources {
@@ -376,7 +376,7 @@ func (s *Store) RestoreServer(ctx context.Context, srv fleet.Server) (bool, erro
 	if err != nil {
 		return false, fmt.Errorf("restore server %s/%s: %w", srv.User, srv.Name, err)
 	}
-	args := append([]any{unixNano(now), eventMaxLen, DefaultRetention.Milliseconds(), srv.Name, srv.SpawnID,
+	args := append([]any{unixNano(now), eventMaxLen, s.retention.Milliseconds(), srv.Name, srv.SpawnID,
 		string(srv.State), RestoreMessage, s.recordTTL(srv.State)}, fields...)
 
 	ctx, cancel := s.op(ctx)
@@ -421,7 +421,7 @@ func (s *Store) Events(ctx context.Context, k fleet.ServerKey, afterID string, b
 			return nil, fmt.Errorf("read events of %s/%s: %w", k.User, k.Name, err)
 		}
 	} else {
-		ctx, cancel := context.WithTimeout(ctx, block+DefaultOpTimeout)
+		ctx, cancel := context.WithTimeout(ctx, block+s.opTimeout)
 		defer cancel()
 		from := afterID
 		if from == "" {

@@ -32,10 +32,12 @@ const (
 // caller's cancellation reach the socket; without it go-redis applies only
 // its own read and write timeouts.
 type Store struct {
-	rdb      redis.UniversalClient
-	blocking redis.UniversalClient // Events' blocking reads; rdb unless WithBlockingClient
-	k        redisschema.Keys
-	now      func() time.Time
+	rdb       redis.UniversalClient
+	blocking  redis.UniversalClient // Events' blocking reads; rdb unless WithBlockingClient
+	k         redisschema.Keys
+	now       func() time.Time
+	opTimeout time.Duration // DefaultOpTimeout
+	retention time.Duration // DefaultRetention
 }
 
 // Option configures a Store.
@@ -65,9 +67,11 @@ func WithBlockingClient(c redis.UniversalClient) Option {
 // would change which part of a key Redis Cluster hashes). New does no I/O.
 func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 	s := &Store{
-		rdb: client,
-		k:   redisschema.New(prefix),
-		now: time.Now,
+		rdb:       client,
+		k:         redisschema.New(prefix),
+		now:       time.Now,
+		opTimeout: DefaultOpTimeout,
+		retention: DefaultRetention,
 	}
 	for _, o := range opts {
 		o(s)
@@ -80,7 +84,7 @@ func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 
 // op returns ctx bounded by the per-operation timeout.
 func (s *Store) op(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, DefaultOpTimeout)
+	return context.WithTimeout(ctx, s.opTimeout)
 }
 
 // Ping checks that Redis answers, for readiness probes.
