@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -22,6 +23,11 @@ import (
 
 // FieldManager is the field manager of every write the spawner makes.
 const FieldManager = "gpubroker"
+
+// owned is the label every object the spawner writes carries
+// (app.kubernetes.io/managed-by=gpubroker): the informer watches only such
+// pods, and nothing without it is ever modified or deleted.
+func owned() labels.Set { return labels.Set{v1.LabelManagedBy: v1.ManagedByValue} }
 
 // maxConflictRetries bounds the get/compare/write loops of Create and Delete.
 const maxConflictRetries = 3

@@ -60,7 +60,7 @@ func (c *Client) Run(ctx context.Context) error {
 	factory := informers.NewSharedInformerFactoryWithOptions(c.cs, 0,
 		informers.WithNamespace(c.cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = labels.Set{v1.LabelManagedBy: v1.ManagedByValue}.String()
+			o.LabelSelector = owned().String()
 		}),
 	)
 	pods := factory.Core().V1().Pods()
@@ -157,7 +157,7 @@ func (c *Client) Pods() ([]ManagedPod, error) {
 	if lister == nil {
 		return nil, fmt.Errorf("list pods: %w", ErrNotSynced)
 	}
-	objs, err := lister.Pods(c.cfg.Namespace).List(labels.SelectorFromSet(labels.Set{v1.LabelManagedBy: v1.ManagedByValue}))
+	objs, err := lister.Pods(c.cfg.Namespace).List(labels.SelectorFromSet(owned()))
 	if err != nil {
 		return nil, fmt.Errorf("list pods: %w", err)
 	}
