@@ -349,10 +349,16 @@ func TestArrows(t *testing.T) {
 	})
 	t.Run("rules name real packages", func(t *testing.T) {
 		exists := func(pattern string) bool {
+			if top, ok := strings.CutSuffix(pattern, "/..."); ok && slices.Contains(topFolders, top) {
+				return true // a top-level folder of the fixed layout, whatever it holds now
+			}
 			return slices.ContainsFunc(g.own, func(p string) bool { return g.score(pattern, p) > 0 })
 		}
 		for _, r := range rules {
-			governs := slices.ContainsFunc(g.own, func(p string) bool {
+			governs := slices.ContainsFunc(r.pkgs, func(p string) bool {
+				top, ok := strings.CutSuffix(p, "/...")
+				return ok && slices.Contains(topFolders, top)
+			}) || slices.ContainsFunc(g.own, func(p string) bool {
 				got, err := g.ruleFor(rules, p)
 				return err == nil && got.group == r.group
 			})
@@ -469,8 +475,8 @@ func TestCheckNamesWrongArrows(t *testing.T) {
 		},
 		{
 			name:  "a package no rule governs",
-			extra: []string{"deploy/tool: broker/api/v1"},
-			want:  []string{"deploy/tool: no rule governs it; give it a row in e2e/arrows/rules_test.go"},
+			extra: []string{"broker/internal/newpart: broker/api/v1"},
+			want:  []string{"broker/internal/newpart: no rule governs it; give it a row in e2e/arrows/rules_test.go"},
 		},
 	}
 	for _, tc := range tests {

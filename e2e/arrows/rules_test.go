@@ -18,7 +18,9 @@ package arrows
 // they start with one of its top-level folders; others are import paths.
 // When a rule is wrong rather than the arrow, change the rule here and say
 // why in its why; when a new package appears, give it a row (or let a
-// path/... row cover it) — an unclassified package fails the test.
+// path/... row cover it) — an unclassified package fails the test. A row or
+// name that matches no package fails too, except a whole top-level folder
+// ("deploy/..."): the layout's folders are fixed, whatever they hold.
 
 // Infrastructure: storage, cluster, HTTP server framework, identity
 // provider and GPU driver clients. Domain packages reach none of them.
@@ -38,6 +40,7 @@ var testSupport = []string{
 	"broker/redistest", "broker/devissuer", "broker/api/v1/v1test",
 	"e2e/testdeps", "limiter/hook/stubtest", "limiter/cliconfig/cliconfigtest",
 	"spawner/jupyterhub/pytest",
+	"deploy/...", // the chart's Go tooling (rendering it for tests)
 }
 
 var rules = []rule{
@@ -149,10 +152,10 @@ var rules = []rule{
 	},
 	{
 		group: "app/dev", pkgs: []string{"broker/internal/app/dev"},
-		may: []string{"broker/internal/...", "broker/devissuer", "spawner/devcluster", "limiter/agent",
+		may: []string{"broker/api/v1", "broker/internal/...", "broker/devissuer", "spawner/...", "limiter/agent",
 			"limiter/cliconfig"},
 		why: "dev mode's composition root: app.Run on embedded and simulated parts (miniredis, the dev issuer, " +
-			"devcluster, the agent on go-nvml's mock GPUs)",
+			"the spawner's simulated cluster and pod runner, the agent on go-nvml's mock GPUs)",
 	},
 	{
 		group: "broker main", pkgs: []string{"broker/cmd/gpubroker"},
@@ -204,6 +207,15 @@ var rules = []rule{
 		testMay: join(testSupport, []string{"broker/api/v1"}),
 		why: "the Go mirror of the region ABI (the C header is the truth), read by the agent; std only. " +
 			"Its layout test compares the header's default paths with the pod contract's (v1)",
+	},
+
+	// The chart.
+	{
+		group: "deploy", pkgs: []string{"deploy/..."}, tests: true,
+		testMay: join(testSupport, []string{"broker/api/v1", "spawner"}),
+		never:   []string{"broker/internal/..."},
+		why: "Go beside the Helm chart renders and checks it (Helm's SDK) and imports nothing of the project; " +
+			"its tests hold the chart to the pod contract (v1) and the spawner's pods",
 	},
 
 	// Test support and e2e.
