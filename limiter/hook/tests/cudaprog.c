@@ -3,12 +3,20 @@
  * libcuda like a real program and is run with LD_PRELOAD=libgpulimit.so and
  * LD_LIBRARY_PATH pointing at the stub driver.
  *
- *   cudaprog [-p] [-i] [command ...]
+ *   cudaprog [-p|-P|-1] [-V VERSION] [-a PATH] [-i] [command ...]
  *     -p  reach every driver function through cuGetProcAddress_v2, obtained
  *         with dlopen("libcuda.so.1") + dlsym, the way the CUDA runtime does
  *     -P  the same with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, which
  *         yields the _ptsz entry points (runtime built for per-thread streams)
+ *     -1  the same through cuGetProcAddress (v1, CUDA 11.3..11.8)
+ *     -V  the cudaVersion passed to cuGetProcAddress (default 12040)
+ *     -a  reach every driver function by dlsym on dlopen(PATH): the driver by
+ *         an absolute path, or a copy of it under another path or name
  *     -i  after the argument commands, read commands from stdin, one a line
+ *
+ * A failed setup (cuInit refused, no device) prints "setup CUresult" and, with
+ * -i, the program goes on reading commands, which then fail as the driver
+ * says: the tests look at what the hook refuses.
  *
  * Each command prints one line: its name, the CUresult as an integer, then
  * values. Commands:
@@ -26,7 +34,8 @@
  *   waitoom BYTES MS     retry alloc+free of BYTES until it is refused or MS pass; prints elapsed us
  *   launch KIND FN GRID N  KIND: kernel ex coop graph; N launches of function FN, then synchronize
  *   saturate FN GRID MS  launch FN back to back for MS milliseconds; prints launches
- *   loop CHUNK           forever: fill with CHUNK blocks, free all (for kill tests); prints "looping" once
+ *   loop CHUNK           forever: fill with CHUNK blocks, free all (for kill tests); prints "looping"
+ *                        once, after the first block is held
  *   sync                 cuCtxSynchronize
  *   threads N CHUNK      N threads allocate CHUNK-byte blocks until refused, then free them all;
  *                        prints total blocks held at the peak (sum over threads)
@@ -35,6 +44,15 @@
  *   ctxcycle BYTES       cuCtxCreate, allocate BYTES in it, cuCtxDestroy, back to the primary context
  *   dlcheck              dlsym interposition: prints 1/0 for (hooked symbol -> libgpulimit,
  *                        unhooked symbol -> libcuda, RTLD_NEXT malloc == libc malloc)
+ *   rawalloc BYTES       cuMemAlloc_v2 found in libcuda's own symbol table (no dlsym): what
+ *                        the hook cannot stop in user space (the node agent does)
+ *   legacy BYTES         the legacy 32-bit cuMemAlloc, by dlsym
+ *   legacyproc BYTES     the same through cuGetProcAddress_v2("cuMemAlloc", cudaVersion 3000)
+ *   dlmopen FILE BYTES   dlmopen(LM_ID_NEWLM, FILE); if it loads, initialize the driver there and
+ *                        allocate BYTES through it; prints 1/0 (loaded) and the allocation's CUresult
+ *   deepbind LIB BYTES   dlopen(LIB, RTLD_NOW | RTLD_DEEPBIND) and call its usescuda_alloc(BYTES),
+ *                        which calls cuMemAlloc_v2 from inside LIB; prints the CUresult
+ *   runpath              dlopen of a library found only through cudaprog's own RUNPATH; 1/0
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -156,25 +174,44 @@ static void fill_direct(void)
 	};
 }
 
-static int fill_procaddr(cuuint64_t flags)
+/* elf.c (linked in): a symbol from a loaded object's own table, without dlsym. */
+void *elf_loaded_symbol(const char *prefix, const char *name);
+
+static int g_cuda_version = 12040;
+static __typeof__(&cuGetProcAddress_v2) g_gpa2;
+static __typeof__(&cuGetProcAddress) g_gpa1;
+
+static CUresult get_proc(const char *name, void **p, cuuint64_t flags)
+{
+	return g_gpa2 ? g_gpa2(name, p, g_cuda_version, flags, NULL) : g_gpa1(name, p, g_cuda_version, flags);
+}
+
+/* fill_procaddr reaches every function through cuGetProcAddress (v2, or v1 with v1 set). */
+static int fill_procaddr(cuuint64_t flags, int v1)
 {
 	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (lib == NULL) {
 		fprintf(stderr, "dlopen libcuda.so.1: %s\n", dlerror());
 		return -1;
 	}
-	__typeof__(&cuGetProcAddress_v2) gpa = (__typeof__(&cuGetProcAddress_v2))dlsym(lib, "cuGetProcAddress_v2");
-	if (gpa == NULL)
+	void *entry = dlsym(lib, v1 ? "cuGetProcAddress" : "cuGetProcAddress_v2");
+	if (entry == NULL)
 		return -1;
-	/* The runtime also asks the driver for cuGetProcAddress itself. */
-	void *self = NULL;
-	if (gpa("cuGetProcAddress", &self, 12040, 0, NULL) != CUDA_SUCCESS || self == NULL)
-		return -1;
-	gpa = (__typeof__(&cuGetProcAddress_v2))self;
+	if (v1)
+		memcpy(&g_gpa1, &entry, sizeof(entry));
+	else
+		memcpy(&g_gpa2, &entry, sizeof(entry));
+	/* The runtime (v2) also asks the driver for cuGetProcAddress itself, and uses the answer. */
+	if (!v1) {
+		void *self = NULL;
+		if (get_proc("cuGetProcAddress", &self, 0) != CUDA_SUCCESS || self == NULL)
+			return -1;
+		memcpy(&g_gpa2, &self, sizeof(self));
+	}
 #define GET(field, name)                                                                                               \
 	do {                                                                                                           \
 		void *p_ = NULL;                                                                                       \
-		if (gpa(name, &p_, 12040, flags, NULL) != CUDA_SUCCESS || p_ == NULL) {                                \
+		if (get_proc(name, &p_, flags) != CUDA_SUCCESS || p_ == NULL) {                                        \
 			fprintf(stderr, "cuGetProcAddress(%s) failed\n", name);                                        \
 			return -1;                                                                                     \
 		}                                                                                                      \
@@ -218,6 +255,87 @@ static int fill_procaddr(cuuint64_t flags)
 	GET(launchCoop, "cuLaunchCooperativeKernel");
 #undef GET
 	return 0;
+}
+
+/* fill_dlsym reaches every function by dlsym on dlopen(path), under the exported (versioned) names. */
+static int fill_dlsym(const char *path)
+{
+	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (lib == NULL) {
+		fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
+		return -1;
+	}
+#define SYM(field, name)                                                                                               \
+	do {                                                                                                           \
+		void *p_ = dlsym(lib, name);                                                                           \
+		if (p_ == NULL) {                                                                                      \
+			fprintf(stderr, "dlsym(%s) failed\n", name);                                                   \
+			return -1;                                                                                     \
+		}                                                                                                      \
+		memcpy(&A.field, &p_, sizeof(p_));                                                                     \
+	} while (0)
+	SYM(init, "cuInit");
+	SYM(deviceGet, "cuDeviceGet");
+	SYM(ctxRetain, "cuDevicePrimaryCtxRetain");
+	SYM(ctxSetCurrent, "cuCtxSetCurrent");
+	SYM(ctxSynchronize, "cuCtxSynchronize");
+	SYM(ctxCreate, "cuCtxCreate_v2");
+	SYM(ctxDestroy, "cuCtxDestroy_v2");
+	SYM(ctxReset, "cuDevicePrimaryCtxReset_v2");
+	SYM(moduleLoad, "cuModuleLoadData");
+	SYM(getFunction, "cuModuleGetFunction");
+	SYM(streamSynchronize, "cuStreamSynchronize");
+	SYM(memGetInfo, "cuMemGetInfo_v2");
+	SYM(totalMem, "cuDeviceTotalMem_v2");
+	SYM(memAlloc, "cuMemAlloc_v2");
+	SYM(memAllocPitch, "cuMemAllocPitch_v2");
+	SYM(memAllocManaged, "cuMemAllocManaged");
+	SYM(memFree, "cuMemFree_v2");
+	SYM(memAllocAsync, "cuMemAllocAsync");
+	SYM(memAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
+	SYM(memFreeAsync, "cuMemFreeAsync");
+	SYM(poolCreate, "cuMemPoolCreate");
+	SYM(memCreate, "cuMemCreate");
+	SYM(memRelease, "cuMemRelease");
+	SYM(arrayCreate, "cuArrayCreate_v2");
+	SYM(array3DCreate, "cuArray3DCreate_v2");
+	SYM(arrayDestroy, "cuArrayDestroy");
+	SYM(mipmapCreate, "cuMipmappedArrayCreate");
+	SYM(mipmapDestroy, "cuMipmappedArrayDestroy");
+	SYM(graphCreate, "cuGraphCreate");
+	SYM(graphAddMemAllocNode, "cuGraphAddMemAllocNode");
+	SYM(graphAddKernelNode, "cuGraphAddKernelNode_v2");
+	SYM(graphInstantiate, "cuGraphInstantiateWithFlags");
+	SYM(graphLaunch, "cuGraphLaunch");
+	SYM(launchKernel, "cuLaunchKernel");
+	SYM(launchKernelEx, "cuLaunchKernelEx");
+	SYM(launchCoop, "cuLaunchCooperativeKernel");
+#undef SYM
+	return 0;
+}
+
+/* dlmopen_alloc loads file into a new link-map namespace and, if that works, allocates there. */
+static void dlmopen_alloc(const char *file, uint64_t bytes)
+{
+	void *h = dlmopen(LM_ID_NEWLM, file, RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL) {
+		printf("dlmopen %d 0\n", CUDA_ERROR_NOT_PERMITTED);
+		return;
+	}
+	/* The driver may be file itself or one of its dependencies: look it up through h. */
+	__typeof__(&cuInit) init = (__typeof__(&cuInit))dlsym(h, "cuInit");
+	__typeof__(&cuDevicePrimaryCtxRetain) retain =
+	    (__typeof__(&cuDevicePrimaryCtxRetain))dlsym(h, "cuDevicePrimaryCtxRetain");
+	__typeof__(&cuCtxSetCurrent) set = (__typeof__(&cuCtxSetCurrent))dlsym(h, "cuCtxSetCurrent");
+	__typeof__(&cuMemAlloc_v2) alloc = (__typeof__(&cuMemAlloc_v2))dlsym(h, "cuMemAlloc_v2");
+	CUresult r = CUDA_ERROR_NOT_FOUND;
+	CUcontext c;
+	CUdeviceptr p;
+	if (init && retain && set && alloc && (r = init(0)) == CUDA_SUCCESS && (r = retain(&c, 0)) == CUDA_SUCCESS &&
+	    (r = set(c)) == CUDA_SUCCESS)
+		r = alloc(&p, bytes);
+	A.ctxSetCurrent(g_ctx);
+	printf("dlmopen %d 1\n", r);
 }
 
 static int kind_of(const char *s)
@@ -504,7 +622,9 @@ static int run(char **argv, int argc)
 		}
 		printf("saturate %d %llu\n", r, (unsigned long long)n);
 	} else if (strcmp(cmd, "loop") == 0 && argc >= 2) {
-		printf("looping 0\n");
+		/* "looping" once the first allocation holds memory: the process is in its loop. */
+		CUresult first = do_alloc(K_LINEAR, ARG(1));
+		printf("looping %d\n", first);
 		fflush(stdout);
 		for (;;) {
 			while (do_alloc(K_LINEAR, ARG(1)) == CUDA_SUCCESS) {
@@ -564,12 +684,43 @@ static int run(char **argv, int argc)
 		void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
 		Dl_info a, b;
 		void *hooked = lib ? dlsym(lib, "cuMemAlloc_v2") : NULL;
-		void *plain = lib ? dlsym(lib, "cuInit") : NULL;
+		void *plain = lib ? dlsym(lib, "cuDeviceGet") : NULL;
 		int hook_ok = hooked && dladdr(hooked, &a) && strstr(a.dli_fname, "libgpulimit") != NULL;
 		int plain_ok = plain && dladdr(plain, &b) && strstr(b.dli_fname, "libcuda") != NULL;
 		void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
 		int next_ok = libc && dlsym(RTLD_NEXT, "malloc") == dlsym(libc, "malloc");
 		printf("dlcheck 0 %d %d %d\n", hook_ok, plain_ok, next_ok);
+	} else if (strcmp(cmd, "rawalloc") == 0 && argc >= 2) {
+		__typeof__(&cuMemAlloc_v2) raw =
+		    (__typeof__(&cuMemAlloc_v2))elf_loaded_symbol("libcuda.so", "cuMemAlloc_v2");
+		CUdeviceptr p;
+		printf("rawalloc %d\n", raw ? raw(&p, ARG(1)) : CUDA_ERROR_NOT_FOUND);
+	} else if (strcmp(cmd, "legacy") == 0 && argc >= 2) {
+		void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+		__typeof__(&cuMemAlloc) v1 = lib ? (__typeof__(&cuMemAlloc))dlsym(lib, "cuMemAlloc") : NULL;
+		CUdeviceptr_v1 p;
+		printf("legacy %d\n", v1 ? v1(&p, (unsigned int)ARG(1)) : CUDA_ERROR_NOT_FOUND);
+	} else if (strcmp(cmd, "legacyproc") == 0 && argc >= 2) {
+		void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+		__typeof__(&cuGetProcAddress_v2) gpa =
+		    lib ? (__typeof__(&cuGetProcAddress_v2))dlsym(lib, "cuGetProcAddress_v2") : NULL;
+		void *p = NULL;
+		CUresult r = gpa ? gpa("cuMemAlloc", &p, 3000, 0, NULL) : CUDA_ERROR_NOT_FOUND;
+		__typeof__(&cuMemAlloc) v1 = NULL;
+		memcpy(&v1, &p, sizeof(p));
+		CUdeviceptr_v1 d;
+		printf("legacyproc %d\n", r == CUDA_SUCCESS && v1 ? v1(&d, (unsigned int)ARG(1)) : r);
+	} else if (strcmp(cmd, "dlmopen") == 0 && argc >= 3) {
+		dlmopen_alloc(argv[1], ARG(2));
+	} else if (strcmp(cmd, "deepbind") == 0 && argc >= 3) {
+		void *lib = dlopen(argv[1], RTLD_NOW | RTLD_DEEPBIND);
+		CUresult (*f)(uint64_t) = NULL;
+		void *sym = lib ? dlsym(lib, "usescuda_alloc") : NULL;
+		memcpy(&f, &sym, sizeof(sym));
+		printf("deepbind %d\n", f ? f(ARG(2)) : CUDA_ERROR_NOT_FOUND);
+	} else if (strcmp(cmd, "runpath") == 0) {
+		void *lib = dlopen("libgpulimit-runpath-probe.so", RTLD_NOW | RTLD_LOCAL);
+		printf("runpath 0 %d\n", lib != NULL);
 	} else if (strcmp(cmd, "sync") == 0) {
 		printf("sync %d\n", A.ctxSynchronize());
 	} else {
@@ -583,21 +734,34 @@ static int run(char **argv, int argc)
 int main(int argc, char **argv)
 {
 	int procaddr = 0, interactive = 0, i = 1;
+	const char *path = NULL;
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (strcmp(argv[i], "-p") == 0)
 			procaddr = 1;
 		else if (strcmp(argv[i], "-P") == 0)
 			procaddr = 2;
+		else if (strcmp(argv[i], "-1") == 0)
+			procaddr = 3;
+		else if (strcmp(argv[i], "-V") == 0 && i + 1 < argc)
+			g_cuda_version = atoi(argv[++i]);
+		else if (strcmp(argv[i], "-a") == 0 && i + 1 < argc)
+			path = argv[++i];
 		else if (strcmp(argv[i], "-i") == 0)
 			interactive = 1;
 	}
-	if (procaddr ? fill_procaddr(procaddr == 2 ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0) != 0
-	             : (fill_direct(), 0)) {
+	int bad;
+	if (path != NULL)
+		bad = fill_dlsym(path);
+	else if (procaddr)
+		bad = fill_procaddr(procaddr == 2 ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0, procaddr == 3);
+	else
+		bad = (fill_direct(), 0);
+	if (bad) {
 		printf("setup %d\n", CUDA_ERROR_NOT_FOUND);
 		return 1;
 	}
 	CUdevice dev;
-	CUcontext ctx;
+	CUcontext ctx = NULL;
 	CUresult r = A.init(0);
 	if (r == CUDA_SUCCESS)
 		r = A.deviceGet(&dev, 0);
@@ -616,7 +780,9 @@ int main(int argc, char **argv)
 	}
 	if (r != CUDA_SUCCESS) {
 		printf("setup %d\n", r);
-		return 1;
+		fflush(stdout);
+		if (!interactive)
+			return 1;
 	}
 	/* Commands: argv words split at "," so one invocation can run several. */
 	char *words[16];

@@ -1,0 +1,69 @@
+/*
+ * regionctl: lays out one slice's directory the way the node agent does
+ * (limiter/agent: quota/ and usage/ at mode 0755, usage/usage.bin initialized
+ * at mode 0666, quota/quota.bin at generation 1), for the benchmark and the
+ * GPU check, which run without Go. The Go tests use limiter/region instead.
+ *
+ *   regionctl DIR MEMORY_MIB COMPUTE_PERCENT COMPUTE_LIMIT_PERCENT
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gpulimit_region.h"
+
+static int put(const char *path, const void *buf, size_t n, mode_t mode)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, mode);
+	if (fd < 0 || write(fd, buf, n) != (ssize_t)n || fchmod(fd, mode) != 0 || close(fd) != 0) {
+		fprintf(stderr, "regionctl: %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 5) {
+		fprintf(stderr, "usage: regionctl DIR MEMORY_MIB COMPUTE_PERCENT COMPUTE_LIMIT_PERCENT\n");
+		return 2;
+	}
+	char path[4096];
+	const char *subs[] = {"quota", "usage"};
+	if (mkdir(argv[1], 0755) != 0 && errno != EEXIST) {
+		fprintf(stderr, "regionctl: %s: %s\n", argv[1], strerror(errno));
+		return 1;
+	}
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "%s/%s", argv[1], subs[i]);
+		if ((mkdir(path, 0755) != 0 && errno != EEXIST) || chmod(path, 0755) != 0) {
+			fprintf(stderr, "regionctl: %s: %s\n", path, strerror(errno));
+			return 1;
+		}
+	}
+	static struct gpulimit_usage u;
+	u.magic = GPULIMIT_USAGE_MAGIC;
+	u.layout_version = GPULIMIT_LAYOUT_VERSION;
+	u.slot_count = GPULIMIT_USAGE_SLOTS;
+	u.device_count = GPULIMIT_USAGE_DEVICES;
+	snprintf(path, sizeof(path), "%s/usage/usage.bin", argv[1]);
+	if (put(path, &u, sizeof(u), 0666) != 0)
+		return 1;
+	struct gpulimit_quota q;
+	memset(&q, 0, sizeof(q));
+	q.magic = GPULIMIT_QUOTA_MAGIC;
+	q.layout_version = GPULIMIT_LAYOUT_VERSION;
+	q.generation = 1;
+	snprintf(q.slice_id, sizeof(q.slice_id), "regionctl");
+	q.memory_limit_bytes = strtoull(argv[2], NULL, 10) << 20;
+	q.compute_percent = (uint32_t)strtoul(argv[3], NULL, 10);
+	q.compute_limit_percent = (uint32_t)strtoul(argv[4], NULL, 10);
+	q.checksum = gpulimit_fnv1a32(&q, offsetof(struct gpulimit_quota, checksum));
+	snprintf(path, sizeof(path), "%s/quota/quota.bin", argv[1]);
+	return put(path, &q, sizeof(q), 0644) != 0;
+}
