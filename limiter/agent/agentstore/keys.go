@@ -15,7 +15,8 @@ const HashTag = "{gpubroker}:"
 //	agent:s:<slice>            stream   SampleTTL, refreshed     agent: usage samples, MAXLEN ~ MaxLen
 //	agent:qd:<slice>           hash     QuotaTTL                 broker: desired quota; field gen by HINCRBY
 //	agent:qa:<slice>           hash     QuotaTTL, refreshed      agent: applied quota generation
-//	agent:audit                stream   none (MAXLEN ~ 10000)    agent: enforcement audit records
+//	agent:audit                stream   none (MAXLEN ~ 10000)    agent: enforcement audit records; the broker
+//	                                                             follows it with a consumer group (FollowAudit)
 //	agent:quota-changed        channel  —                        broker publishes a slice id after
 //	                                                             changing its desired quota
 //

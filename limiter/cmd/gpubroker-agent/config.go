@@ -63,7 +63,7 @@ func register(fs *flag.FlagSet, c *Config) {
 	fs.DurationVar(&c.Agent.HeartbeatInterval, "heartbeat-interval", agent.DefaultHeartbeatInterval, "Time between node reports; the broker counts the node stale after three.")
 	fs.DurationVar(&c.Agent.QuotaResync, "quota-resync", agent.DefaultQuotaResync, "Time between full passes over desired quotas (changes also arrive by pub/sub).")
 	fs.DurationVar(&c.Agent.PaceInterval, "pace-interval", agent.DefaultPaceInterval, "Time between the slice utilization samples written into the usage regions for the hooks' compute pacing; negative turns them off.")
-	fs.StringVar(&c.EnforceMode, "enforce", string(agent.ModeReport), "What to do with a process over its slice or in no slice: report, kill or off (always audited).")
+	fs.StringVar(&c.EnforceMode, "enforce", string(agent.DefaultMode), "What to do with a process over its slice, hidden from the hook, or in no slice: kill (stop it), report or off (always audited; host processes are only reported).")
 	fs.IntVar(&c.Agent.Enforcement.TolerancePercent, "enforce-tolerance", 5, "Percent above its memory cap a slice may go before it counts as over.")
 	fs.IntVar(&c.Agent.Enforcement.Samples, "enforce-samples", 3, "Consecutive samples a violation must last before the agent acts.")
 	fs.DurationVar(&c.Agent.Enforcement.OrphanGrace, "enforce-orphan-grace", 30*time.Second, "How long a GPU process must be in no slice before the agent acts (pods the watcher has not seen yet).")
