@@ -427,7 +427,9 @@ func TestDriverLoadedByPathEndsHooked(t *testing.T) {
 
 // TestDeepBoundLibraryCallsThroughTheHook: a library that links the driver,
 // loaded with RTLD_DEEPBIND (which would bind its calls to the driver ahead
-// of the preloaded hook), still allocates through the hook.
+// of the preloaded hook), still allocates through the hook, and so does its
+// dlsym(RTLD_NEXT) of the driver's function. dlopen through the hook keeps
+// the caller's RUNPATH (the call reaches glibc with the caller's address).
 func TestDeepBoundLibraryCallsThroughTheHook(t *testing.T) {
 	t.Parallel()
 	dev := newDevice(t)
@@ -443,6 +445,10 @@ func TestDeepBoundLibraryCallsThroughTheHook(t *testing.T) {
 	}
 	if got := held(dev, p); got != (capMiB/2)*mib {
 		t.Errorf("the driver holds %d MiB, want the %d the hook admitted", got/mib, capMiB/2)
+	}
+	// The same library's lookup of the driver's cuMemAlloc_v2 by dlsym(RTLD_NEXT) gets the hook.
+	if r := p.do(fmt.Sprintf("nextalloc %s %d", lib, capMiB*mib)); r.Res != cudaOutOfMemory {
+		t.Errorf("the whole slice again through dlsym(RTLD_NEXT): CUresult %d, want out of memory", r.Res)
 	}
 	if r := p.do("runpath"); r.Vals[0] != 1 {
 		t.Error("dlopen through the hook lost the caller's RUNPATH")

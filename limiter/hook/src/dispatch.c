@@ -258,7 +258,32 @@ static void *redirect(const char *name, void *p)
 	return c != NULL ? c : p;
 }
 
-/* next_after emulates RTLD_NEXT for the object containing caller. */
+/* defined_in returns name's definition in the loaded object called file if it is not in skip; NULL otherwise. */
+static void *defined_in(const char *file, const char *name, const char *version, const struct link_map *skip,
+                        const struct link_map *only)
+{
+	const struct loader *ld = loader();
+	/* A link_map is not a valid handle for every object (the vDSO): get a real one. */
+	void *h = hook_real_dlopen(file, RTLD_LAZY | RTLD_NOLOAD);
+	if (h == NULL)
+		return NULL;
+	void *p = version ? ld->dlvsym(h, name, version) : ld->dlsym(h, name);
+	dlclose(h);
+	struct link_map *owner = NULL;
+	Dl_info pi;
+	if (p == NULL || dladdr1(p, &pi, (void **)&owner, RTLD_DL_LINKMAP) == 0 || owner == skip ||
+	    (only != NULL && owner != only))
+		return NULL;
+	return p;
+}
+
+/*
+ * next_after emulates RTLD_NEXT for the object containing caller: the
+ * objects loaded after it, in load order (where glibc searches for an object
+ * of the global scope); failing that, the caller's own dependencies in
+ * DT_NEEDED order (its local scope, where glibc searches for an object loaded
+ * by dlopen).
+ */
 static void *next_after(const void *caller, const char *name, const char *version)
 {
 	const struct loader *ld = loader();
@@ -269,18 +294,16 @@ static void *next_after(const void *caller, const char *name, const char *versio
 	for (struct link_map *l = lm->l_next; l != NULL; l = l->l_next) {
 		if (l->l_name == NULL || l->l_name[0] == '\0')
 			continue;
-		/* A link_map is not a valid handle for every object (the vDSO): get a real one. */
-		void *h = hook_real_dlopen(l->l_name, RTLD_LAZY | RTLD_NOLOAD);
-		if (h == NULL)
-			continue;
-		void *p = version ? ld->dlvsym(h, name, version) : ld->dlsym(h, name);
-		dlclose(h);
-		if (p == NULL)
-			continue;
-		struct link_map *owner = NULL;
-		Dl_info pi;
 		/* dlsym on a handle searches its dependencies too: take p only if l itself defines it. */
-		if (dladdr1(p, &pi, (void **)&owner, RTLD_DL_LINKMAP) != 0 && owner == l)
+		void *p = defined_in(l->l_name, name, version, NULL, l);
+		if (p != NULL)
+			return p;
+	}
+	const char *needed[64];
+	int n = elf_needed(lm->l_addr, lm->l_ld, needed, 64);
+	for (int i = 0; i < n; i++) {
+		void *p = defined_in(needed[i], name, version, lm, NULL);
+		if (p != NULL)
 			return p;
 	}
 	return NULL;

@@ -134,6 +134,24 @@ void *elf_symbol(uintptr_t base, const void *dynamic, const char *name)
 	return NULL;
 }
 
+int elf_needed(uintptr_t base, const void *dynamic, const char **out, int max)
+{
+	const ElfW(Dyn) *dyn = dynamic;
+	const char *str = NULL;
+	if (dyn == NULL)
+		return 0;
+	for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL; d++)
+		if (d->d_tag == DT_STRTAB)
+			str = (const char *)at(base, d->d_un.d_ptr);
+	if (str == NULL)
+		return 0;
+	int n = 0;
+	for (const ElfW(Dyn) *d = dyn; d->d_tag != DT_NULL && n < max; d++)
+		if (d->d_tag == DT_NEEDED)
+			out[n++] = str + d->d_un.d_val;
+	return n;
+}
+
 struct find {
 	const char *prefix, *name;
 	void *found;

@@ -67,6 +67,8 @@ const char *file_kind(unsigned int mode);
  * SysV hash table, without calling dlsym; NULL if it has none.
  */
 void *elf_symbol(uintptr_t base, const void *dyn, const char *name);
+/* elf_needed lists up to max DT_NEEDED names of the object at base (dynamic section dyn); returns the count. */
+int elf_needed(uintptr_t base, const void *dyn, const char **out, int max);
 /* elf_loaded_symbol is elf_symbol in the first loaded object (any namespace) whose file name starts with prefix. */
 void *elf_loaded_symbol(const char *prefix, const char *name);
 

@@ -43,7 +43,8 @@
  *   reset                cuDevicePrimaryCtxReset (frees everything); forgets the live list
  *   ctxcycle BYTES       cuCtxCreate, allocate BYTES in it, cuCtxDestroy, back to the primary context
  *   dlcheck              dlsym interposition: prints 1/0 for (hooked symbol -> libgpulimit,
- *                        unhooked symbol -> libcuda, RTLD_NEXT malloc == libc malloc)
+ *                        unhooked symbol -> libcuda, RTLD_NEXT malloc == libc malloc,
+ *                        dlvsym of a versioned libc symbol == dlsym's)
  *   rawalloc BYTES       cuMemAlloc_v2 found in libcuda's own symbol table (no dlsym): what
  *                        the hook cannot stop in user space (the node agent does)
  *   legacy BYTES         the legacy 32-bit cuMemAlloc, by dlsym
@@ -52,6 +53,7 @@
  *                        allocate BYTES through it; prints 1/0 (loaded) and the allocation's CUresult
  *   deepbind LIB BYTES   dlopen(LIB, RTLD_NOW | RTLD_DEEPBIND) and call its usescuda_alloc(BYTES),
  *                        which calls cuMemAlloc_v2 from inside LIB; prints the CUresult
+ *   nextalloc LIB BYTES  call LIB's usescuda_next(BYTES): cuMemAlloc_v2 by dlsym(RTLD_NEXT) from LIB
  *   runpath              dlopen of a library found only through cudaprog's own RUNPATH; 1/0
  */
 #define _GNU_SOURCE
@@ -689,7 +691,8 @@ static int run(char **argv, int argc)
 		int plain_ok = plain && dladdr(plain, &b) && strstr(b.dli_fname, "libcuda") != NULL;
 		void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
 		int next_ok = libc && dlsym(RTLD_NEXT, "malloc") == dlsym(libc, "malloc");
-		printf("dlcheck 0 %d %d %d\n", hook_ok, plain_ok, next_ok);
+		int vsym_ok = libc && dlvsym(libc, "malloc", "GLIBC_2.2.5") == dlsym(libc, "malloc");
+		printf("dlcheck 0 %d %d %d %d\n", hook_ok, plain_ok, next_ok, vsym_ok);
 	} else if (strcmp(cmd, "rawalloc") == 0 && argc >= 2) {
 		__typeof__(&cuMemAlloc_v2) raw =
 		    (__typeof__(&cuMemAlloc_v2))elf_loaded_symbol("libcuda.so", "cuMemAlloc_v2");
@@ -718,6 +721,12 @@ static int run(char **argv, int argc)
 		void *sym = lib ? dlsym(lib, "usescuda_alloc") : NULL;
 		memcpy(&f, &sym, sizeof(sym));
 		printf("deepbind %d\n", f ? f(ARG(2)) : CUDA_ERROR_NOT_FOUND);
+	} else if (strcmp(cmd, "nextalloc") == 0 && argc >= 3) {
+		void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+		CUresult (*f)(uint64_t) = NULL;
+		void *sym = lib ? dlsym(lib, "usescuda_next") : NULL;
+		memcpy(&f, &sym, sizeof(sym));
+		printf("nextalloc %d\n", f ? f(ARG(2)) : CUDA_ERROR_NOT_FOUND);
 	} else if (strcmp(cmd, "runpath") == 0) {
 		void *lib = dlopen("libgpulimit-runpath-probe.so", RTLD_NOW | RTLD_LOCAL);
 		printf("runpath 0 %d\n", lib != NULL);

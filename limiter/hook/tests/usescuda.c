@@ -6,6 +6,10 @@
  * library that only cudaprog's RUNPATH finds.
  */
 #ifndef RUNPATH_PROBE
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <string.h>
+
 #include "cuda_subset.h"
 
 /* usescuda_alloc allocates bytes in the current context; returns the CUresult. */
@@ -13,6 +17,20 @@ __attribute__((visibility("default"))) CUresult usescuda_alloc(unsigned long lon
 {
 	CUdeviceptr p;
 	return cuMemAlloc_v2(&p, bytes);
+}
+
+/*
+ * usescuda_next allocates through the cuMemAlloc_v2 that dlsym(RTLD_NEXT)
+ * finds from this library, loaded after the hook: the driver's own, which
+ * the hook's dlsym hands out as the hook.
+ */
+__attribute__((visibility("default"))) CUresult usescuda_next(unsigned long long bytes)
+{
+	void *sym = dlsym(RTLD_NEXT, "cuMemAlloc_v2");
+	__typeof__(&cuMemAlloc_v2) f = NULL;
+	memcpy(&f, &sym, sizeof(sym));
+	CUdeviceptr p;
+	return f ? f(&p, bytes) : CUDA_ERROR_NOT_FOUND;
 }
 #else
 __attribute__((visibility("default"))) int gpulimit_runpath_probe(void)
