@@ -4,7 +4,10 @@
  * at mode 0666, quota/quota.bin at generation 1), for the benchmark and the
  * GPU check, which run without Go. The Go tests use limiter/region instead.
  *
- *   regionctl DIR MEMORY_MIB COMPUTE_PERCENT COMPUTE_LIMIT_PERCENT
+ *   regionctl DIR MEMORY_MIB COMPUTE_PERCENT COMPUTE_LIMIT_PERCENT [GPU_UUID]
+ *
+ * GPU_UUID, in NVML's "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" form, is
+ * written as the slice's GPU (the hook warns about other devices).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -29,8 +32,8 @@ static int put(const char *path, const void *buf, size_t n, mode_t mode)
 
 int main(int argc, char **argv)
 {
-	if (argc != 5) {
-		fprintf(stderr, "usage: regionctl DIR MEMORY_MIB COMPUTE_PERCENT COMPUTE_LIMIT_PERCENT\n");
+	if (argc != 5 && argc != 6) {
+		fprintf(stderr, "usage: regionctl DIR MEMORY_MIB COMPUTE_PERCENT COMPUTE_LIMIT_PERCENT [GPU_UUID]\n");
 		return 2;
 	}
 	char path[4096];
@@ -63,6 +66,21 @@ int main(int argc, char **argv)
 	q.memory_limit_bytes = strtoull(argv[2], NULL, 10) << 20;
 	q.compute_percent = (uint32_t)strtoul(argv[3], NULL, 10);
 	q.compute_limit_percent = (uint32_t)strtoul(argv[4], NULL, 10);
+	if (argc == 6) {
+		const char *u = argv[5];
+		int n = 0;
+		for (u += strncmp(u, "GPU-", 4) == 0 ? 4 : 0; *u && n < 32; u++) {
+			if (*u == '-')
+				continue;
+			unsigned v;
+			if (sscanf((char[]){*u, 0}, "%x", &v) != 1) {
+				fprintf(stderr, "regionctl: bad GPU UUID %s\n", argv[5]);
+				return 2;
+			}
+			q.gpu_uuid[n / 2] |= (uint8_t)(n % 2 ? v : v << 4);
+			n++;
+		}
+	}
 	q.checksum = gpulimit_fnv1a32(&q, offsetof(struct gpulimit_quota, checksum));
 	snprintf(path, sizeof(path), "%s/quota/quota.bin", argv[1]);
 	return put(path, &q, sizeof(q), 0644) != 0;
