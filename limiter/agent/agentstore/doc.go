@@ -50,7 +50,8 @@
 // reason a GPU is unhealthy, to tell the servers on it), LatestSample,
 // RecentSamples and Sample.Stale (idle detection; stale means unknown),
 // SetDesiredQuota and AppliedQuota (resize, reclaim), DeleteQuotas (on
-// release), RecentAudit (admin view).
+// release), RecentAudit (admin view), FollowAudit (each record once per
+// consumer group across replicas: the servers' enforcement events).
 //
 // # Time
 //
