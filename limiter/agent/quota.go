@@ -28,7 +28,8 @@ type QuotaStore interface {
 // it sees the pod, so the hook, which reads nothing else, normally finds its
 // quota before its first driver call (it waits up to 5 s for it). Nothing at
 // these paths is followed or blocks: what is not a regular file of the right
-// size is reported, not used; a quota path is replaced by rename.
+// size is reported, not used; a quota path is replaced by rename. A bad usage
+// path is returned as an error after the quota was taken care of.
 func (a *Agent) prepareSlice(s SliceInfo) error {
 	dir := filepath.Join(a.cfg.HostRoot, v1.HostSlicesSubdir, s.ID)
 	for _, sub := range []string{"quota", "usage"} {
@@ -50,12 +51,15 @@ func (a *Agent) prepareSlice(s SliceInfo) error {
 			}
 		}
 	}
-	if err := region.CreateUsage(a.slicePath(s.ID, "usage", v1.UsageFileName)); err != nil {
-		return fmt.Errorf("slice %s: %w", s.ID, err)
+	// A bad usage path (root in the container can plant anything there) is
+	// reported but stops nothing else: the quota must still be applied.
+	usageErr := region.CreateUsage(a.slicePath(s.ID, "usage", v1.UsageFileName))
+	if usageErr != nil {
+		usageErr = fmt.Errorf("slice %s: %w", s.ID, usageErr)
 	}
 	path := a.slicePath(s.ID, "quota", v1.QuotaFileName)
 	if _, err := region.ReadQuota(path); err == nil {
-		return nil
+		return usageErr
 	}
 	q := region.Quota{
 		SliceID:             s.ID,
@@ -67,12 +71,12 @@ func (a *Agent) prepareSlice(s SliceInfo) error {
 		q.GPUUUID = s.GPU
 	}
 	if err := region.WriteQuota(path, q); err != nil {
-		return fmt.Errorf("slice %s: initial quota: %w", s.ID, err)
+		return errors.Join(usageErr, fmt.Errorf("slice %s: initial quota: %w", s.ID, err))
 	}
 	a.quotaMu.Lock()
 	a.limits[s.ID] = q.MemoryLimitBytes
 	a.quotaMu.Unlock()
-	return nil
+	return usageErr
 }
 
 // applyQuota prepares slice s (prepareSlice) and brings its quota file to
@@ -88,9 +92,15 @@ func (a *Agent) applyQuota(ctx context.Context, s SliceInfo) error {
 	// are serialized.
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
-	if err := a.prepareSlice(s); err != nil {
-		return err
+	prepErr := a.prepareSlice(s)
+	if err := a.applyDesired(ctx, s); err != nil {
+		return errors.Join(prepErr, err)
 	}
+	return prepErr
+}
+
+// applyDesired writes slice s's desired quota, if any (applyMu held).
+func (a *Agent) applyDesired(ctx context.Context, s SliceInfo) error {
 	d, err := a.quotas.DesiredQuota(ctx, s.ID)
 	if errors.Is(err, agentstore.ErrNotFound) {
 		return nil

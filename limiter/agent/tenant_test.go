@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 	"github.com/gpubroker/gpubroker/limiter/region"
 )
@@ -249,5 +250,36 @@ func TestHostProcessIsReportedNeverStopped(t *testing.T) {
 	recs := e.audit.all()
 	if len(e.killer.killed) != 0 || len(recs) != 1 || recs[0].Action != agentstore.ActionReport || recs[0].Reason != agentstore.ReasonNoSlice {
 		t.Errorf("killed %v, audit %s; want one report of no-slice and no kill", e.killer.killed, fmt.Sprint(recs))
+	}
+}
+
+// TestBadUsagePathDoesNotStopQuotaChanges: whatever root in a container
+// plants at its usage path, the agent still applies the slice's desired
+// quota (a shrink the tenant could otherwise hold off), and reports the path.
+func TestBadUsagePathDoesNotStopQuotaChanges(t *testing.T) {
+	e := newEnv(t)
+	srv := redistest.Start(t)
+	store := agentstore.New(srv.Client(t), srv.Prefix(t))
+	a := e.agent(t, Config{}, store)
+	s := e.pods[0]
+	if err := a.applyQuota(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+	usage := a.slicePath(s.ID, "usage", v1.UsageFileName)
+	if err := os.Remove(usage); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(usage, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.SetDesiredQuota(t.Context(), s.ID, v1.Slice{MemoryMiB: 512, ComputePercent: 10, ComputeLimitPercent: 10}); err != nil {
+		t.Fatal(err)
+	}
+	err := a.applyQuota(t.Context(), s)
+	if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("applyQuota with a FIFO at the usage path: %v, want the path reported", err)
+	}
+	if q, err := region.ReadQuota(a.slicePath(s.ID, "quota", v1.QuotaFileName)); err != nil || q.MemoryLimitBytes != 512*mib {
+		t.Errorf("quota after the shrink: %+v, %v; want 512 MiB applied", q, err)
 	}
 }

@@ -137,7 +137,8 @@ struct hook_state {
 	int q_fail_closed;         /* the quota is unusable (missing, invalid) */
 	struct quota_values q_cur; /* the last valid quota file's values; generation 0 = none yet */
 	uint64_t q_poll_next_ns;   /* next time the quota path may be looked at */
-	pthread_mutex_t poll_lock; /* held (trylock) by the one thread polling */
+	pthread_mutex_t poll_lock;    /* held (trylock) by the one thread polling */
+	pthread_mutex_t publish_lock; /* serializes hook_publish: the last publisher saw the last state */
 	/* what was at the quota path at the last look: 0 = not looked, 1 = nothing, 2 = the identity below */
 	int q_path_state;
 	uint64_t q_file_ino, q_file_dev, q_file_size, q_file_mtime_ns, q_file_mode;

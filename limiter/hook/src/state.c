@@ -47,6 +47,7 @@ static struct hook_state g_state = {
     .books_lock = PTHREAD_MUTEX_INITIALIZER,
     .pace_lock = PTHREAD_MUTEX_INITIALIZER,
     .poll_lock = PTHREAD_MUTEX_INITIALIZER,
+    .publish_lock = PTHREAD_MUTEX_INITIALIZER,
     .config_once = PTHREAD_ONCE_INIT,
     .slot = -1,
     .q_fail_closed = 1,
@@ -210,6 +211,7 @@ const struct real_table *hook_real_nowait(void)
 void hook_publish(void)
 {
 	struct hook_state *s = &g_state;
+	pthread_mutex_lock(&s->publish_lock);
 	int closed = __atomic_load_n(&s->q_fail_closed, __ATOMIC_ACQUIRE) ||
 	             __atomic_load_n(&s->usage_broken, __ATOMIC_ACQUIRE);
 	const struct quota_values *q = &s->q_cur;
@@ -217,6 +219,7 @@ void hook_publish(void)
 	__atomic_store_n(&s->q_compute_percent, closed ? 1 : q->compute_percent, __ATOMIC_RELEASE);
 	__atomic_store_n(&s->q_compute_limit_percent, closed ? 1 : q->compute_limit_percent, __ATOMIC_RELEASE);
 	__atomic_store_n(&s->q_generation, q->generation, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&s->publish_lock);
 }
 
 /* apply makes q the quota in force (poll lock held). */
@@ -396,6 +399,7 @@ static void after_fork_child(void)
 	pthread_mutex_init(&g_state.books_lock, NULL);
 	pthread_mutex_init(&g_state.pace_lock, NULL);
 	pthread_mutex_init(&g_state.poll_lock, NULL);
+	pthread_mutex_init(&g_state.publish_lock, NULL);
 }
 
 __attribute__((constructor)) static void hook_init(void)
