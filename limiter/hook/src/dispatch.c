@@ -41,16 +41,6 @@
 
 /* ---- the C library's loader functions ---- */
 
-struct loader {
-	void *(*dlsym)(void *, const char *);
-	void *(*dlvsym)(void *, const char *, const char *);
-	void *(*dlopen)(const char *, int);
-	void *(*dlmopen)(Lmid_t, const char *, int);
-};
-
-static struct loader g_loader;
-static int g_loader_ready;
-
 static int find_dlsym(struct dl_phdr_info *info, size_t size, void *data)
 {
 	(void)size;
@@ -75,15 +65,16 @@ static int find_dlsym(struct dl_phdr_info *info, size_t size, void *data)
  * loader finds the C library's functions once. Racing threads compute the
  * same values; the first complete set is published.
  */
-static const struct loader *loader(void)
+static const struct hook_loader *loader(void)
 {
-	if (__atomic_load_n(&g_loader_ready, __ATOMIC_ACQUIRE))
-		return &g_loader;
+	struct hook_state *s = hook_state();
+	if (__atomic_load_n(&s->loader_ready, __ATOMIC_ACQUIRE))
+		return &s->loader;
 	void *sym = NULL;
 	dl_iterate_phdr(find_dlsym, &sym);
 	if (sym == NULL)
-		return &g_loader; /* all NULL: the interposers then answer NULL */
-	struct loader l;
+		return &s->loader; /* all NULL: the interposers then answer NULL */
+	struct hook_loader l;
 	memcpy(&l.dlsym, &sym, sizeof(sym));
 	/* RTLD_NEXT relative to this library: the definitions after it, the C library's. */
 	void *p = l.dlsym(RTLD_NEXT, "dlvsym");
@@ -92,23 +83,23 @@ static const struct loader *loader(void)
 	memcpy(&l.dlopen, &p, sizeof(p));
 	p = l.dlsym(RTLD_NEXT, "dlmopen");
 	memcpy(&l.dlmopen, &p, sizeof(p));
-	__atomic_store_n(&g_loader.dlsym, l.dlsym, __ATOMIC_RELAXED);
-	__atomic_store_n(&g_loader.dlvsym, l.dlvsym, __ATOMIC_RELAXED);
-	__atomic_store_n(&g_loader.dlopen, l.dlopen, __ATOMIC_RELAXED);
-	__atomic_store_n(&g_loader.dlmopen, l.dlmopen, __ATOMIC_RELAXED);
-	__atomic_store_n(&g_loader_ready, 1, __ATOMIC_RELEASE);
-	return &g_loader;
+	__atomic_store_n(&s->loader.dlsym, l.dlsym, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->loader.dlvsym, l.dlvsym, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->loader.dlopen, l.dlopen, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->loader.dlmopen, l.dlmopen, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->loader_ready, 1, __ATOMIC_RELEASE);
+	return &s->loader;
 }
 
 void *hook_real_dlsym(void *handle, const char *name)
 {
-	const struct loader *l = loader();
+	const struct hook_loader *l = loader();
 	return l->dlsym ? l->dlsym(handle, name) : NULL;
 }
 
 void *hook_real_dlopen(const char *file, int mode)
 {
-	const struct loader *l = loader();
+	const struct hook_loader *l = loader();
 	return l->dlopen ? l->dlopen(file, mode) : NULL;
 }
 
@@ -262,7 +253,7 @@ static void *redirect(const char *name, void *p)
 static void *defined_in(const char *file, const char *name, const char *version, const struct link_map *skip,
                         const struct link_map *only)
 {
-	const struct loader *ld = loader();
+	const struct hook_loader *ld = loader();
 	/* A link_map is not a valid handle for every object (the vDSO): get a real one. */
 	void *h = hook_real_dlopen(file, RTLD_LAZY | RTLD_NOLOAD);
 	if (h == NULL)
@@ -286,7 +277,7 @@ static void *defined_in(const char *file, const char *name, const char *version,
  */
 static void *next_after(const void *caller, const char *name, const char *version)
 {
-	const struct loader *ld = loader();
+	const struct hook_loader *ld = loader();
 	Dl_info info;
 	struct link_map *lm = NULL;
 	if (dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) == 0 || lm == NULL)
@@ -318,7 +309,7 @@ GPULIMIT_EXPORT void *dlsym(void *handle, const char *name)
 
 GPULIMIT_EXPORT void *dlvsym(void *handle, const char *name, const char *version)
 {
-	const struct loader *l = loader();
+	const struct hook_loader *l = loader();
 	if (l->dlvsym == NULL)
 		return NULL;
 	if (handle == RTLD_NEXT)
@@ -358,7 +349,7 @@ static const char *namespace_driver(void *h)
 
 GPULIMIT_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int mode)
 {
-	void *(*real)(Lmid_t, const char *, int) = loader()->dlmopen;
+	void *(*real)(Lmid_t, const char *, int) = loader()->dlmopen; /* Lmid_t is long */
 	if (real == NULL)
 		return NULL;
 	if (lmid == LM_ID_BASE)

@@ -119,6 +119,14 @@ struct pool_rec {
 #define HOOK_MAX_POOLS    64
 #define HOOK_MAX_ORDINALS 32
 
+/* struct hook_loader: the C library's loader functions, which the hook interposes (dispatch.c). */
+struct hook_loader {
+	void *(*dlsym)(void *, const char *);
+	void *(*dlvsym)(void *, const char *, const char *);
+	void *(*dlopen)(const char *, int);
+	void *(*dlmopen)(long, const char *, int);
+};
+
 /* struct hook_state: all mutable state of libgpulimit in this process. */
 struct hook_state {
 	/* configuration, read once (constructor, or the first call that comes earlier) */
@@ -147,8 +155,11 @@ struct hook_state {
 	int q_waited;      /* the bounded wait for a first quota file is over */
 	int driver_seen;   /* the driver was resolved: fail-closed messages go out at once */
 
-	/* driver */
-	int real_state; /* 0 unresolved, 1 resolving, 2 ready; see hook_real */
+	/* loader and driver */
+	struct hook_loader loader; /* found once (dispatch.c); complete when loader_ready */
+	int loader_ready;
+	int legacy_logged; /* the refusal of a legacy entry point went to stderr */
+	int real_state;    /* 0 unresolved, 1 resolving, 2 ready; see hook_real */
 	struct real_table real;
 	void *cuda_lib, *nvml_lib;
 	int nvml_inited;

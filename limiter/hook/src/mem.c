@@ -161,8 +161,7 @@ GPULIMIT_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, s
  */
 static CUresult legacy_refused(const char *what)
 {
-	static int logged;
-	if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
+	if (!__atomic_exchange_n(&hook_state()->legacy_logged, 1, __ATOMIC_RELAXED))
 		hook_log(HOOK_LOG_ERROR, "%s (the legacy 32-bit entry point) is not supported under the GPU slice's "
 		                         "limiter: use %s_v2",
 		         what, what);
