@@ -19,11 +19,13 @@ import (
 	"github.com/chromedp/cdproto"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/api/v1/v1test"
 	"github.com/gpubroker/gpubroker/broker/devissuer"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/e2e/harness"
@@ -706,8 +708,8 @@ func TestBrowserAdminPolicy(t *testing.T) {
 	b := newTab(t)
 	e.signIn(b, "root", "/admin/reclaim")
 	b.waitFor("the policy page", `document.querySelector('h1').textContent === 'Idle reclaim settings'`)
-	if !strings.Contains(b.text(), "Not available yet: the reclaimer") {
-		t.Errorf("the dry-run preview does not say it is not available yet:\n%s", b.text())
+	if text := b.text(); strings.Contains(text, "not available yet") || strings.Contains(text, "not running in this version") {
+		t.Errorf("the policy page still says a part is missing:\n%s", text)
 	}
 	b.shot("reclaim-defaults")
 
@@ -779,6 +781,124 @@ func TestBrowserAdminPolicy(t *testing.T) {
 			t.Errorf("%s is %d px wide on a 390 px phone", p, w)
 		}
 		b.shot("phone" + strings.ReplaceAll(p, "/", "-"))
+	}
+}
+
+// TestBrowserReclaimSettings: the settings page edits the whole policy.
+// A policy that sets every field (saved through the API) survives an edit
+// of one field and a save from the page; an invalid save shows every
+// problem at once, the form's own and the API's, next to its field, keeps
+// the input and saves nothing; the preview lists, per running server,
+// what the reclaimer would do now under the edited, unsaved policy.
+func TestBrowserReclaimSettings(t *testing.T) {
+	t.Parallel()
+	e := newBrowserEnv(t, false)
+	ctx := t.Context()
+	full := v1test.FullReclaimPolicy()
+	if z := v1test.ZeroFields(full); len(z) != 0 {
+		t.Fatalf("the fixture leaves %v zero", z)
+	}
+	full.Version = 0
+	var saved v1.ReclaimPolicy
+	if status, err := e.admin.Do(ctx, http.MethodPut, "/api/v1/admin/reclaim-policy", full, nil, &saved); err != nil || status != http.StatusOK {
+		t.Fatalf("save the full policy: %d %v", status, err)
+	}
+	alice := e.client("alice", "ml")
+	if _, _, err := alice.CreateServer(ctx, "alice", "nb", "k1", v1.CreateServerRequest{Profile: "small"}); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := alice.WaitServer(ctx, "alice", "nb", v1.StateRunning, pageTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := func() v1.ReclaimPolicy {
+		t.Helper()
+		var p v1.ReclaimPolicy
+		if _, err := e.admin.Do(ctx, http.MethodGet, "/api/v1/admin/reclaim-policy", nil, nil, &p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	b := newTab(t)
+	e.signIn(b, "root", "/admin/reclaim")
+	b.waitFor("the policy page", `document.querySelector('h1').textContent === 'Idle reclaim settings'`)
+	if got := eval[string](b, `document.querySelector('[name="o0.name"]').value + ' ' + document.querySelector('[name="o1.name"]').value`); got != "large research" {
+		t.Errorf("override rows show %q, want large and research", got)
+	}
+	b.shot("reclaim-full")
+
+	// Edit one field and save: every other field is kept.
+	b.set(`#reason`, "e2e: fix a typo")
+	b.click(`#save`)
+	b.waitFor("the saved notice", `document.querySelector('.ok') !== null`)
+	want := saved
+	want.Version, want.Reason, want.UpdatedBy = saved.Version+1, "e2e: fix a typo", "root"
+	got := policy()
+	want.UpdatedAt = got.UpdatedAt
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("policy after an edit of the reason (-want +got):\n%s", diff)
+	}
+
+	// An invalid save: the form's own problem and the API's, at once.
+	b.set(`#idleAfterMinutes`, "soon")
+	b.set(`#maxAgeHours`, "0.5")
+	b.set(`[id="o0.warnMinutes"]`, "40") // the large profile idles after 30 min
+	b.click(`#save`)
+	b.waitFor("the error summary", `document.getElementById('error-summary') !== null`)
+	invalid := eval[[]string](b, `[...document.querySelectorAll('input[aria-invalid=true]')].map(e => e.id)`)
+	if diff := cmp.Diff([]string{"idleAfterMinutes", "maxAgeHours", "o0.warnMinutes"}, invalid); diff != "" {
+		t.Errorf("fields marked invalid (-want +got):\n%s", diff)
+	}
+	if got := eval[int](b, `document.querySelectorAll('#error-summary li').length`); got != 3 {
+		t.Errorf("%d problems in the summary, want 3", got)
+	}
+	kept := eval[string](b, `['idleAfterMinutes', 'maxAgeHours', 'o0.warnMinutes', 'reason'].map(id => document.getElementById(id).value).join('|')`)
+	if kept != "soon|0.5|40|e2e: fix a typo" {
+		t.Errorf("the form kept %q", kept)
+	}
+	if text := eval[string](b, `document.getElementById('idleAfterMinutes-error').textContent`); !strings.Contains(text, "enter a number of minutes") {
+		t.Errorf("idle time error %q, want the form's units", text)
+	}
+	b.shot("reclaim-all-errors")
+	if p := policy(); p.Version != want.Version {
+		t.Errorf("an invalid save saved version %d", p.Version)
+	}
+
+	// The preview: the running server, and the edited policy's maximum
+	// age (1 hour, with 59.99 minutes' notice) calls for a warning once the
+	// server is a second old.
+	if err := harness.Poll(ctx, 100*time.Millisecond, pageTimeout, func(context.Context) (bool, string, error) {
+		return time.Since(srv.CreatedAt) > 2*time.Second, "the server is younger than 2 s", nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b.open(e.public + "/admin/reclaim")
+	b.waitFor("the policy page", `document.getElementById('enabled') !== null`)
+	b.do("untick reclaiming", chromedp.Evaluate[chromedp.Void](`document.getElementById('enabled').checked = false`))
+	b.set(`#idleAfterMinutes`, "60")
+	b.set(`#warnMinutes`, "59.99")
+	b.set(`#maxAgeHours`, "1")
+	b.click(`#preview-button`)
+	b.waitFor("the preview", `document.getElementById('preview-table') !== null`)
+	row := eval[string](b, `[...document.querySelectorAll('#preview-table tbody tr')].map(r => r.innerText).join('\n')`)
+	for _, want := range []string{"alice/nb", "warn", "the maximum running time is 1 h", "Unknown: the node agent has reported no GPU samples"} {
+		if !strings.Contains(row, want) {
+			t.Errorf("preview row %q lacks %q", row, want)
+		}
+	}
+	if !strings.Contains(b.text(), "Reclaiming is off in this policy") {
+		t.Error("the preview does not say that reclaiming is off in the edited policy")
+	}
+	if kept := eval[string](b, `document.getElementById('warnMinutes').value + '|' + document.getElementById('maxAgeHours').value`); kept != "59.99|1" {
+		t.Errorf("the form kept %q after the preview", kept)
+	}
+	b.shot("reclaim-preview")
+	if p := policy(); p.Version != want.Version || p.WarnSeconds != want.WarnSeconds {
+		t.Errorf("the preview saved the policy: %+v", p)
+	}
+	var page v1.AuditPage
+	if _, err := e.admin.Do(ctx, http.MethodGet, "/api/v1/admin/audit?actor=reclaimer", nil, nil, &page); err != nil || len(page.Entries) != 0 {
+		t.Errorf("the preview wrote audit entries: %+v %v", page.Entries, err)
 	}
 }
 

@@ -154,16 +154,8 @@ func (c apiClient) stop(ctx context.Context, r *http.Request, v Viewer, name str
 	return c.call(ctx, r, v, http.MethodDelete, serverPath(v.User, name), nil, nil, nil)
 }
 
-// gpuStatus is one entry of GET /api/v1/admin/gpus.
-type gpuStatus struct {
-	v1.GPU
-	AllocatedMemoryMiB      int64 `json:"allocatedMemoryMiB"`
-	AllocatedComputePercent int   `json:"allocatedComputePercent"`
-	Slices                  int   `json:"slices"`
-}
-
-func (c apiClient) gpus(ctx context.Context, r *http.Request, v Viewer) ([]gpuStatus, error) {
-	var out []gpuStatus
+func (c apiClient) gpus(ctx context.Context, r *http.Request, v Viewer) ([]v1.GPUStatus, error) {
+	var out []v1.GPUStatus
 	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/admin/gpus", nil, nil, &out)
 }
 
@@ -172,9 +164,20 @@ func (c apiClient) policy(ctx context.Context, r *http.Request, v Viewer) (v1.Re
 	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/admin/reclaim-policy", nil, nil, &out)
 }
 
-func (c apiClient) putPolicy(ctx context.Context, r *http.Request, v Viewer, p v1.ReclaimPolicy) (v1.ReclaimPolicy, error) {
+// previewPolicy asks what the reclaimer would do now under p (unsaved).
+func (c apiClient) previewPolicy(ctx context.Context, r *http.Request, v Viewer, p v1.ReclaimPolicy) (v1.ReclaimPreview, error) {
+	var out v1.ReclaimPreview
+	return out, c.call(ctx, r, v, http.MethodPost, "/api/v1/admin/reclaim-policy/preview", nil, p, &out)
+}
+
+// putPolicy saves p, or with validate only checks it (nothing is saved).
+func (c apiClient) putPolicy(ctx context.Context, r *http.Request, v Viewer, p v1.ReclaimPolicy, validate bool) (v1.ReclaimPolicy, error) {
 	var out v1.ReclaimPolicy
-	return out, c.call(ctx, r, v, http.MethodPut, "/api/v1/admin/reclaim-policy", nil, p, &out)
+	path := "/api/v1/admin/reclaim-policy"
+	if validate {
+		path += "?validate=true"
+	}
+	return out, c.call(ctx, r, v, http.MethodPut, path, nil, p, &out)
 }
 
 func (c apiClient) audit(ctx context.Context, r *http.Request, v Viewer, q url.Values) (v1.AuditPage, error) {

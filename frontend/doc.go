@@ -29,14 +29,18 @@
 //
 // Parts of the product that do not exist yet are shown as such, never
 // faked: a usage chart says "no data yet" until the node agent has reported
-// samples for the slice (or when Deps.Usage is nil), the policy's dry-run
-// preview says "not available yet". A running server's page shows the
-// reclaimer's idle state (active, idle since, unknown with the reason, not
-// checked yet) and countdown from GET …/idle, and extends it (POST
-// /servers/{name}/extend → POST …/extend). A running server's page resizes its slice
-// (POST /servers/{name}/resize → PATCH …/slice); a refusal is shown in the
-// API's words. A sample with a missing
-// reading is left out, never drawn as zero.
+// samples for the slice (or when Deps.Usage is nil); a sample with a
+// missing reading is left out, never drawn as zero.
+//
+// The idle-reclaim settings page (reclaim.go, its form in policyform.go)
+// edits every field of the policy in the form's units, sends every field
+// on save, and previews what the reclaimer would do now to every running
+// server under the edited, unsaved policy. A running server's page shows
+// the reclaimer's idle state (active, idle since, unknown with the reason,
+// not checked yet) and countdown from GET …/idle, and extends it (POST
+// /servers/{name}/extend → POST …/extend); it resizes its slice (POST
+// /servers/{name}/resize → PATCH …/slice); a refusal is shown in the API's
+// words. The audit page shows the one audit log, filterable by source.
 //
 // # Invariants
 //

@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/api/v1/v1test"
 	"github.com/gpubroker/gpubroker/frontend"
 )
 
@@ -301,16 +302,159 @@ func TestPolicyInvalidShowsInlineErrors(t *testing.T) {
 	}
 }
 
-func TestPolicyNotANumberNeverReachesTheAPI(t *testing.T) {
-	s := newSite(t, fakeSessions{v: root}, policyAnswers())
+// TestPolicyNotANumberIsNeverSaved: an entry that is not a number is
+// refused by the form itself, in the form's words, and kept as typed; the
+// rest of the policy is only validated (PUT ?validate=true), never saved.
+func TestPolicyNotANumberIsNeverSaved(t *testing.T) {
+	a := policyAnswers()
+	a["PUT /api/v1/admin/reclaim-policy?validate=true"] = answer{200, policy0}
+	s := newSite(t, fakeSessions{v: root}, a)
 	rec := s.do(t, "POST", "/admin/reclaim", policyForm(map[string]string{"idleAfterMinutes": "an hour"}))
 	body := rec.Body.String()
 	if rec.Code != 400 || !strings.Contains(body, `<p class="error" id="idleAfterMinutes-error">enter a number of minutes</p>`) ||
 		!strings.Contains(body, `value="an hour"`) {
 		t.Errorf("%d %s", rec.Code, body)
 	}
-	if w := s.api.writes(); len(w) != 0 {
-		t.Errorf("API writes %+v", w)
+	for _, w := range s.api.writes() {
+		if w.Path != "/api/v1/admin/reclaim-policy?validate=true" {
+			t.Errorf("API write %+v, want only validation", w)
+		}
+	}
+}
+
+// TestPolicyShowsEveryProblemAtOnce: the form's own problem (not a number)
+// and the API's validation of the other fields show together, each next to
+// its field, in the form's units, with every entry kept as typed.
+func TestPolicyShowsEveryProblemAtOnce(t *testing.T) {
+	a := policyAnswers()
+	a["PUT /api/v1/admin/reclaim-policy?validate=true"] = answer{400, v1.Error{Code: v1.CodeBadRequest, Message: "the policy is not valid",
+		Fields: []v1.FieldProblem{
+			{Field: "idleAfterSeconds", Message: "must be between 1 minute and 7 days"}, // the form's own message wins
+			{Field: "maxAgeSeconds", Message: "must be 0 (no limit) or between 1 hour and 90 days, and longer than the warning"},
+			{Field: "overrides[0].warnSeconds", Message: "must be shorter than the idle time, so that the warning comes before the action"},
+		}}}
+	s := newSite(t, fakeSessions{v: root}, a)
+	form := policyForm(map[string]string{"idleAfterMinutes": "soon", "maxAgeHours": "0.5", "overrideRows": "3",
+		"o1.kind": "group", "o1.name": "students", "o1.warnMinutes": "90", "o2.name": "", "o0.name": ""})
+	rec := s.do(t, "POST", "/admin/reclaim", form)
+	body := rec.Body.String()
+	if rec.Code != http.StatusBadRequest {
+		t.Fatalf("status %d", rec.Code)
+	}
+	for _, want := range []string{
+		`<p class="error" id="idleAfterMinutes-error">enter a number of minutes</p>`,
+		`<p class="error" id="maxAgeHours-error">must be 0 (no limit) or between 1 hour and 90 days, and longer than the warning</p>`,
+		`<p class="error" id="o1.warnMinutes-error">must be shorter than the idle time, so that the warning comes before the action</p>`,
+		`value="soon"`, `value="0.5"`, `id="o1.warnMinutes" name="o1.warnMinutes" inputmode="decimal" value="90"`, `value="students"`,
+		`<a href="#o1.warnMinutes">Override 2 (group students): Warning (minutes): must be shorter`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("page lacks %s", want)
+		}
+	}
+	if n := strings.Count(body, `class="error"`); n != 3 {
+		t.Errorf("%d error messages, want 3 (one per problem)", n)
+	}
+	var checked v1.ReclaimPolicy
+	if w := s.api.writes(); len(w) != 1 || json.Unmarshal([]byte(w[0].Body), &checked) != nil ||
+		checked.MaxAgeSeconds != 1800 || len(checked.Overrides) != 1 || checked.Overrides[0].Group != "students" || checked.Overrides[0].WarnSeconds != 5400 {
+		t.Errorf("validation request %+v, want hours and minutes in seconds and the one filled override row", w)
+	}
+}
+
+// TestPolicyPreviewListsEveryServerAndKeepsTheForm: the preview button
+// sends the form's policy (unsaved) to the preview route and shows, per
+// running server, the idle state, the actions due now and the next step;
+// the form keeps what was typed.
+func TestPolicyPreviewListsEveryServerAndKeepsTheForm(t *testing.T) {
+	a := policyAnswers()
+	since, next := t0.Add(-11*time.Minute), t0.Add(2*time.Minute)
+	pol := policy0
+	pol.Enabled, pol.Action, pol.IdleAfterSeconds, pol.WarnSeconds = false, v1.ReclaimStop, 600, 120
+	a["POST /api/v1/admin/reclaim-policy/preview"] = answer{200, v1.ReclaimPreview{Policy: pol, At: t0, Servers: []v1.ReclaimPreviewServer{
+		{User: "alice", Name: "nb", Profile: "small", Idle: v1.IdleState{Verdict: v1.IdleIdle, Since: &since, NextAction: v1.ReclaimStop, NextAt: &next},
+			Actions: []v1.ReclaimPreviewAction{{Action: "warn", Message: "idle for 11 min; will stop at 15:02 UTC unless extended (your files are kept)"}}},
+		{User: "bob", Name: "train", Profile: "big", Idle: v1.IdleState{Verdict: v1.IdleActive, Reason: "the GPU is busy"}, Actions: []v1.ReclaimPreviewAction{}},
+	}}}
+	s := newSite(t, fakeSessions{v: root}, a)
+	form := policyForm(map[string]string{"op": "preview", "action": "stop", "idleAfterMinutes": "10", "warnMinutes": "2", "reason": "try"})
+	form.Del("enabled")
+	rec := s.do(t, "POST", "/admin/reclaim", form)
+	body := rec.Body.String()
+	if rec.Code != http.StatusOK {
+		t.Fatalf("preview: %d %s", rec.Code, body)
+	}
+	row := func(server string) string { return between(body, ">"+server+"</a>", "</tr>") }
+	for _, c := range []struct{ in, want string }{
+		{body, "Reclaiming is off in this policy:"},
+		{row("alice/nb"), "Idle for 11 min (since 14:49 UTC)."},
+		{row("alice/nb"), "<strong>warn</strong>: idle for 11 min; will stop at 15:02 UTC unless extended (your files are kept)"},
+		{row("alice/nb"), "If it stays idle, it stops (your files are kept) at 15:02 UTC unless extended."},
+		{row("bob/train"), "Active: the GPU is busy."},
+		{row("bob/train"), "<td>Nothing</td>"},
+		{body, `id="idleAfterMinutes" name="idleAfterMinutes" inputmode="decimal" value="10"`},
+		{body, `name="reason" value="try"`},
+	} {
+		if !strings.Contains(c.in, htmlText(c.want)) && !strings.Contains(c.in, c.want) {
+			t.Errorf("preview page lacks %q", c.want)
+		}
+	}
+	var sent v1.ReclaimPolicy
+	if w := s.api.writes(); len(w) != 1 || w[0].Path != "/api/v1/admin/reclaim-policy/preview" || json.Unmarshal([]byte(w[0].Body), &sent) != nil ||
+		sent.Enabled || sent.IdleAfterSeconds != 600 || sent.WarnSeconds != 120 || sent.Action != v1.ReclaimStop {
+		t.Errorf("API writes %+v, want only the preview of the typed policy", w)
+	}
+}
+
+// TestPolicyPreviewOfAnInvalidPolicyShowsTheErrors: the preview refuses
+// what a save would, with the errors next to their fields.
+func TestPolicyPreviewOfAnInvalidPolicyShowsTheErrors(t *testing.T) {
+	a := policyAnswers()
+	a["POST /api/v1/admin/reclaim-policy/preview"] = answer{400, v1.Error{Code: v1.CodeBadRequest, Message: "the policy is not valid",
+		Fields: []v1.FieldProblem{{Field: "warnSeconds", Message: "must be shorter than the idle time, so that the warning comes before the action"}}}}
+	s := newSite(t, fakeSessions{v: root}, a)
+	rec := s.do(t, "POST", "/admin/reclaim", policyForm(map[string]string{"op": "preview", "warnMinutes": "90"}))
+	body := rec.Body.String()
+	if rec.Code != http.StatusBadRequest || !strings.Contains(body, `<p class="error" id="warnMinutes-error">must be shorter than the idle time`) ||
+		strings.Contains(body, `id="preview"`) || !strings.Contains(body, `value="90"`) {
+		t.Errorf("%d %s", rec.Code, body)
+	}
+}
+
+// TestPolicyFormCarriesEveryField renders the page for a policy that sets
+// every field of the wire type (checked by reflection), submits the form
+// as a browser would, unchanged, and compares what the page sends with
+// what it showed: a save from the page never drops a field.
+func TestPolicyFormCarriesEveryField(t *testing.T) {
+	full := v1test.FullReclaimPolicy()
+	if z := v1test.ZeroFields(full); len(z) != 0 {
+		t.Fatalf("the fixture leaves %v zero", z)
+	}
+	a := baseAnswers()
+	a["GET /api/v1/admin/reclaim-policy"] = answer{200, full}
+	saved := full
+	saved.Version++
+	a["PUT /api/v1/admin/reclaim-policy"] = answer{200, saved}
+	s := newSite(t, fakeSessions{v: root}, a)
+	page := s.do(t, "GET", "/admin/reclaim", nil).Body.String()
+	form := formValues(t, page, "policy")
+	form.Set("op", "save")
+	rec := s.do(t, "POST", "/admin/reclaim", form)
+	if rec.Code != http.StatusSeeOther {
+		t.Fatalf("save: %d %s", rec.Code, rec.Body)
+	}
+	w := s.api.writes()
+	if len(w) != 1 || w[0].Path != "/api/v1/admin/reclaim-policy" {
+		t.Fatalf("writes %+v, want one save", w)
+	}
+	var got v1.ReclaimPolicy
+	if err := json.Unmarshal([]byte(w[0].Body), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := full
+	want.UpdatedBy, want.UpdatedAt = "", nil // read-only: the server sets them
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("PUT from the unchanged form (-want +got):\n%s", diff)
 	}
 }
 
@@ -321,7 +465,7 @@ func TestPolicyConflictExplained(t *testing.T) {
 	s := newSite(t, fakeSessions{v: root}, a)
 	rec := s.do(t, "POST", "/admin/reclaim", policyForm(map[string]string{"version": "2", "idleComputePercent": "7"}))
 	body := rec.Body.String()
-	for _, want := range []string{"Not saved: someone else changed the policy.", "version 3 by bob", "idle below 7 %", `name="version" value="3"`} {
+	for _, want := range []string{"Not saved: someone else changed the policy.", "version 3 by bob", "<li>Idle below (% SM utilization): 7</li>", `name="version" value="3"`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("conflict page lacks %q", want)
 		}
@@ -367,15 +511,27 @@ func TestFleetByNode(t *testing.T) {
 
 func TestAuditFilterAndPaging(t *testing.T) {
 	a := baseAnswers()
-	a["GET /api/v1/admin/audit?actor=bob&limit=50"] = answer{200, v1.AuditPage{Next: "17-0", Entries: []v1.AuditEntry{{
-		ID: "18-0", Time: t0, Actor: "bob", Action: "reclaim-policy.update", Target: "reclaim-policy", PolicyVersion: 3, Reason: "save money",
-		Inputs: map[string]string{"action": "warn → stop"},
+	a["GET /api/v1/admin/audit?actor=bob&limit=50"] = answer{200, v1.AuditPage{Next: "17-0,+", Entries: []v1.AuditEntry{{
+		ID: "18-0", Time: t0, Source: v1.AuditSourceReclaim, Actor: "bob", ActorKind: v1.ActorAdmin, Action: "reclaim-policy.update",
+		Target: "reclaim-policy", PolicyVersion: 3, Reason: "save money", Inputs: map[string]string{"action": "warn → stop"},
+	}}}}
+	a["GET /api/v1/admin/audit?limit=50&source=agent"] = answer{200, v1.AuditPage{Entries: []v1.AuditEntry{{
+		ID: "19-0", Time: t0, Source: v1.AuditSourceAgent, Actor: "gpubroker-agent@n1", ActorKind: v1.ActorAgent, Action: "agent.kill",
+		Target: "pod:notebooks/nb-alice", Reason: "over-memory", Inputs: map[string]string{"memoryUsedMiB": "9000"},
 	}}}}
 	s := newSite(t, fakeSessions{v: root}, a)
 	body := s.do(t, "GET", "/admin/audit?actor=bob", nil).Body.String()
-	for _, want := range []string{`<td>bob</td>`, `<code>action</code>: warn → stop`, `href="/admin/audit?actor=bob&amp;before=17-0">Older entries`, `id="f-actor" name="actor" value="bob"`} {
+	for _, want := range []string{`<td>bob <span class="muted">(admin)</span></td>`, `<td>reclaim</td>`, `<code>action</code>: warn → stop`,
+		`href="/admin/audit?actor=bob&amp;before=17-0%2C%2B">Older entries`, `id="f-actor" name="actor" value="bob"`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("audit page lacks %q", want)
+		}
+	}
+	body = s.do(t, "GET", "/admin/audit?source=agent", nil).Body.String()
+	for _, want := range []string{`<td>agent</td><td>gpubroker-agent@n1 <span class="muted">(agent)</span></td><td><code>agent.kill</code></td><td>pod:notebooks/nb-alice</td>`,
+		`<option value="agent" selected>`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("agents' audit page lacks %q", want)
 		}
 	}
 }

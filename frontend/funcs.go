@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"html/template"
+	"maps"
 	"net/url"
 	"slices"
 	"strconv"
@@ -20,16 +21,9 @@ var funcs = template.FuncMap{
 	"stateLabel": stateLabel,
 	"when":       when,
 	"path":       url.PathEscape,
-	"keys": func(m map[string]string) []string {
-		ks := make([]string, 0, len(m))
-		for k := range m {
-			ks = append(ks, k)
-		}
-		slices.Sort(ks)
-		return ks
-	},
-	"join": strings.Join,
-	"add":  func(a, b int) int { return a + b },
+	"keys":       func(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) },
+	"join":       strings.Join,
+	"add":        func(a, b int) int { return a + b },
 	"seconds": func(s int64) string {
 		return (time.Duration(s) * time.Second).String()
 	},

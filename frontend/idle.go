@@ -7,47 +7,33 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
 
-// idleState is the answer of GET /api/v1/users/{user}/servers/{name}/idle
-// (the broker's httpapi idleState; not in broker/api/v1 yet).
-type idleState struct {
-	Verdict         string     `json:"verdict"`
-	Reason          string     `json:"reason"`
-	Since           *time.Time `json:"since"`
-	Exempt          bool       `json:"exempt"`
-	NextAction      string     `json:"nextAction"`
-	NextAt          *time.Time `json:"nextAt"`
-	ExtendedUntil   *time.Time `json:"extendedUntil"`
-	ExtendedSeconds int64      `json:"extendedSeconds"`
-}
-
-func (c apiClient) idle(ctx context.Context, r *http.Request, v Viewer, name string) (idleState, error) {
-	var out idleState
+func (c apiClient) idle(ctx context.Context, r *http.Request, v Viewer, name string) (v1.IdleState, error) {
+	var out v1.IdleState
 	return out, c.call(ctx, r, v, http.MethodGet, serverPath(v.User, name)+"/idle", nil, nil, &out)
 }
 
 func (c apiClient) extend(ctx context.Context, r *http.Request, v Viewer, name string, seconds int64) error {
-	body := struct {
-		Seconds int64 `json:"seconds"`
-	}{seconds}
-	return c.call(ctx, r, v, http.MethodPost, serverPath(v.User, name)+"/extend", nil, body, nil)
+	return c.call(ctx, r, v, http.MethodPost, serverPath(v.User, name)+"/extend", nil, v1.ExtendRequest{Seconds: seconds}, nil)
 }
 
 // idleTexts turns the reclaimer's view into the page's two lines: the idle
 // state and the countdown.
-func idleTexts(st idleState, now time.Time) (state, countdown string) {
+func idleTexts(st v1.IdleState, now time.Time) (state, countdown string) {
 	clock := func(t *time.Time) string { return t.UTC().Format("15:04 UTC") }
 	switch st.Verdict {
-	case "active":
+	case v1.IdleActive:
 		state = "Active: " + st.Reason + "."
-	case "idle":
+	case v1.IdleIdle:
 		state = "Idle"
 		if st.Since != nil {
 			state += " for " + strconv.FormatInt(int64(now.Sub(*st.Since)/time.Minute), 10) + " min (since " + clock(st.Since) + ")"
 		}
 		state += "."
-	case "unknown":
+	case v1.IdleUnknown:
 		state = "Unknown: " + st.Reason + ". Unknown never counts as idle."
 	default:
 		state = "Not checked yet: the reclaimer looks at running servers every half minute or so."
@@ -58,7 +44,7 @@ func idleTexts(st idleState, now time.Time) (state, countdown string) {
 	case st.ExtendedUntil != nil:
 		countdown = "Extended: no idle action before " + clock(st.ExtendedUntil) + "."
 	case st.NextAt != nil && st.NextAction != "":
-		verb := map[string]string{"warn": "a warning", "shrink": "its compute shrinks", "stop": "it stops (your files are kept)"}[st.NextAction]
+		verb := map[v1.ReclaimAction]string{v1.ReclaimWarn: "a warning", v1.ReclaimShrink: "its compute shrinks", v1.ReclaimStop: "it stops (your files are kept)"}[st.NextAction]
 		countdown = "If it stays idle, " + verb + " at " + clock(st.NextAt) + " unless extended."
 	default:
 		countdown = "None: nothing is scheduled."

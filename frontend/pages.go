@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
-	"math"
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
@@ -159,182 +157,10 @@ func (h *Handler) stop(w http.ResponseWriter, r *http.Request, v Viewer) {
 	http.Redirect(w, r, "/servers/"+url.PathEscape(name), http.StatusSeeOther)
 }
 
-// ---- admin: reclaim policy ----
-
-// policyForm is the policy form as typed (strings, so that a wrong entry
-// is shown back as it was typed).
-type policyForm struct {
-	Version              int64
-	Enabled              bool
-	IdleComputePercent   string
-	IdleAfterMinutes     string
-	Action               string
-	WarnMinutes          string
-	ShrinkComputePercent string
-	ExemptGroups         string
-	Reason               string
-}
-
-// formFields maps the API's field names to the form's, with their labels.
-var formFields = map[string]struct{ id, label string }{
-	"enabled":              {"enabled", "Reclaiming"},
-	"idleComputePercent":   {"idleComputePercent", "Idle below"},
-	"idleAfterSeconds":     {"idleAfterMinutes", "Idle for"},
-	"action":               {"action", "Then"},
-	"warnSeconds":          {"warnMinutes", "Warning"},
-	"shrinkComputePercent": {"shrinkComputePercent", "Shrink to"},
-	"exemptGroups":         {"exemptGroups", "Exempt groups"},
-	"reason":               {"reason", "Reason"},
-}
-
-type fieldError struct {
-	ID, Label, Message string
-}
-
-type policyData struct {
-	Current  v1.ReclaimPolicy
-	Form     policyForm
-	Errors   map[string]string // form field id → message
-	List     []fieldError      // the same, in form order, for the summary
-	Problem  string            // a message that is not about one field
-	Conflict string
-	Unsaved  policyForm // the admin's values when a conflict stopped them
-	Saved    bool
-	CSRF     string
-}
-
-func minutes(secs int64) string {
-	if secs%60 == 0 {
-		return strconv.FormatInt(secs/60, 10)
-	}
-	return strconv.FormatFloat(float64(secs)/60, 'f', -1, 64)
-}
-
-func formOf(p v1.ReclaimPolicy) policyForm {
-	f := policyForm{
-		Version: p.Version, Enabled: p.Enabled, IdleComputePercent: strconv.Itoa(p.IdleComputePercent),
-		IdleAfterMinutes: minutes(p.IdleAfterSeconds), Action: string(p.Action), WarnMinutes: minutes(p.WarnSeconds),
-		ExemptGroups: strings.Join(p.ExemptGroups, ", "),
-	}
-	if p.ShrinkComputePercent != 0 {
-		f.ShrinkComputePercent = strconv.Itoa(p.ShrinkComputePercent)
-	}
-	return f
-}
-
-func (h *Handler) policyPage(w http.ResponseWriter, r *http.Request, v Viewer) {
-	p, err := h.api.policy(r.Context(), r, v)
-	if err != nil {
-		h.apiFailed(w, r, v, err)
-		return
-	}
-	d := policyData{Current: p, Form: formOf(p), CSRF: v.CSRF, Saved: r.URL.Query().Get("saved") != ""}
-	h.render(w, r, http.StatusOK, "reclaim", view{Title: "Idle reclaim settings", Nav: "reclaim", Viewer: &v, Data: d})
-}
-
-// parseForm turns the typed form into a policy; entries that are not
-// numbers are reported here (the API never sees them), everything else is
-// the API's to judge.
-func parsePolicyForm(f policyForm) (v1.ReclaimPolicy, map[string]string) {
-	errs := map[string]string{}
-	num := func(id, s string, scale float64, what string) int64 {
-		s = strings.TrimSpace(s)
-		if s == "" {
-			return 0
-		}
-		x, err := strconv.ParseFloat(s, 64)
-		if err != nil || math.IsNaN(x) || math.IsInf(x, 0) || math.Abs(x*scale) > 1e15 {
-			errs[id] = "enter " + what
-			return 0
-		}
-		return int64(math.Round(x * scale))
-	}
-	p := v1.ReclaimPolicy{
-		Version: f.Version, Enabled: f.Enabled,
-		IdleComputePercent:   int(num("idleComputePercent", f.IdleComputePercent, 1, "a whole number of percent")),
-		IdleAfterSeconds:     num("idleAfterMinutes", f.IdleAfterMinutes, 60, "a number of minutes"),
-		Action:               v1.ReclaimAction(f.Action),
-		WarnSeconds:          num("warnMinutes", f.WarnMinutes, 60, "a number of minutes"),
-		ShrinkComputePercent: int(num("shrinkComputePercent", f.ShrinkComputePercent, 1, "a whole number of percent")),
-		Reason:               strings.TrimSpace(f.Reason),
-	}
-	for _, g := range strings.Split(f.ExemptGroups, ",") {
-		if g = strings.TrimSpace(g); g != "" {
-			p.ExemptGroups = append(p.ExemptGroups, g)
-		}
-	}
-	return p, errs
-}
-
-// formOrder is the order of the form's fields, for the error summary.
-var formOrder = []string{"enabled", "idleComputePercent", "idleAfterMinutes", "action", "warnMinutes", "shrinkComputePercent", "exemptGroups", "reason"}
-
-func (h *Handler) savePolicy(w http.ResponseWriter, r *http.Request, v Viewer) {
-	ctx := r.Context()
-	pf := r.PostForm
-	version, _ := strconv.ParseInt(pf.Get("version"), 10, 64)
-	f := policyForm{
-		Version: version, Enabled: pf.Get("enabled") == "on",
-		IdleComputePercent: pf.Get("idleComputePercent"), IdleAfterMinutes: pf.Get("idleAfterMinutes"),
-		Action: pf.Get("action"), WarnMinutes: pf.Get("warnMinutes"), ShrinkComputePercent: pf.Get("shrinkComputePercent"),
-		ExemptGroups: pf.Get("exemptGroups"), Reason: pf.Get("reason"),
-	}
-	d := policyData{Form: f, CSRF: v.CSRF, Errors: map[string]string{}}
-	p, errs := parsePolicyForm(f)
-	status := http.StatusBadRequest
-	if len(errs) == 0 {
-		saved, err := h.api.putPolicy(ctx, r, v, p)
-		var ae *apiError
-		switch {
-		case err == nil:
-			http.Redirect(w, r, "/admin/reclaim?saved="+strconv.FormatInt(saved.Version, 10), http.StatusSeeOther)
-			return
-		case errors.As(err, &ae) && ae.Status == http.StatusBadRequest:
-			for _, fp := range ae.Body.Fields {
-				if ff, ok := formFields[fp.Field]; ok {
-					errs[ff.id] = fp.Message
-				}
-			}
-			if len(errs) == 0 {
-				d.Problem = sentence(ae.Body.Message)
-			}
-		case errors.As(err, &ae) && ae.Status == http.StatusConflict:
-			status = http.StatusConflict
-			d.Conflict = sentence(ae.Body.Message)
-			d.Unsaved = f
-		default:
-			h.apiFailed(w, r, v, err)
-			return
-		}
-	}
-	cur, err := h.api.policy(ctx, r, v)
-	if err != nil {
-		h.apiFailed(w, r, v, err)
-		return
-	}
-	d.Current = cur
-	if d.Conflict != "" {
-		d.Form = formOf(cur) // start again from what is saved now
-	}
-	d.Errors = errs
-	for _, id := range formOrder {
-		if m, ok := errs[id]; ok {
-			label := id
-			for _, ff := range formFields {
-				if ff.id == id {
-					label = ff.label
-				}
-			}
-			d.List = append(d.List, fieldError{ID: id, Label: label, Message: m})
-		}
-	}
-	h.render(w, r, status, "reclaim", view{Title: "Idle reclaim settings", Nav: "reclaim", Viewer: &v, Data: d})
-}
-
 // ---- admin: fleet ----
 
 type fleetGPU struct {
-	gpuStatus
+	v1.GPUStatus
 	MemoryPercent int
 	Servers       []v1.Server
 	// Use is the measured use of the GPU's slices, in words: their summed
@@ -379,7 +205,7 @@ func (h *Handler) fleetPage(w http.ResponseWriter, r *http.Request, v Viewer) {
 			d.Servers++
 		}
 	}
-	slices.SortFunc(gpus, func(a, b gpuStatus) int {
+	slices.SortFunc(gpus, func(a, b v1.GPUStatus) int {
 		if c := strings.Compare(a.Node, b.Node); c != 0 {
 			return c
 		}
@@ -389,7 +215,7 @@ func (h *Handler) fleetPage(w http.ResponseWriter, r *http.Request, v Viewer) {
 		if len(d.Nodes) == 0 || d.Nodes[len(d.Nodes)-1].Name != g.Node {
 			d.Nodes = append(d.Nodes, fleetNode{Name: g.Node})
 		}
-		fg := fleetGPU{gpuStatus: g, Servers: byGPU[g.UUID]}
+		fg := fleetGPU{GPUStatus: g, Servers: byGPU[g.UUID]}
 		fg.Use, fg.UseKnown = h.realUse(r, fg.Servers)
 		if g.MemoryMiB > 0 {
 			fg.MemoryPercent = int(g.AllocatedMemoryMiB * 100 / g.MemoryMiB)
@@ -409,12 +235,19 @@ type auditData struct {
 	Filter url.Values
 	Page   v1.AuditPage
 	More   string // the next page's URL
+	// Actions are the actions the log holds today, offered in the filter.
+	Actions []string
 }
+
+// auditActions are the actions written to the audit log, for the action
+// filter's suggestions.
+var auditActions = []string{"reclaim-policy.update", "reclaim.warn", "reclaim.shrink", "reclaim.restore", "reclaim.stop",
+	"reclaim.extend", "agent.report", "agent.kill", "agent.kill-failed"}
 
 func (h *Handler) auditPage(w http.ResponseWriter, r *http.Request, v Viewer) {
 	in := r.URL.Query()
 	q := url.Values{}
-	for _, k := range []string{"actor", "action", "target", "before"} {
+	for _, k := range []string{"source", "actor", "action", "target", "before"} {
 		if s := strings.TrimSpace(in.Get(k)); s != "" {
 			q.Set(k, s)
 		}
@@ -430,10 +263,10 @@ func (h *Handler) auditPage(w http.ResponseWriter, r *http.Request, v Viewer) {
 		h.apiFailed(w, r, v, err)
 		return
 	}
-	d := auditData{Filter: q, Page: page}
+	d := auditData{Filter: q, Page: page, Actions: auditActions}
 	if page.Next != "" {
 		more := url.Values{}
-		for _, k := range []string{"actor", "action", "target"} {
+		for _, k := range []string{"source", "actor", "action", "target"} {
 			if s := q.Get(k); s != "" {
 				more.Set(k, s)
 			}

@@ -67,6 +67,12 @@ type Spec struct {
 	// SecretEnv, when true, makes the pod take environment from the server's
 	// Secret (SecretName) through envFrom.
 	SecretEnv bool
+	// Command and Args become the notebook container's command and args
+	// (Kubernetes semantics: Command replaces the image's ENTRYPOINT, Args its
+	// CMD); nil or empty keeps the image's. Command[0], when given, must not
+	// be empty. The broker checks their size at the API's edge
+	// (v1.CreateServerRequest).
+	Command, Args []string
 }
 
 // PodName returns the pod name of a server: "nb-<user slug>" for the default
@@ -193,6 +199,8 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 			Containers: []corev1.Container{{
 				Name:            ContainerName,
 				Image:           s.Image,
+				Command:         slices.Clone(s.Command),
+				Args:            slices.Clone(s.Args),
 				ImagePullPolicy: cfg.ImagePullPolicy,
 				Ports: []corev1.ContainerPort{{
 					Name: portName, ContainerPort: int32(cfg.NotebookPort), Protocol: corev1.ProtocolTCP,
@@ -335,6 +343,9 @@ func validateSpec(s Spec) (corev1.ResourceRequirements, error) {
 		if g == "" || strings.Contains(g, ",") {
 			bad("quota group %q must be non-empty and contain no ','", g)
 		}
+	}
+	if len(s.Command) > 0 && s.Command[0] == "" {
+		bad("command[0] is empty")
 	}
 	for _, name := range slices.Sorted(maps.Keys(s.Env)) {
 		if msgs := validation.IsEnvVarName(name); len(msgs) > 0 {

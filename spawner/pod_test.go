@@ -65,6 +65,25 @@ func TestPodGolden(t *testing.T) {
 			},
 		},
 		{
+			// What the JupyterHub spawner class sends: the hub's command as
+			// args, so the image's entrypoint still runs first.
+			name: "hub-args",
+			spec: func(s Spec) Spec {
+				s.Server = "(default)"
+				s.SecretEnv = true
+				s.Args = []string{"jupyterhub-singleuser", "--debug"}
+				return s
+			},
+		},
+		{
+			name: "command-args",
+			spec: func(s Spec) Spec {
+				s.Command = []string{"tini", "-g", "--"}
+				s.Args = []string{"start-notebook.py", ""}
+				return s
+			},
+		},
+		{
 			name: "unicode-user",
 			spec: func(s Spec) Spec {
 				s.User = "Zoë.Ünal@Example.org"
@@ -225,6 +244,7 @@ func TestPodInvalid(t *testing.T) {
 		{name: "reserved env", spec: func(s Spec) Spec { s.Env = map[string]string{"GPUBROKER_MEMORY_LIMIT_MIB": "99999"}; return s }, wants: []string{"reserved"}},
 		{name: "invalid env name", spec: func(s Spec) Spec { s.Env = map[string]string{"A=B": "x"}; return s }, wants: []string{"env \"A=B\""}},
 		{name: "group with comma", spec: func(s Spec) Spec { s.QuotaGroups = []string{"a,b"}; return s }, wants: []string{"quota group"}},
+		{name: "empty program name", spec: func(s Spec) Spec { s.Command = []string{"", "x"}; return s }, wants: []string{"command[0] is empty"}},
 		{name: "missing gpu", spec: func(s Spec) Spec { s.GPU = v1.GPURef{}; return s }, wants: []string{"gpu uuid", "gpu node"}},
 	}
 	for _, tc := range tests {

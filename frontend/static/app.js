@@ -67,7 +67,7 @@
   document.addEventListener('DOMContentLoaded', function () {
     var box = document.getElementById('status');
     if (box && box.hasAttribute('data-events')) { follow(box); }
-    var summary = document.getElementById('error-summary') || document.getElementById('conflict');
+    var summary = document.getElementById('error-summary') || document.getElementById('conflict') || document.getElementById('preview');
     if (summary) { summary.focus(); }
   });
 })();

@@ -92,17 +92,32 @@ type FieldProblem struct {
 	Message string `json:"message"`
 }
 
-// AuditEntry is one admin or automatic action, as GET /api/v1/admin/audit
-// lists it.
+// AuditEntry is one audited action (ARCHITECTURE.md invariant 6), as GET
+// /api/v1/admin/audit lists it: the broker's own (the reclaim policy, the
+// reclaimer, extensions) and the node agents' enforcement records, in one
+// log. It is also the form in which the broker stores its entries, so that
+// every part that acts (later: every lifecycle action by a user, the hub,
+// an admin, the reclaimer or an agent) records the same shape.
 type AuditEntry struct {
-	// ID orders entries (newest first in a page) and is the page cursor.
+	// ID is the entry's id within its source's log (a Redis stream id,
+	// "<ms>-<seq>"); Source and ID together identify an entry.
 	ID   string    `json:"id"`
 	Time time.Time `json:"time"`
-	// Actor is the user who acted, or "gpubroker" for automatic actions.
+	// Source is the log the entry comes from: AuditSourceReclaim (the
+	// broker's reclaim policy and reclaimer) or AuditSourceAgent (a node
+	// agent's enforcement).
+	Source string `json:"source"`
+	// Actor is who acted: a user name, "jupyterhub", "reclaimer", or
+	// "gpubroker-agent@<node>".
 	Actor string `json:"actor"`
-	// Action names what was done, e.g. "reclaim-policy.update".
+	// ActorKind says what kind of actor: user, admin, hub, reclaimer or
+	// agent; empty when not recorded.
+	ActorKind string `json:"actorKind,omitempty"`
+	// Action names what was done, e.g. "reclaim-policy.update",
+	// "reclaim.stop", "agent.kill".
 	Action string `json:"action"`
-	// Target names what it was done to, e.g. "reclaim-policy".
+	// Target names what it was done to, e.g. "reclaim-policy",
+	// "server:<user>/<name>", "pod:<namespace>/<pod>".
 	Target string `json:"target"`
 	Reason string `json:"reason,omitempty"`
 	// PolicyVersion is the reclaim policy version in force (or saved).
@@ -112,9 +127,65 @@ type AuditEntry struct {
 	Inputs map[string]string `json:"inputs,omitempty"`
 }
 
+// The audit sources.
+const (
+	AuditSourceReclaim = "reclaim"
+	AuditSourceAgent   = "agent"
+)
+
+// The audit actor kinds.
+const (
+	ActorUser      = "user"
+	ActorAdmin     = "admin"
+	ActorHub       = "hub"
+	ActorReclaimer = "reclaimer"
+	ActorAgent     = "agent"
+)
+
 // AuditPage is the body of GET /api/v1/admin/audit.
 type AuditPage struct {
+	// Entries are the page's entries, newest first.
 	Entries []AuditEntry `json:"entries"`
 	// Next is the cursor (?before=) of the following page; "" on the last.
+	// It is opaque: it holds the position in each source's log.
 	Next string `json:"next,omitempty"`
+}
+
+// ReclaimPreview is the answer of POST
+// /api/v1/admin/reclaim-policy/preview: what the reclaimer's next cycle
+// would do to every running server if the posted policy were saved now
+// with reclaiming on and no dry run. Nothing is done, audited or stored;
+// with Policy.Enabled false or Policy.DryRun true, none of it would reach
+// the servers.
+type ReclaimPreview struct {
+	// Policy is the posted policy as it would be saved (normalized).
+	Policy ReclaimPolicy `json:"policy"`
+	// At is when the reclaimer looked.
+	At time.Time `json:"at"`
+	// Servers are the running servers, by user and name.
+	Servers []ReclaimPreviewServer `json:"servers"`
+}
+
+// ReclaimPreviewServer is what one cycle would do to one running server.
+type ReclaimPreviewServer struct {
+	User    string `json:"user"`
+	Name    string `json:"name"`
+	Profile string `json:"profile"`
+	// Idle is the server's idle state after that cycle: the verdict and
+	// its reason, whether the policy exempts it, and the next action with
+	// its time if it stays idle.
+	Idle IdleState `json:"idle"`
+	// Actions are the actions due now, in order; empty when nothing
+	// happens now.
+	Actions []ReclaimPreviewAction `json:"actions"`
+}
+
+// ReclaimPreviewAction is one action of a preview.
+type ReclaimPreviewAction struct {
+	// Action is warn, shrink, restore or stop, or notice for a message
+	// without an action (the idle countdown is cancelled).
+	Action string `json:"action"`
+	// Message is the event the server's user would see, e.g. "idle for 50
+	// min; will stop at 15:30 UTC unless extended (your files are kept)".
+	Message string `json:"message"`
 }

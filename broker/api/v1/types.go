@@ -65,7 +65,28 @@ type CreateServerRequest struct {
 	// SecretEnv is environment stored in a Kubernetes Secret and referenced
 	// from the pod; values never appear in the pod spec or in the API.
 	SecretEnv map[string]string `json:"secretEnv,omitempty"`
+	// Command and Args are the notebook container's command and arguments,
+	// with Kubernetes' meaning: Command replaces the image's ENTRYPOINT,
+	// Args its CMD; an empty or absent list keeps the image's. They are a
+	// pair: a request that sets either replaces the pod's default command as
+	// a whole (today the image's; a profile's default command, once profiles
+	// carry one, is used only when the request sets neither). JupyterHub
+	// sends Args ["jupyterhub-singleuser", ...] and no Command, so the
+	// image's entrypoint (tini in the Jupyter docker-stacks images) still
+	// runs first. Together at most MaxCommandEntries entries of at most
+	// MaxCommandEntryBytes each, none containing a NUL byte; Command[0] must
+	// not be empty.
+	Command []string `json:"command,omitempty"`
+	Args    []string `json:"args,omitempty"`
 }
+
+// Limits of CreateServerRequest.Command and Args, checked at the API's edge.
+const (
+	// MaxCommandEntries bounds len(Command) + len(Args).
+	MaxCommandEntries = 256
+	// MaxCommandEntryBytes bounds each entry, in bytes of UTF-8.
+	MaxCommandEntryBytes = 4096
+)
 
 // Event is one lifecycle transition of a server, as streamed over SSE.
 type Event struct {

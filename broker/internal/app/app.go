@@ -358,9 +358,10 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 		servers.WithResize(servers.ResizeConfig{Store: store, Quotas: p.agents, Pods: sp}))
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
 	p.reconciler = rec
-	policies := reclaim.NewPolicyStore(rdb, cfg.RedisPrefix, nil)
+	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.RedisPrefix), nil)
+	audit := redisstore.NewAuditLog(rdb, cfg.RedisPrefix, p.agents)
 	var err error
-	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies); err != nil {
+	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies, audit); err != nil {
 		return nil, err
 	}
 	authn := []auth.Authenticator{hub, bearer}
@@ -379,7 +380,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 	}
 	h, err := httpapi.New(httpapi.Deps{
 		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
-		Policy: policies, Reclaim: p.reclaimer,
+		Policy: policies, Audit: audit, Reclaim: p.reclaimer,
 		Auth: auth.Chain(authn...), Version: Version(), Mode: mode,
 		Checkers: p.checkers,
 	}, httpapi.WithEventsBlock(eventsBlock))

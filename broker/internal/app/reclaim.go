@@ -10,15 +10,18 @@ import (
 
 	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/leader"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
+	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 )
 
 // newReclaimer builds the idle reclaimer over the parts: idle states and
-// audit in Redis, events through the store, stops through the lifecycle,
-// shrinks through the resize service, probes with the hub API token (when
-// configured) and, with --hub-url, activity posted to the hub.
-func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *reclaim.PolicyStore) (*reclaim.Reclaimer, error) {
+// audit in Redis, the agents' samples through agentstore, events through
+// the store, stops through the lifecycle, shrinks through the resize
+// service, probes with the hub API token (when configured) and, with
+// --hub-url, activity posted to the hub.
+func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *reclaim.Policies, audit *redisstore.AuditLog) (*reclaim.Reclaimer, error) {
 	token, err := cfg.HubAPIToken()
 	if err != nil {
 		return nil, err
@@ -37,12 +40,13 @@ func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *recla
 	}
 	svc := p.service
 	return reclaim.New(reclaim.Config{
-		Redis: p.redis, Prefix: cfg.RedisPrefix, Policies: policies, Servers: p.store, Stopper: svc,
+		Policies: policies, Audit: audit, States: redisstore.NewReclaim(p.redis, cfg.RedisPrefix),
+		Samples: redisstore.AgentSamples{Agents: p.agents}, Servers: p.store, Stopper: svc,
 		Shrinker: reclaim.ShrinkFunc(func(ctx context.Context, srv fleet.Server, cp, cl int) error {
 			_, err := svc.Resize(ctx, srv.ServerKey, fleet.Slice{MemoryMiB: srv.Slice.MemoryMiB, ComputePercent: cp, ComputeLimitPercent: cl}, reclaim.Actor)
 			return err
 		}),
-		Prober: reclaim.NewProber(client, 5*time.Second), Hub: hub, SampleKeys: p.agents.Keys(),
+		Prober: reclaim.NewProber(client, 5*time.Second), Hub: hub,
 		Interval: cfg.ReclaimInterval, Log: log,
 	})
 }
@@ -60,7 +64,7 @@ func runReclaimer(ctx context.Context, cfg config.Config, p *parts) error {
 	if err != nil {
 		return fmt.Errorf("reclaimer identity: %w", err)
 	}
-	return reclaim.RunLeader(ctx, reclaim.LeaderConfig{
+	return leader.Run(ctx, leader.Config{
 		Client: p.kube, Namespace: cfg.LeaderElectionNamespace, Name: cfg.LeaseName, Identity: id,
 		OnLeader: func(leading bool) { p.log.Info("reclaimer leadership", "leading", leading, "identity", id) },
 	}, p.reclaimer.Run)

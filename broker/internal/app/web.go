@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
 	"github.com/gpubroker/gpubroker/broker/internal/config"
+	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/frontend"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 )
@@ -66,13 +67,15 @@ func (p *pagesProxy) LoginFailed(w http.ResponseWriter, r *http.Request, status 
 
 func (p *pagesProxy) SignedOut(w http.ResponseWriter, r *http.Request) { p.h.SignedOut(w, r) }
 
+var _ auth.SessionStore = (*redisstore.Sessions)(nil)
+
 // newWebLogin builds the web login over rdb; pages render through proxy.
 func newWebLogin(cfg config.Config, ws *webSettings, rdb redis.UniversalClient, log *slog.Logger, proxy *pagesProxy) (*auth.Web, error) {
 	w, err := auth.NewWeb(auth.WebConfig{
 		IssuerURL: ws.issuerURL, ClientID: ws.clientID, ClientSecret: ws.clientSecret, PublicURL: ws.publicURL,
 		UsernameClaim: cfg.OIDCUsernameClaim, GroupsClaim: cfg.OIDCGroupsClaim, AdminGroup: cfg.AdminGroup,
 		SessionTTL: cfg.SessionTTL,
-	}, rdb, cfg.RedisPrefix, auth.WithPages(proxy), auth.WithWebLogger(log.With("part", "weblogin")))
+	}, redisstore.NewSessions(rdb, cfg.RedisPrefix), auth.WithPages(proxy), auth.WithWebLogger(log.With("part", "weblogin")))
 	if err != nil {
 		return nil, fmt.Errorf("web login: %w", err)
 	}

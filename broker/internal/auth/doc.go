@@ -19,11 +19,12 @@
 //     every algorithm outside BearerConfig's list are refused.
 //   - Web (web.go, session.go): the web login. The authorization-code flow
 //     with PKCE S256, state and nonce (golang.org/x/oauth2 + go-oidc);
-//     server-side sessions in Redis behind an opaque cookie (HttpOnly,
+//     server-side sessions in a SessionStore (Redis, through
+//     broker/internal/redisstore.Sessions) behind an opaque cookie (HttpOnly,
 //     SameSite=Lax, Secure when the public URL is https); a CSRF token per
 //     session; logout through the issuer's end_session_endpoint; token
 //     refresh once per session across requests (singleflight) and replicas
-//     (a Redis lock), which also picks up changed groups. Web is also an
+//     (a lock in the store), which also picks up changed groups. Web is also an
 //     Authenticator for requests carrying the session cookie (put it last
 //     in a Chain); their unsafe methods need the CSRF token in
 //     X-CSRF-Token, else ErrCSRF (403).
@@ -32,14 +33,16 @@
 //   - Every sign-in failure (state mismatch, replayed callback or code,
 //     nonce mismatch, refused code, bad ID token) is a 400 page through
 //     Pages.LoginFailed that offers a fresh sign-in; an unreachable issuer
-//     or Redis is a 503 page. The login record is consumed (GETDEL) before
+//     or store is a 503 page. The login record is consumed (TakeLogin) before
 //     anything else, so a callback succeeds at most once.
 //   - A session ends at Created+SessionTTL by the injected clock (Redis's
 //     TTL only collects garbage), on logout, and when a refresh is refused.
 //     An ended session is an *Error: the pages start a clean sign-in.
 //   - Cookie values, states and session ids appear in Redis only as their
-//     SHA-256 (see the key table in session.go). Tokens are stored in the
-//     session record in Redis, never in the cookie, and never logged.
+//     SHA-256 (broker/api/redisschema builds the keys). Tokens are stored in
+//     the session record, never in the cookie, and never logged.
+//   - The package imports no Redis client: SessionStore (Logins, Sessions,
+//     RefreshLocks) is its own small interface.
 //
 // Design notes for Bearer:
 //   - Discovery is lazy and retried: the broker must start and answer while

@@ -14,21 +14,52 @@ import (
 	"time"
 
 	"github.com/coreos/go-oidc/v3/oidc"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/oauth2"
 )
 
-// Redis keys of the web login. Cookie values, states and session ids never
-// appear in a key: keys hold their SHA-256, so a copy of Redis's key space
-// does not hand out sessions. Every key has a TTL.
-//
-//	key                                   type    TTL          owner
-//	<prefix>{web:<sha256(state)>}:login   STRING  10 min       /auth/login writes, the callback GETDELs
-//	<prefix>{web:<sha256(id)>}:session    STRING  SessionTTL   callback writes, refresh rewrites (KEEPTTL), logout DELs
-//	<prefix>{web:<sha256(id)>}:refresh    STRING  15 s         the replica refreshing the session (lock)
-func (w *Web) loginKey(state string) string { return w.prefix + "{web:" + digest(state) + "}:login" }
-func (w *Web) sessionKey(id string) string  { return w.prefix + "{web:" + digest(id) + "}:session" }
-func (w *Web) refreshKey(id string) string  { return w.prefix + "{web:" + digest(id) + "}:refresh" }
+// SessionStore keeps the web login's records (implemented by
+// broker/internal/redisstore.Sessions, in Redis under keys that hold the
+// SHA-256 of each value, never the value). Values are opaque bytes (the
+// records' JSON); every record has a TTL. Implementations are safe for
+// concurrent use, also across replicas.
+type SessionStore interface {
+	Logins
+	Sessions
+	RefreshLocks
+}
+
+// Logins keeps pending sign-ins by their OAuth state.
+type Logins interface {
+	// PutLogin stores the pending sign-in of state for ttl.
+	PutLogin(ctx context.Context, state string, v []byte, ttl time.Duration) error
+	// TakeLogin returns and deletes it in one step (single use); ok is
+	// false when there is none.
+	TakeLogin(ctx context.Context, state string) (v []byte, ok bool, err error)
+}
+
+// Sessions keeps the signed-in sessions by their cookie value.
+type Sessions interface {
+	// Session returns session id's record; ok is false when there is none.
+	Session(ctx context.Context, id string) (v []byte, ok bool, err error)
+	// PutSession stores session id for ttl.
+	PutSession(ctx context.Context, id string, v []byte, ttl time.Duration) error
+	// ReplaceSession rewrites an existing session, keeping its TTL; ok is
+	// false (and nothing is written) when it no longer exists.
+	ReplaceSession(ctx context.Context, id string, v []byte) (ok bool, err error)
+	// DeleteSession ends session id; ending none is not an error.
+	DeleteSession(ctx context.Context, id string) error
+}
+
+// RefreshLocks are the per-session locks of the replica refreshing a
+// session's tokens.
+type RefreshLocks interface {
+	// LockRefresh takes session id's lock with token for ttl; false when
+	// another holds it.
+	LockRefresh(ctx context.Context, id, token string, ttl time.Duration) (bool, error)
+	// UnlockRefresh releases the lock if token still holds it (one that
+	// expired and was taken by another replica is kept).
+	UnlockRefresh(ctx context.Context, id, token string) error
+}
 
 func digest(s string) string {
 	sum := sha256.Sum256([]byte(s))
@@ -41,11 +72,6 @@ const maxCookieBytes = 128
 // refreshPoll is how often a replica that lost the refresh lock looks for
 // the winner's result.
 const refreshPoll = 50 * time.Millisecond
-
-// releaseLock deletes KEYS[1] only if it still holds ARGV[1] (the lock
-// token), so a lock that expired and was taken by another replica is kept.
-// Returns 1 when deleted, 0 otherwise.
-var releaseLock = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end return 0`)
 
 // storedPrincipal is the part of a Principal a session keeps. Admin is not
 // stored: it is derived from the groups and the configured admin group on
@@ -97,7 +123,7 @@ func (w *Web) Session(ctx context.Context, r *http.Request) (Session, error) {
 		return Session{}, errSessionEnded
 	}
 	var rec sessionRecord
-	found, err := w.getJSON(ctx, w.sessionKey(c.Value), &rec)
+	found, err := w.getJSON(ctx, c.Value, &rec)
 	if err != nil {
 		return Session{}, err
 	}
@@ -107,7 +133,7 @@ func (w *Web) Session(ctx context.Context, r *http.Request) (Session, error) {
 	now := w.now()
 	if !now.Before(rec.Created.Add(w.cfg.SessionTTL)) {
 		// Redis's TTL only collects garbage; the clock decides.
-		if err := w.rdb.Del(ctx, w.sessionKey(c.Value)).Err(); err != nil {
+		if err := w.store.DeleteSession(ctx, c.Value); err != nil {
 			return Session{}, fmt.Errorf("auth: end session: %w", err)
 		}
 		return Session{}, errSessionEnded
@@ -172,19 +198,19 @@ func (w *Web) refresh(ctx context.Context, id string) (sessionRecord, error) {
 }
 
 func (w *Web) refreshOnce(ctx context.Context, id string) (sessionRecord, error) {
-	key, lock, token := w.sessionKey(id), w.refreshKey(id), rand.Text()
+	token := rand.Text()
 	tick := time.NewTicker(refreshPoll)
 	defer tick.Stop()
 	var rec sessionRecord
 	for {
-		won, err := w.rdb.SetNX(ctx, lock, token, refreshTimeout).Result()
+		won, err := w.store.LockRefresh(ctx, id, token, refreshTimeout)
 		if err != nil {
 			return rec, fmt.Errorf("auth: refresh lock: %w", err)
 		}
-		found, err := w.getJSON(ctx, key, &rec)
+		found, err := w.getJSON(ctx, id, &rec)
 		if err != nil || !found || w.now().Before(rec.Expiry.Add(-w.cfg.RefreshSkew)) {
 			if won {
-				w.unlock(ctx, lock, token)
+				w.unlock(ctx, id, token)
 			}
 			switch {
 			case err != nil:
@@ -203,9 +229,9 @@ func (w *Web) refreshOnce(ctx context.Context, id string) (sessionRecord, error)
 		case <-tick.C:
 		}
 	}
-	defer w.unlock(ctx, lock, token)
+	defer w.unlock(ctx, id, token)
 	end := func() (sessionRecord, error) {
-		if err := w.rdb.Del(ctx, key).Err(); err != nil {
+		if err := w.store.DeleteSession(ctx, id); err != nil {
 			return rec, fmt.Errorf("auth: end session: %w", err)
 		}
 		return rec, errSessionEnded
@@ -257,50 +283,57 @@ func (w *Web) refreshOnce(ctx context.Context, id string) (sessionRecord, error)
 		return rec, fmt.Errorf("auth: encode session: %w", err)
 	}
 	// XX: a logout that happened meanwhile wins.
-	if err := w.rdb.SetArgs(ctx, key, b, redis.SetArgs{Mode: "XX", KeepTTL: true}).Err(); err != nil {
-		if errors.Is(err, redis.Nil) {
-			return rec, errSessionEnded
-		}
+	ok, err := w.store.ReplaceSession(ctx, id, b)
+	if err != nil {
 		return rec, fmt.Errorf("auth: store refreshed session: %w", err)
+	}
+	if !ok {
+		return rec, errSessionEnded
 	}
 	return rec, nil
 }
 
-func (w *Web) unlock(ctx context.Context, lock, token string) {
-	if err := releaseLock.Run(ctx, w.rdb, []string{lock}, token).Err(); err != nil {
+func (w *Web) unlock(ctx context.Context, id, token string) {
+	if err := w.store.UnlockRefresh(ctx, id, token); err != nil {
 		// The lock expires by itself within refreshTimeout.
 		w.log.WarnContext(ctx, "release session refresh lock", "err", err)
 	}
 }
 
-func (w *Web) putJSON(ctx context.Context, key string, v any, ttl time.Duration) error {
-	b, err := json.Marshal(v)
+// putSession stores rec as session id for ttl.
+func (w *Web) putSession(ctx context.Context, id string, rec sessionRecord, ttl time.Duration) error {
+	return putRecord("session", rec, func(b []byte) error { return w.store.PutSession(ctx, id, b, ttl) })
+}
+
+// putLogin stores rec as the pending sign-in of state for loginTTL.
+func (w *Web) putLogin(ctx context.Context, state string, rec loginRecord) error {
+	return putRecord("sign-in", rec, func(b []byte) error { return w.store.PutLogin(ctx, state, b, loginTTL) })
+}
+
+// putRecord encodes rec (a what) and hands it to write.
+func putRecord(what string, rec any, write func([]byte) error) error {
+	b, err := json.Marshal(rec)
 	if err != nil {
-		return fmt.Errorf("auth: encode: %w", err)
+		return fmt.Errorf("auth: encode %s: %w", what, err)
 	}
-	if err := w.rdb.Set(ctx, key, b, ttl).Err(); err != nil {
-		return fmt.Errorf("auth: store: %w", err)
+	if err := write(b); err != nil {
+		return fmt.Errorf("auth: store %s: %w", what, err)
 	}
 	return nil
 }
 
-func (w *Web) getJSON(ctx context.Context, key string, v any) (bool, error) {
-	b, err := w.rdb.Get(ctx, key).Bytes()
-	return decodeStored(b, err, v)
+// getJSON reads session id into v.
+func (w *Web) getJSON(ctx context.Context, id string, v any) (bool, error) {
+	b, ok, err := w.store.Session(ctx, id)
+	return decodeStored(b, ok, err, v)
 }
 
-// takeJSON reads and deletes key in one step (GETDEL): single use.
-func (w *Web) takeJSON(ctx context.Context, key string, v any) (bool, error) {
-	b, err := w.rdb.GetDel(ctx, key).Bytes()
-	return decodeStored(b, err, v)
-}
-
-func decodeStored(b []byte, err error, v any) (bool, error) {
-	if errors.Is(err, redis.Nil) {
-		return false, nil
-	}
+func decodeStored(b []byte, ok bool, err error, v any) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("auth: session storage: %w", err)
+	}
+	if !ok {
+		return false, nil
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		// A record this code cannot read is as good as none.

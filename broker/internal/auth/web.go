@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/coreos/go-oidc/v3/oidc"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/oauth2"
 	"golang.org/x/sync/singleflight"
 )
@@ -110,8 +109,7 @@ type Session struct {
 // session cookie. Create it with NewWeb. Safe for concurrent use.
 type Web struct {
 	cfg    WebConfig
-	rdb    redis.UniversalClient
-	prefix string
+	store  SessionStore
 	now    func() time.Time
 	client *http.Client
 	pages  Pages
@@ -147,10 +145,10 @@ func WithPages(p Pages) WebOption { return func(w *Web) { w.pages = p } }
 // tokens); default discards.
 func WithWebLogger(l *slog.Logger) WebOption { return func(w *Web) { w.log = l } }
 
-// NewWeb checks cfg and returns a Web that stores its sessions in rdb under
-// keys starting with prefix. It does no I/O: discovery runs on the first
-// sign-in or refresh and is retried after a failure.
-func NewWeb(cfg WebConfig, rdb redis.UniversalClient, prefix string, opts ...WebOption) (*Web, error) {
+// NewWeb checks cfg and returns a Web that keeps its sign-ins and sessions
+// in store. It does no I/O: discovery runs on the first sign-in or refresh
+// and is retried after a failure.
+func NewWeb(cfg WebConfig, store SessionStore, opts ...WebOption) (*Web, error) {
 	var errs []error
 	if u, err := url.Parse(cfg.IssuerURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		errs = append(errs, fmt.Errorf("issuer URL %q is not an absolute http(s) URL", cfg.IssuerURL))
@@ -162,8 +160,8 @@ func NewWeb(cfg WebConfig, rdb redis.UniversalClient, prefix string, opts ...Web
 	if strings.TrimSpace(cfg.ClientID) == "" {
 		errs = append(errs, errors.New("client id is empty"))
 	}
-	if rdb == nil {
-		errs = append(errs, errors.New("redis client is nil"))
+	if store == nil {
+		errs = append(errs, errors.New("session store is nil"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("auth: web login config: %w", err)
@@ -185,7 +183,7 @@ func NewWeb(cfg WebConfig, rdb redis.UniversalClient, prefix string, opts ...Web
 		cfg.GroupsClaim = DefaultGroupsClaim
 	}
 	w := &Web{
-		cfg: cfg, rdb: rdb, prefix: prefix, now: time.Now,
+		cfg: cfg, store: store, now: time.Now,
 		client: &http.Client{Timeout: 10 * time.Second},
 		pages:  textPages{}, log: slog.New(slog.DiscardHandler),
 		secure: pub.Scheme == "https",
@@ -268,7 +266,7 @@ func (w *Web) login(rw http.ResponseWriter, r *http.Request) {
 	}
 	state, nonce, verifier := rand.Text(), rand.Text(), oauth2.GenerateVerifier()
 	rec := loginRecord{Verifier: verifier, Nonce: nonce, Next: localPath(r.URL.Query().Get("next"))}
-	if err := w.putJSON(ctx, w.loginKey(state), rec, loginTTL); err != nil {
+	if err := w.putLogin(ctx, state, rec); err != nil {
 		w.fail(rw, r, http.StatusServiceUnavailable, "sign-in is unavailable right now (session storage); try again shortly", err)
 		return
 	}
@@ -298,7 +296,8 @@ func (w *Web) callback(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var rec loginRecord
-	found, err := w.takeJSON(ctx, w.loginKey(state), &rec)
+	b, ok, err := w.store.TakeLogin(ctx, state)
+	found, err := decodeStored(b, ok, err, &rec)
 	switch {
 	case err != nil:
 		w.fail(rw, r, http.StatusServiceUnavailable, "sign-in is unavailable right now (session storage); try again shortly", err)
@@ -361,11 +360,11 @@ func (w *Web) callback(rw http.ResponseWriter, r *http.Request) {
 	if old, err := r.Cookie(SessionCookie); err == nil && old.Value != "" && len(old.Value) <= maxCookieBytes {
 		// A sign-in replaces the browser's earlier session (always a new id:
 		// no session fixation); the old record goes at once.
-		if err := w.rdb.Del(ctx, w.sessionKey(old.Value)).Err(); err != nil {
+		if err := w.store.DeleteSession(ctx, old.Value); err != nil {
 			w.log.WarnContext(ctx, "drop the replaced session", "err", err)
 		}
 	}
-	if err := w.putJSON(ctx, w.sessionKey(id), sess, w.cfg.SessionTTL); err != nil {
+	if err := w.putSession(ctx, id, sess, w.cfg.SessionTTL); err != nil {
 		w.fail(rw, r, http.StatusServiceUnavailable, "sign-in is unavailable right now (session storage); try again shortly", err)
 		return
 	}
@@ -389,7 +388,7 @@ func (w *Web) logout(rw http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var rec sessionRecord
-	found, err := w.getJSON(ctx, w.sessionKey(c.Value), &rec)
+	found, err := w.getJSON(ctx, c.Value, &rec)
 	if err != nil {
 		w.fail(rw, r, http.StatusServiceUnavailable, "sign-out is unavailable right now (session storage); try again shortly", err)
 		return
@@ -398,7 +397,7 @@ func (w *Web) logout(rw http.ResponseWriter, r *http.Request) {
 		w.pages.LoginFailed(rw, r, http.StatusForbidden, "the sign-out form is missing its security token; reload the page and try again")
 		return
 	}
-	if err := w.rdb.Del(ctx, w.sessionKey(c.Value)).Err(); err != nil {
+	if err := w.store.DeleteSession(ctx, c.Value); err != nil {
 		w.fail(rw, r, http.StatusServiceUnavailable, "sign-out is unavailable right now (session storage); try again shortly", err)
 		return
 	}

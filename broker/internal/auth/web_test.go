@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpubroker/gpubroker/broker/devissuer"
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
+	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 )
 
@@ -62,7 +63,7 @@ func startWeb(t *testing.T, replicas int) *webEnv {
 		w, err := auth.NewWeb(auth.WebConfig{
 			IssuerURL: iss.URL(), ClientID: webClient, ClientSecret: webSecret,
 			PublicURL: "http://" + s.Listener.Addr().String(), AdminGroup: "admins",
-		}, e.rdb, e.prefix, auth.WithWebClock(e.clock.Now))
+		}, redisstore.NewSessions(e.rdb, e.prefix), auth.WithWebClock(e.clock.Now))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -518,7 +519,7 @@ func TestNewWebRefusesBadConfig(t *testing.T) {
 		{IssuerURL: "http://i", PublicURL: "http://x"},
 		{IssuerURL: "http://i", ClientID: "c", PublicURL: "x"},
 	} {
-		if _, err := auth.NewWeb(cfg, rdb, "p:"); err == nil {
+		if _, err := auth.NewWeb(cfg, redisstore.NewSessions(rdb, "p:")); err == nil {
 			t.Errorf("NewWeb(%+v) succeeded", cfg)
 		}
 	}

@@ -76,3 +76,21 @@ type ServerPatch struct {
 	Pod        *string
 	URL        *string
 }
+
+// ResizeResult is the outcome of an accepted resize (servers.Service.Resize).
+type ResizeResult struct {
+	// Server is the record after the resize.
+	Server Server
+	// Slice is the slice the server now holds.
+	Slice Slice
+	// Generation is the desired-quota generation that carries Slice to the
+	// node agent (the agent contract's desired quota), >= 1.
+	Generation int64
+	// Applied is true when the agent acknowledged Generation (the quota
+	// file holds it; the in-pod hook follows within 100 ms) before Resize
+	// answered.
+	Applied bool
+	// Deadline is, when not Applied, the time by which the agent is
+	// expected to apply Generation (service clock); zero when Applied.
+	Deadline time.Time
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
@@ -93,8 +94,10 @@ type Deps struct {
 	Auth Authenticator
 	// Resize serves PATCH .../servers/{name}/slice; nil: not served.
 	Resize Resizer
-	// Policy serves the reclaim policy and audit routes; nil: not served.
+	// Policy serves the reclaim policy routes; nil: not served.
 	Policy Policy
+	// Audit serves the audit log route; nil: not served.
+	Audit Audit
 	// Reclaim serves a server's idle state and extend routes; nil: not served.
 	Reclaim Reclaim
 	// Checkers run concurrently on GET /readyz; none means always ready.
@@ -112,9 +115,8 @@ type Deps struct {
 // DefaultSimulatedNotice is the notice shown in dev mode when Deps.Notice is "".
 const DefaultSimulatedNotice = "dev mode: the Kubernetes cluster and the GPUs are simulated; no real notebook runs"
 
-// Policy is the reclaim policy store with the audit log (implemented by
-// *reclaim.PolicyStore). It is optional: without it the reclaim-policy and
-// audit routes are not served (404).
+// Policy is the reclaim policy (implemented by *reclaim.Policies). It is
+// optional: without it the reclaim-policy routes are not served (404).
 type Policy interface {
 	// Get returns the current policy (reclaim.DefaultPolicy, version 0,
 	// when none was saved).
@@ -123,19 +125,30 @@ type Policy interface {
 	// it; *reclaim.ValidationError (fleet.ErrInvalid) or
 	// *reclaim.ConflictError (fleet.ErrConflict) otherwise.
 	Put(ctx context.Context, p reclaim.Policy, actor string) (reclaim.Policy, error)
-	// Audit returns a page of audit entries, newest first, and the next
-	// page's cursor.
-	Audit(ctx context.Context, q reclaim.AuditQuery) ([]reclaim.AuditEntry, string, error)
 }
 
-// Reclaim is the idle reclaimer's per-server side (implemented by
-// *reclaim.Reclaimer). It is optional: without it the idle and extend
-// routes are not served (404). Safe for concurrent use.
+// Audit is the audit log: the broker's and the node agents' entries in one
+// view (implemented by *redisstore.AuditLog). It is
+// optional: without it the audit route is not served (404).
+type Audit interface {
+	// Audit returns a page of audit entries, newest first, and the next
+	// page's cursor.
+	Audit(ctx context.Context, q audit.Query) ([]audit.Entry, string, error)
+}
+
+// Reclaim is the idle reclaimer's per-server side and its preview
+// (implemented by *reclaim.Reclaimer). It is optional: without it the
+// idle, extend and preview routes are not served (404). Safe for
+// concurrent use.
 type Reclaim interface {
 	// State returns the idle state of srv's current spawn.
 	State(ctx context.Context, srv fleet.Server) (reclaim.IdleState, error)
-	// Extend postpones idle actions on srv by d for actor; fleet.ErrInvalid
+	// Extend postpones idle actions on srv by d for actor (the user, the
+	// hub acting for them, or an admin); fleet.ErrInvalid
 	// beyond the policy's limit (the message names what is left),
 	// fleet.ErrConflict when srv is not running.
-	Extend(ctx context.Context, srv fleet.Server, d time.Duration, actor string) (reclaim.IdleState, error)
+	Extend(ctx context.Context, srv fleet.Server, d time.Duration, actor audit.Actor) (reclaim.IdleState, error)
+	// Preview returns what the next cycle would do to every running
+	// server under pol (*reclaim.ValidationError for an invalid pol).
+	Preview(ctx context.Context, pol reclaim.Policy) ([]reclaim.PreviewServer, error)
 }

@@ -31,6 +31,8 @@ type fakeServers struct {
 	fail    map[string]error
 	// creates records the (user, groups) of every Create call.
 	creates []createCall
+	// requests records the body of every Create call.
+	requests []v1.CreateServerRequest
 }
 
 type createCall struct {
@@ -86,6 +88,7 @@ func (f *fakeServers) Create(_ context.Context, user string, groups []string, na
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.creates = append(f.creates, createCall{User: user, Groups: slices.Clone(groups)})
+	f.requests = append(f.requests, req)
 	if err := f.fail["create"]; err != nil {
 		return fleet.Server{}, false, err
 	}

@@ -8,38 +8,15 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 )
 
-// extendRequest is the body of POST .../extend. (Wire type kept here until
-// it moves to broker/api/v1.)
-type extendRequest struct {
-	// Seconds to postpone idle actions by; 60..604800.
-	Seconds int64 `json:"seconds"`
-}
-
-// idleState is the answer of GET .../idle and POST .../extend.
-type idleState struct {
-	// Verdict is active, idle, unknown, or unchecked before the
-	// reclaimer's first look at this start of the server.
-	Verdict string `json:"verdict"`
-	// Reason says why active or unknown.
-	Reason string `json:"reason,omitempty"`
-	// Since is when the verdict began (for idle: the idle clock).
-	Since *time.Time `json:"since,omitempty"`
-	// Exempt: the policy never reclaims this server.
-	Exempt bool `json:"exempt"`
-	// NextAction (warn, shrink, stop) happens at NextAt if the server stays idle.
-	NextAction string     `json:"nextAction,omitempty"`
-	NextAt     *time.Time `json:"nextAt,omitempty"`
-	// ExtendedUntil: no idle action before it; ExtendedSeconds: the total
-	// extension of this start.
-	ExtendedUntil   *time.Time `json:"extendedUntil,omitempty"`
-	ExtendedSeconds int64      `json:"extendedSeconds"`
-}
-
-func toIdleState(st reclaim.IdleState, now time.Time) idleState {
+// toIdleState is the wire form of the reclaimer's state of a spawn at now
+// (an extension that has passed is left out).
+func toIdleState(st reclaim.IdleState, now time.Time) v1.IdleState {
 	opt := func(t time.Time) *time.Time {
 		if t.IsZero() {
 			return nil
@@ -47,10 +24,10 @@ func toIdleState(st reclaim.IdleState, now time.Time) idleState {
 		t = t.UTC()
 		return &t
 	}
-	out := idleState{Verdict: string(st.Verdict), Reason: st.Reason, Since: opt(st.Since), Exempt: st.Exempt,
-		NextAction: string(st.NextAction), NextAt: opt(st.NextAt), ExtendedSeconds: int64(st.Extended / time.Second)}
+	out := v1.IdleState{Verdict: st.Verdict, Reason: st.Reason, Since: opt(st.Since), Exempt: st.Exempt,
+		NextAction: st.NextAction, NextAt: opt(st.NextAt), ExtendedSeconds: int64(st.Extended / time.Second)}
 	if out.Verdict == "" {
-		out.Verdict, out.Since = "unchecked", nil
+		out.Verdict, out.Since = v1.IdleUnchecked, nil
 	}
 	if st.ExtendedUntil.After(now) {
 		out.ExtendedUntil = opt(st.ExtendedUntil)
@@ -95,16 +72,19 @@ func (a *api) extendServer(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	var req extendRequest
+	var req v1.ExtendRequest
 	if err := decodeJSON(c, &req); err != nil {
 		return err
 	}
 	if req.Seconds < 60 || req.Seconds > 7*24*3600 {
 		return fmt.Errorf("%w: seconds must be between 60 and 604800", fleet.ErrInvalid)
 	}
-	actor := p.User
-	if p.Hub {
-		actor = "jupyterhub"
+	actor := audit.Actor{Name: p.User, Kind: v1.ActorUser}
+	switch {
+	case p.Hub:
+		actor = audit.Actor{Name: "jupyterhub", Kind: v1.ActorHub}
+	case p.User != srv.User:
+		actor.Kind = v1.ActorAdmin // visibleKey let an admin act on another's server
 	}
 	st, err := a.deps.Reclaim.Extend(c.Request().Context(), srv, time.Duration(req.Seconds)*time.Second, actor)
 	if err != nil {

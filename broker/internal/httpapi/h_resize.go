@@ -9,13 +9,12 @@ import (
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
-	"github.com/gpubroker/gpubroker/broker/internal/servers"
 )
 
 // Resizer changes a running server's slice in place (implemented by
 // *servers.Service; see its Resize for the contract and errors).
 type Resizer interface {
-	Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, actor string) (servers.ResizeResult, error)
+	Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, actor string) (fleet.ResizeResult, error)
 }
 
 // resizeServer changes the slice of a running server: 200 when the node

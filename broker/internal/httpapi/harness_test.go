@@ -64,6 +64,7 @@ type harness struct {
 
 type harnessConfig struct {
 	policy   Policy // nil: the reclaim routes are not served
+	audit    Audit  // nil: the audit route is not served
 	mode     Mode
 	checkers []Checker
 	opts     []Option
@@ -94,6 +95,7 @@ func newHarness(t *testing.T, cfgs ...harnessConfig) *harness {
 		},
 		Checkers: cfg.checkers,
 		Policy:   cfg.policy,
+		Audit:    cfg.audit,
 		Log:      slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Version:  "1.2.3",
 		Mode:     cfg.mode,

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 	"testing"
@@ -9,15 +10,18 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/api/v1/v1test"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
+	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 )
 
 func newPolicyHarness(t *testing.T) *harness {
 	t.Helper()
 	rs := redistest.Start(t)
-	store := reclaim.NewPolicyStore(rs.Client(t), rs.Prefix(t), func() time.Time { return testNow })
-	return newHarness(t, harnessConfig{policy: store})
+	rdb, prefix := rs.Client(t), rs.Prefix(t)
+	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, prefix), func() time.Time { return testNow })
+	return newHarness(t, harnessConfig{policy: policies, audit: redisstore.NewAuditLog(rdb, prefix, nil)})
 }
 
 const validPolicy = `{"version":%d,"enabled":true,"idleComputePercent":5,"idleAfterSeconds":3600,"action":"stop","warnSeconds":600,"reason":"save money"}`
@@ -37,12 +41,22 @@ func TestReclaimPolicyRoutes(t *testing.T) {
 			body: `{"version":0,"enabled":true,"idleComputePercent":150,"idleAfterSeconds":10,"action":"explode","warnSeconds":0}`}, 400,
 			`"fields":[{"field":"idleComputePercent","message":"must be between 0 and 100 (percent of the GPU's SMs)"},{"field":"idleAfterSeconds"`},
 		{"nothing saved", req{method: "GET", path: "/api/v1/admin/reclaim-policy", token: tokAdmin}, 200, `"version":0`},
+		{"validate only: problems listed", req{method: "PUT", path: "/api/v1/admin/reclaim-policy?validate=true", token: tokAdmin,
+			body: `{"version":0,"enabled":true,"idleComputePercent":5,"idleAfterSeconds":10,"action":"stop","warnSeconds":0}`}, 400,
+			`"fields":[{"field":"idleAfterSeconds","message":"must be between 1 minute and 7 days"}]`},
+		{"validate only: a valid policy answered normalized", req{method: "PUT", path: "/api/v1/admin/reclaim-policy?validate=true", token: tokAdmin,
+			body: `{"version":0,"enabled":true,"idleComputePercent":5,"idleAfterSeconds":3600,"action":"stop","warnSeconds":600,"exemptGroups":[" b","a","b"]}`}, 200,
+			`"exemptGroups":["a","b"]`},
+		{"validate must be true", req{method: "PUT", path: "/api/v1/admin/reclaim-policy?validate=yes", token: tokAdmin, body: strings.Replace(validPolicy, "%d", "0", 1)}, 400, "validate must be true or absent"},
+		{"still nothing saved", req{method: "GET", path: "/api/v1/admin/reclaim-policy", token: tokAdmin}, 200, `"version":0`},
 		{"unknown field", req{method: "PUT", path: "/api/v1/admin/reclaim-policy", token: tokAdmin, body: `{"version":0,"colour":"red"}`}, 400, `unknown field \"colour\"`},
 		{"valid policy saved", req{method: "PUT", path: "/api/v1/admin/reclaim-policy", token: tokAdmin, body: strings.Replace(validPolicy, "%d", "0", 1)}, 200, `"version":1`},
 		{"stale version explained", req{method: "PUT", path: "/api/v1/admin/reclaim-policy", token: tokAdmin, body: strings.Replace(validPolicy, "%d", "0", 1)}, 409, "version 1 by root at 2026-11-29 15:00 UTC"},
 		{"audit lists the change", req{method: "GET", path: "/api/v1/admin/audit?actor=root&limit=10", token: tokAdmin}, 200, `"action":"reclaim-policy.update"`},
 		{"audit bad limit", req{method: "GET", path: "/api/v1/admin/audit?limit=0", token: tokAdmin}, 400, "limit must be"},
 		{"audit bad cursor", req{method: "GET", path: "/api/v1/admin/audit?before=x", token: tokAdmin}, 400, "before must be"},
+		{"audit bad source", req{method: "GET", path: "/api/v1/admin/audit?source=hub", token: tokAdmin}, 400, "source must be one of reclaim, agent"},
+		{"audit of the agents only", req{method: "GET", path: "/api/v1/admin/audit?source=agent", token: tokAdmin}, 200, `{"entries":[]}`},
 		{"audit for users", req{method: "GET", path: "/api/v1/admin/audit", token: tokBob}, 403, "administrators"},
 	}
 	for _, s := range steps {
@@ -57,7 +71,7 @@ func TestReclaimPolicyRoutes(t *testing.T) {
 	}
 	e := page.Entries[0]
 	e.ID = ""
-	want := v1.AuditEntry{Time: testNow, Actor: "root", Action: "reclaim-policy.update", Target: "reclaim-policy", Reason: "save money", PolicyVersion: 1,
+	want := v1.AuditEntry{Time: testNow, Source: v1.AuditSourceReclaim, Actor: "root", ActorKind: v1.ActorAdmin, Action: "reclaim-policy.update", Target: "reclaim-policy", Reason: "save money", PolicyVersion: 1,
 		Inputs: map[string]string{"enabled": "false → true", "action": "warn → stop", "warnSeconds": "900 → 600"}}
 	if diff := cmp.Diff(want, e); diff != "" {
 		t.Errorf("audit entry (-want +got):\n%s", diff)
@@ -71,24 +85,33 @@ func TestReclaimPolicyRoutes(t *testing.T) {
 	}
 }
 
-// TestReclaimPolicyCarriesEveryField saves a policy using every field the
-// reclaimer reads, overrides included, and reads the same back.
+// TestReclaimPolicyCarriesEveryField saves, through PUT, a policy that
+// sets every field of the wire type (v1test.FullReclaimPolicy, checked by
+// reflection) and reads the same back through GET; only the fields the
+// server owns (version, updatedBy, updatedAt) differ.
 func TestReclaimPolicyCarriesEveryField(t *testing.T) {
+	full := v1test.FullReclaimPolicy()
+	if z := v1test.ZeroFields(full); len(z) != 0 {
+		t.Fatalf("the fixture leaves %v zero", z)
+	}
 	h := newPolicyHarness(t)
-	body := `{"version":0,"enabled":true,"idleComputePercent":5,"idleAfterSeconds":3600,"action":"shrink",` +
-		`"warnSeconds":600,"shrinkComputePercent":5,"exemptUsers":["ceo"],"exemptGroups":["oncall"],` +
-		`"stopAfterSeconds":7200,"minRunningSeconds":900,"maxAgeSeconds":86400,"maxExtendSeconds":3600,"dryRun":true,` +
-		`"overrides":[{"profile":"large","idleAfterSeconds":1800},{"group":"research","exempt":true}]}`
-	if rec := h.do(t, req{method: "PUT", path: "/api/v1/admin/reclaim-policy", token: tokAdmin, body: body}); rec.Code != http.StatusOK {
-		t.Fatalf("put: %d %s", rec.Code, rec.Body)
+	in := full
+	in.Version = 0
+	body, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := h.do(t, req{method: "PUT", path: "/api/v1/admin/reclaim-policy", token: tokAdmin, body: string(body)})
+	if put.Code != http.StatusOK {
+		t.Fatalf("put: %d %s", put.Code, put.Body)
 	}
 	got := decode[v1.ReclaimPolicy](t, h.do(t, req{method: "GET", path: "/api/v1/admin/reclaim-policy", token: tokAdmin}))
-	got.UpdatedAt, got.UpdatedBy = nil, ""
-	want := v1.ReclaimPolicy{Version: 1, Enabled: true, IdleComputePercent: 5, IdleAfterSeconds: 3600, Action: v1.ReclaimShrink,
-		WarnSeconds: 600, ShrinkComputePercent: 5, ExemptUsers: []string{"ceo"}, ExemptGroups: []string{"oncall"},
-		StopAfterSeconds: 7200, MinRunningSeconds: 900, MaxAgeSeconds: 86400, MaxExtendSeconds: 3600, DryRun: true,
-		Overrides: []v1.ReclaimOverride{{Profile: "large", IdleAfterSeconds: 1800}, {Group: "research", Exempt: true}}}
+	want := full
+	want.Version, want.UpdatedBy, want.UpdatedAt = 1, "root", &testNow
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("policy read back (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want, decode[v1.ReclaimPolicy](t, put)); diff != "" {
+		t.Errorf("PUT's answer (-want +got):\n%s", diff)
 	}
 }

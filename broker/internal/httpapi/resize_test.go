@@ -13,7 +13,6 @@ import (
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
-	"github.com/gpubroker/gpubroker/broker/internal/servers"
 )
 
 // fakeResizer answers every Resize with its result or error, on the
@@ -34,19 +33,19 @@ type resizeCall struct {
 
 var _ Resizer = (*fakeResizer)(nil)
 
-func (f *fakeResizer) Resize(ctx context.Context, k fleet.ServerKey, want fleet.Slice, actor string) (servers.ResizeResult, error) {
+func (f *fakeResizer) Resize(ctx context.Context, k fleet.ServerKey, want fleet.Slice, actor string) (fleet.ResizeResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, resizeCall{k, want, actor})
 	if f.err != nil {
-		return servers.ResizeResult{}, f.err
+		return fleet.ResizeResult{}, f.err
 	}
 	s, err := f.servers.Get(ctx, k)
 	if err != nil {
-		return servers.ResizeResult{}, err
+		return fleet.ResizeResult{}, err
 	}
 	s.Slice = want
-	res := servers.ResizeResult{Server: s, Slice: want, Generation: 3, Applied: f.applied}
+	res := fleet.ResizeResult{Server: s, Slice: want, Generation: 3, Applied: f.applied}
 	if !f.applied {
 		res.Deadline = testNow.Add(35 * time.Second)
 	}

@@ -41,6 +41,11 @@ func (a *api) routes(e *echo.Echo) {
 	if a.deps.Policy != nil {
 		e.GET("/api/v1/admin/reclaim-policy", a.getReclaimPolicy, user, a.adminOnly)
 		e.PUT("/api/v1/admin/reclaim-policy", a.putReclaimPolicy, user, a.adminOnly)
+	}
+	if a.deps.Reclaim != nil {
+		e.POST("/api/v1/admin/reclaim-policy/preview", a.previewReclaimPolicy, user, a.adminOnly)
+	}
+	if a.deps.Audit != nil {
 		e.GET("/api/v1/admin/audit", a.listAudit, user, a.adminOnly)
 	}
 }

@@ -50,6 +50,25 @@ func TestCreateIsIdempotentPerKey(t *testing.T) {
 	}
 }
 
+// TestCreateCarriesCommandAndArgs checks that the service gets the
+// command and args as sent, order and empty entries kept.
+func TestCreateCarriesCommandAndArgs(t *testing.T) {
+	h := newHarness(t)
+	body := `{"profile":"small","args":["jupyterhub-singleuser","--debug",""],"command":["tini","-g","--"]}`
+	rec := h.do(t, req{method: "PUT", path: "/api/v1/users/alice/servers/nb", token: tokAlice, body: body})
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("create: %d %s", rec.Code, rec.Body)
+	}
+	want := []v1.CreateServerRequest{{
+		Profile: "small",
+		Command: []string{"tini", "-g", "--"},
+		Args:    []string{"jupyterhub-singleuser", "--debug", ""},
+	}}
+	if diff := cmp.Diff(want, h.servers.requests); diff != "" {
+		t.Errorf("requests the service got (-want +got):\n%s", diff)
+	}
+}
+
 func TestGetShowsGPUAndDeleteIsIdempotent(t *testing.T) {
 	h := newHarness(t)
 	seedAlice(t, h)
@@ -141,6 +160,14 @@ func TestValidation(t *testing.T) {
 		{name: "bad env names, all at once", method: "PUT", path: "/api/v1/users/alice/servers/nb",
 			body:    `{"profile":"small","env":{"1A":"x","OK":"y","B-C":"z"},"secretEnv":{"OK":"s"}}`,
 			wantMsg: `env name "1A" is not a valid environment variable name (letters, digits and _, not starting with a digit); env name "B-C" is not a valid environment variable name (letters, digits and _, not starting with a digit); OK is in both env and secretEnv`},
+		{name: "command and args problems, all at once", method: "PUT", path: "/api/v1/users/alice/servers/nb",
+			body:    `{"profile":"small","command":["","-v"],"args":["ok","a\u0000b","` + strings.Repeat("x", v1.MaxCommandEntryBytes+1) + `"]}`,
+			wantMsg: "command[0] is empty; it names the program to run (leave command out to keep the image's entrypoint); args[1] contains a NUL byte; args[2] is 4097 bytes long, at most 4096 are allowed"},
+		{name: "too many command entries", method: "PUT", path: "/api/v1/users/alice/servers/nb",
+			body:    `{"profile":"small","command":["sh"],"args":[` + strings.TrimSuffix(strings.Repeat(`"a",`, v1.MaxCommandEntries), ",") + `]}`,
+			wantMsg: "command and args have 257 entries together, at most 256 are allowed"},
+		{name: "command is a list", method: "PUT", path: "/api/v1/users/alice/servers/nb", body: `{"profile":"small","command":"jupyterhub-singleuser"}`,
+			wantMsg: `field "command" holds a JSON string where an array is expected (byte 52)`},
 		{name: "slash in the server name", method: "PUT", path: "/api/v1/users/alice/servers/a%2Fb", body: `{"profile":"small"}`,
 			wantMsg: `server name "a/b" contains '/'`},
 		{name: "control character in the server name", method: "GET", path: "/api/v1/users/alice/servers/a%07b",

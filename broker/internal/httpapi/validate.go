@@ -61,8 +61,9 @@ func pathName(c echo.Context, param, what string) (string, error) {
 }
 
 // validCreate checks a create request's shape at the edge: a profile is
-// named, and every env and secretEnv name is a valid environment name that
-// appears only once across both maps. All problems are reported at once.
+// named, every env and secretEnv name is a valid environment name that
+// appears only once across both maps, and command and args are within
+// their limits. All problems are reported at once.
 func validCreate(req v1.CreateServerRequest) error {
 	var problems []string
 	if strings.TrimSpace(req.Profile) == "" {
@@ -84,6 +85,7 @@ func validCreate(req v1.CreateServerRequest) error {
 			problems = append(problems, fmt.Sprintf("%s is in both env and secretEnv", name))
 		}
 	}
+	problems = append(problems, commandProblems(req.Command, req.Args)...)
 	if len(problems) > 0 {
 		return fmt.Errorf("%s: %w", strings.Join(problems, "; "), fleet.ErrInvalid)
 	}
@@ -98,6 +100,34 @@ func envNameProblem(field, name string) string {
 		return fmt.Sprintf("%s name %q is not a valid environment variable name (letters, digits and _, not starting with a digit)", field, name)
 	}
 	return ""
+}
+
+// commandProblems says what is wrong with a create's command and args:
+// more than v1.MaxCommandEntries entries together, an entry longer than
+// v1.MaxCommandEntryBytes or holding a NUL byte (no exec argument can), or
+// an empty program name in command[0]. Entries are named by field and index.
+func commandProblems(command, args []string) []string {
+	var problems []string
+	if n := len(command) + len(args); n > v1.MaxCommandEntries {
+		problems = append(problems, fmt.Sprintf("command and args have %d entries together, at most %d are allowed", n, v1.MaxCommandEntries))
+	}
+	if len(command) > 0 && command[0] == "" {
+		problems = append(problems, "command[0] is empty; it names the program to run (leave command out to keep the image's entrypoint)")
+	}
+	for _, f := range []struct {
+		name    string
+		entries []string
+	}{{"command", command}, {"args", args}} {
+		for i, e := range f.entries {
+			switch {
+			case len(e) > v1.MaxCommandEntryBytes:
+				problems = append(problems, fmt.Sprintf("%s[%d] is %d bytes long, at most %d are allowed", f.name, i, len(e), v1.MaxCommandEntryBytes))
+			case strings.ContainsRune(e, 0):
+				problems = append(problems, fmt.Sprintf("%s[%d] contains a NUL byte", f.name, i))
+			}
+		}
+	}
+	return problems
 }
 
 // idempotencyKey reads the optional Idempotency-Key header: printable

@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
@@ -39,7 +40,8 @@ func BenchmarkCycle10k(b *testing.B) {
 	ctx := b.Context()
 	store := redisstore.New(rdb, prefix, redisstore.WithClock(c.Now))
 	agents := agentstore.New(rdb, prefix)
-	policies := reclaim.NewPolicyStore(rdb, prefix, c.Now)
+	states := redisstore.NewReclaim(rdb, prefix)
+	policies := reclaim.NewPolicies(states, c.Now)
 	p := stopPolicy()
 	if _, err := policies.Put(ctx, p, "admin"); err != nil {
 		b.Fatal(err)
@@ -69,9 +71,10 @@ func BenchmarkCycle10k(b *testing.B) {
 	if err := agents.AddSamples(ctx, samples); err != nil {
 		b.Fatal(err)
 	}
-	rec, err := reclaim.New(reclaim.Config{Redis: rdb, Prefix: prefix, Policies: policies, Servers: store,
+	rec, err := reclaim.New(reclaim.Config{Policies: policies, Audit: redisstore.NewAuditLog(rdb, prefix, nil), States: states,
+		Samples: redisstore.AgentSamples{Agents: agents}, Servers: store,
 		Stopper: &stopper{store: store}, Shrinker: reclaim.QuotaShrinker{Quotas: agents}, Prober: failProber{},
-		SampleKeys: agents.Keys(), SamplesPerServer: perServer, Now: c.Now})
+		SamplesPerServer: perServer, Now: c.Now})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -87,7 +90,7 @@ func BenchmarkCycle10k(b *testing.B) {
 	cycle() // the first cycle writes every spawn's state once
 
 	// The raw read: the same keys, pipelined in one round of batches.
-	setKey := prefix + agentstore.HashTag + "srvs" // redisstore's set of all server records
+	setKey := redisschema.New(prefix).AllServers()
 	raw := func() {
 		members, err := rdb.SMembers(ctx, setKey).Result()
 		if err != nil || len(members) != n {
@@ -111,7 +114,7 @@ func BenchmarkCycle10k(b *testing.B) {
 				for i := lo; i < hi; i++ {
 					spawn := fmt.Sprintf("spawn-%05d", i)
 					p.XRevRangeN(ctx, agents.Keys().Samples(spawn), "+", "-", perServer)
-					p.HGetAll(ctx, prefix+"{reclaim}:spawn:"+spawn)
+					p.HGetAll(ctx, redisschema.New(prefix).IdleState(spawn))
 				}
 				return nil
 			}); err != nil {

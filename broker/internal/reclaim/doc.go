@@ -1,7 +1,26 @@
 // Package reclaim decides when a running server counts as idle and what
-// happens then: the versioned, audited reclaim Policy (PolicyStore), and
-// the Reclaimer that checks every running server each interval and walks
-// the ladder warn → shrink → stop.
+// happens then: the versioned, audited reclaim Policy (Policies), and the
+// Reclaimer that checks every running server each interval and walks the
+// ladder warn → shrink → stop.
+//
+// It is a domain package: it imports no infrastructure. The policy, its
+// overrides (Effective), validation, the evidence rules (gpuEvidence,
+// notebookEvidence) and the decision (decide, the ladder) are pure
+// functions, table-tested. Everything it reads or writes goes through the
+// small interfaces it declares, implemented elsewhere:
+//
+//   - PolicyStore and IdleStates: broker/internal/redisstore.Reclaim (Redis,
+//     keys from broker/api/redisschema, Lua scripts embedded there);
+//   - AuditLog: broker/internal/redisstore.AuditLog;
+//   - Samples: redisstore.AgentSamples, which reads the node agents' samples
+//     through limiter/agent/agentstore, the agent contract's one reader;
+//   - Servers, Stopper, Shrinker: the server store and lifecycle;
+//   - ActivityProber and HubNotifier: Prober and Hub in this package (plain
+//     HTTP clients of the notebook servers and of JupyterHub).
+//
+// The policy's wire and stored form is v1.ReclaimPolicy (one schema end to
+// end); PolicyFromAPI and Policy.API are its only converter. Leader
+// election is the composition root's (broker/internal/leader).
 //
 // Invariants:
 //
@@ -19,10 +38,10 @@
 //     version, inputs) and, unless the policy is a dry run, an event on the
 //     server's stream. Dry run writes audit records only.
 //   - Exempt users and groups (and exempt overrides) are never reclaimed.
-//   - Extensions are granted by one Lua script against the per-spawn limit;
-//     the cycle never writes the extension fields, so it cannot undo one.
-//   - Exactly one replica runs the cycle (RunLeader, a Lease released on
-//     shutdown only after the cycle stopped).
-//
-// Redis keys (one hash tag, {reclaim}): see policy.go and state.go.
+//   - Extensions are granted atomically against the per-spawn limit
+//     (IdleStates.ExtendIdle); the cycle never writes the extension fields,
+//     so it cannot undo one.
+//   - Exactly one replica runs the cycle: the composition root runs it under
+//     broker/internal/leader (a Lease released on shutdown only after the
+//     cycle stopped).
 package reclaim

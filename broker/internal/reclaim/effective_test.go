@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/api/v1/v1test"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 )
 
@@ -70,12 +71,22 @@ func TestValidateAddedFields(t *testing.T) {
 		{"maximum age too short", func(p *reclaim.Policy) { p.MaxAge = time.Minute }, []string{"maxAgeSeconds"}},
 		{"extension limit too long", func(p *reclaim.Policy) { p.MaxExtend = 8 * 24 * time.Hour }, []string{"maxExtendSeconds"}},
 		{"override names neither", func(p *reclaim.Policy) { p.Overrides = []reclaim.Override{{IdleAfterSeconds: 600}} }, []string{"overrides[0]"}},
-		{"override makes the policy invalid", func(p *reclaim.Policy) {
+		{"override makes the policy invalid: named after the override's field", func(p *reclaim.Policy) {
 			p.Overrides = []reclaim.Override{{Group: "g", Action: reclaim.ActionShrink}}
-		}, []string{"overrides[0]"}},
-		{"override action unknown", func(p *reclaim.Policy) {
+		}, []string{"overrides[0].shrinkComputePercent"}},
+		{"override warning not before the inherited idle time", func(p *reclaim.Policy) {
+			p.Overrides = []reclaim.Override{{Group: "g", WarnSeconds: 3600}}
+		}, []string{"overrides[0].warnSeconds"}},
+		{"override action unknown, reported once", func(p *reclaim.Policy) {
 			p.Overrides = []reclaim.Override{{Profile: "p", Action: "explode"}}
-		}, []string{"overrides[0].action", "overrides[0]"}},
+		}, []string{"overrides[0].action"}},
+		{"override negative times, each named", func(p *reclaim.Policy) {
+			p.Overrides = []reclaim.Override{{Profile: "p", IdleAfterSeconds: -1, MaxAgeSeconds: -1}}
+		}, []string{"overrides[0].idleAfterSeconds", "overrides[0].maxAgeSeconds"}},
+		{"the policy's own problem is not repeated for its overrides", func(p *reclaim.Policy) {
+			p.IdleComputePercent = 101
+			p.Overrides = []reclaim.Override{{Profile: "p", IdleAfterSeconds: 1800}, {Group: "g", Exempt: true}}
+		}, []string{"idleComputePercent"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -95,6 +106,22 @@ func TestValidateAddedFields(t *testing.T) {
 				t.Errorf("(-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// TestPolicyFromAPIAndBackKeepsEveryField: the one converter between the
+// wire document and the domain loses no field (checked by reflection).
+func TestPolicyFromAPIAndBackKeepsEveryField(t *testing.T) {
+	full := v1test.FullReclaimPolicy()
+	if z := v1test.ZeroFields(full); len(z) != 0 {
+		t.Fatalf("the fixture leaves %v zero", z)
+	}
+	p := reclaim.PolicyFromAPI(full)
+	if err := p.Validate(); err != nil {
+		t.Errorf("the fixture is not a valid policy: %v", err)
+	}
+	if diff := cmp.Diff(full, p.API()); diff != "" {
+		t.Errorf("round trip (-want +got):\n%s", diff)
 	}
 }
 

@@ -88,13 +88,7 @@ func TestCyclePostsActivityOnlyForGPUBusyServers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := reclaim.New(reclaim.Config{Redis: f.rdb, Prefix: f.prefix, Policies: f.policies, Servers: f.store, Stopper: f.stopper,
-		Shrinker: reclaim.QuotaShrinker{Quotas: f.agents}, Prober: reclaim.NewProber(nil, 0), Hub: hub,
-		SampleKeys: f.agents.Keys(), Interval: interval, Now: f.clock.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.rec = rec
+	f.rec = f.reclaimer(hub)
 	busy := newNotebook(t, t0.Add(-time.Hour))
 	browser := newNotebook(t, t0)
 	f.server("gpu", "spawn-gpu", busy)

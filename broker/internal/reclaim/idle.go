@@ -1,25 +1,23 @@
 package reclaim
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
 
-// Verdict is what the reclaimer makes of a running server.
-type Verdict string
+// Verdict is what the reclaimer makes of a running server; the wire type
+// itself (v1.IdleVerdict).
+type Verdict = v1.IdleVerdict
 
 // The verdicts. Only VerdictIdle can lead to an action (ARCHITECTURE.md invariant
 // 4: missing data is unknown, never idle).
 const (
-	VerdictActive  Verdict = "active"
-	VerdictIdle    Verdict = "idle"
-	VerdictUnknown Verdict = "unknown"
+	VerdictActive  = v1.IdleActive
+	VerdictIdle    = v1.IdleIdle
+	VerdictUnknown = v1.IdleUnknown
 )
 
 // Reasons for the active verdict; kept without figures so that the stored
@@ -31,6 +29,31 @@ const (
 	reasonNotebookUsed = "the notebook was used recently"
 	reasonMinRunning   = "started recently (minimum running time)"
 )
+
+// Sample is the part of a node agent's usage sample (ARCHITECTURE.md
+// "Sample") that the reclaimer judges by; the Samples store converts the
+// agent contract's records (agentstore.Sample) into it.
+type Sample struct {
+	// ID is the sample's stream id; samples of one slice are ordered by it.
+	ID string
+	// At is when the agent took the sample (the agent's clock).
+	At time.Time
+	// FreshUntil is the last instant at which the sample counts as fresh
+	// (agentstore.Sample.FreshUntil: At plus three sampling intervals); the
+	// zero time means always stale.
+	FreshUntil time.Time
+	// SMPercent is the slice's SM utilization, percent of the GPU; nil when
+	// the agent could not measure it (Missing says why).
+	SMPercent *int
+	// LastKernel is the last kernel launch the hooks recorded; nil when not
+	// reported, the zero time when none was recorded yet.
+	LastKernel *time.Time
+	// Missing names why readings are missing ("" when none are).
+	Missing string
+}
+
+// Stale reports whether the sample is stale at now.
+func (s Sample) Stale(now time.Time) bool { return now.After(s.FreshUntil) }
 
 // observation is one server's classification in one cycle.
 type observation struct {
@@ -46,7 +69,7 @@ type observation struct {
 // window shows SM use above idlePercent or a kernel launch; unknown when
 // there are no samples, the newest is stale, or its SM reading is missing;
 // otherwise idle (the notebook's own activity decides then).
-func gpuEvidence(now time.Time, samples []agentstore.Sample, idlePercent int, lookback time.Duration, inputs map[string]string) (Verdict, string) {
+func gpuEvidence(now time.Time, samples []Sample, idlePercent int, lookback time.Duration, inputs map[string]string) (Verdict, string) {
 	if len(samples) == 0 {
 		return VerdictUnknown, "the node agent has reported no GPU samples for this server"
 	}
@@ -103,61 +126,4 @@ func notebookEvidence(now time.Time, a Activity, probeErr error, lookback time.D
 		return VerdictActive, reasonNotebookUsed
 	}
 	return VerdictIdle, ""
-}
-
-// sampleFields are agentstore's stream fields that the batch read decodes;
-// TestBatchSamplesMatchAgentstore keeps them in step with agentstore.
-const (
-	sfAt       = "t"
-	sfInterval = "iv"
-	sfSM       = "sm"
-	sfKernel   = "lk"
-	sfMissing  = "miss"
-)
-
-// decodeBatchSample decodes the fields of an agent sample that reclaim
-// uses (At, Interval, SMPercent, LastKernel, Missing). agentstore has no
-// pipelined multi-slice read yet; this is its stand-in, tested against
-// agentstore.RecentSamples.
-func decodeBatchSample(slice string, m redis.XMessage) (agentstore.Sample, error) {
-	str := func(f string) string { v, _ := m.Values[f].(string); return v }
-	num := func(f string) (int64, bool, error) {
-		v := str(f)
-		if v == "" {
-			return 0, false, nil
-		}
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return 0, false, fmt.Errorf("sample %s of slice %s: field %s: %w", m.ID, slice, f, err)
-		}
-		return n, true, nil
-	}
-	s := agentstore.Sample{ID: m.ID, Slice: slice, Missing: str(sfMissing)}
-	var errs []error
-	if v, ok, err := num(sfAt); ok {
-		s.At = time.UnixMilli(v).UTC()
-	} else if err != nil {
-		errs = append(errs, err)
-	}
-	if v, ok, err := num(sfInterval); ok {
-		s.Interval = time.Duration(v) * time.Millisecond
-	} else if err != nil {
-		errs = append(errs, err)
-	}
-	if v, ok, err := num(sfSM); ok {
-		n := int(v)
-		s.SMPercent = &n
-	} else if err != nil {
-		errs = append(errs, err)
-	}
-	if v, ok, err := num(sfKernel); ok {
-		var t time.Time
-		if v != 0 {
-			t = time.UnixMilli(v).UTC()
-		}
-		s.LastKernel = &t
-	} else if err != nil {
-		errs = append(errs, err)
-	}
-	return s, errors.Join(errs...)
 }

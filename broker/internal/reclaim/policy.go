@@ -1,43 +1,34 @@
 package reclaim
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
-// This file is the reclaim policy document: its type, validation, and a
-// versioned store in Redis whose every change is audited. The reclaimer
-// (idle detection and actions) builds on it.
-//
-// Redis keys (all under one hash tag, so the update script is atomic on a
-// cluster too):
-//
-//	key                                      type    TTL   owner
-//	<prefix>{reclaim}:policy                 STRING  none  PolicyStore.Put (JSON of the current Policy)
-//	<prefix>{reclaim}:policy:version         STRING  none  PolicyStore.Put (current version, integer)
-//	<prefix>{reclaim}:policy:history         HASH    none  PolicyStore.Put (version → JSON; the last historyKeep)
-//	<prefix>{reclaim}:audit                  STREAM  none  PolicyStore.Put and the reclaimer (field "entry": JSON of AuditEntry; MAXLEN ~ auditMaxLen)
-//
-// None of them can be orphaned: they are singletons, bounded in size.
+// This file is the reclaim policy: its type, its overrides (Effective),
+// validation and the changes between two versions. Where it is kept is the
+// PolicyStore's business (policies.go); its wire and stored form is
+// v1.ReclaimPolicy (wire.go).
 
-// Action is what happens to an idle server.
-type Action string
+// Action is what happens to an idle server; the wire type itself, so that
+// the API, the store and the domain share one set of names.
+type Action = v1.ReclaimAction
 
 // The actions.
 const (
-	ActionWarn   Action = "warn"
-	ActionShrink Action = "shrink"
-	ActionStop   Action = "stop"
+	ActionWarn   = v1.ReclaimWarn
+	ActionShrink = v1.ReclaimShrink
+	ActionStop   = v1.ReclaimStop
 )
 
 // Bounds of the policy's fields.
@@ -49,13 +40,6 @@ const (
 	maxExemptGroups = 64
 	// maxReasonBytes bounds Reason.
 	maxReasonBytes = 500
-)
-
-// Store bounds.
-const (
-	historyKeep = 100   // policy versions kept for conflict explanations
-	auditMaxLen = 10000 // audit entries kept (approximately)
-	opTimeout   = 5 * time.Second
 )
 
 // Policy is the reclaim policy. The zero value is not valid; start from
@@ -110,25 +94,11 @@ type Policy struct {
 }
 
 // Override replaces fields of the policy for the servers of Profile or for
-// the members of Group (exactly one of them is set). Zero fields keep the
-// policy's value.
-type Override struct {
-	Profile string `json:"profile,omitempty"`
-	Group   string `json:"group,omitempty"`
-	// Exempt: matching servers are never reclaimed.
-	Exempt bool `json:"exempt,omitempty"`
-	// IdleAfterSeconds, WarnSeconds, StopAfterSeconds, MinRunningSeconds,
-	// MaxAgeSeconds: as the policy's fields, in seconds; 0 = inherit.
-	IdleAfterSeconds  int64 `json:"idleAfterSeconds,omitempty"`
-	WarnSeconds       int64 `json:"warnSeconds,omitempty"`
-	StopAfterSeconds  int64 `json:"stopAfterSeconds,omitempty"`
-	MinRunningSeconds int64 `json:"minRunningSeconds,omitempty"`
-	MaxAgeSeconds     int64 `json:"maxAgeSeconds,omitempty"`
-	// Action: "" = inherit.
-	Action Action `json:"action,omitempty"`
-	// ShrinkComputePercent: 0 = inherit.
-	ShrinkComputePercent int `json:"shrinkComputePercent,omitempty"`
-}
+// the members of Group (exactly one of them is set); zero fields keep the
+// policy's value. It is the wire type itself (v1.ReclaimOverride, times in
+// seconds): overrides pass between the API, the store and the domain
+// unconverted.
+type Override = v1.ReclaimOverride
 
 // Limits of the added fields.
 const (
@@ -246,7 +216,7 @@ func (p Policy) Validate() error {
 		add("idleComputePercent", "must be between 0 and 100 (percent of the GPU's SMs)")
 	}
 	if p.IdleAfter < MinIdleAfter || p.IdleAfter > MaxIdleAfter {
-		add("idleAfterSeconds", fmt.Sprintf("must be between %d and %d seconds (1 minute to 7 days)", int64(MinIdleAfter/time.Second), int64(MaxIdleAfter/time.Second)))
+		add("idleAfterSeconds", "must be between 1 minute and 7 days")
 	}
 	switch p.Action {
 	case ActionWarn, ActionStop:
@@ -262,7 +232,7 @@ func (p Policy) Validate() error {
 	}
 	switch {
 	case p.Warn < 0 || p.Warn > MaxWarn:
-		add("warnSeconds", fmt.Sprintf("must be between 0 and %d seconds (24 hours)", int64(MaxWarn/time.Second)))
+		add("warnSeconds", "must be between 0 and 24 hours")
 	case p.Warn >= p.IdleAfter && p.IdleAfter >= MinIdleAfter:
 		add("warnSeconds", "must be shorter than the idle time, so that the warning comes before the action")
 	}
@@ -299,20 +269,7 @@ func (p Policy) Validate() error {
 		add("overrides", fmt.Sprintf("at most %d overrides", maxOverrides))
 	}
 	for i, o := range p.Overrides {
-		f := fmt.Sprintf("overrides[%d]", i)
-		if (o.Profile == "") == (o.Group == "") {
-			add(f, "name exactly one of profile and group")
-		}
-		if o.Action != "" && o.Action != ActionWarn && o.Action != ActionShrink && o.Action != ActionStop {
-			add(f+".action", "must be warn, shrink or stop")
-		}
-		if o.IdleAfterSeconds < 0 || o.WarnSeconds < 0 || o.StopAfterSeconds < 0 || o.MinRunningSeconds < 0 || o.MaxAgeSeconds < 0 || o.ShrinkComputePercent < 0 || o.ShrinkComputePercent > 100 {
-			add(f, "times must not be negative and shrinkComputePercent must be 0..100")
-			continue
-		}
-		if err := p.applyOverride(o).Validate(); err != nil {
-			add(f, "the policy with this override is not valid: "+err.Error())
-		}
+		ps = append(ps, p.validateOverride(i, o, ps)...)
 	}
 	if len(p.Reason) > maxReasonBytes {
 		add("reason", fmt.Sprintf("at most %d bytes", maxReasonBytes))
@@ -321,6 +278,63 @@ func (p Policy) Validate() error {
 		return nil
 	}
 	return &ValidationError{Problems: ps}
+}
+
+// overrideFields are the JSON names of Override's fields, for naming an
+// override's own field in a problem.
+var overrideFields = func() map[string]bool {
+	out := map[string]bool{}
+	t := reflect.TypeFor[Override]()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		out[name] = true
+	}
+	return out
+}()
+
+// validateOverride returns the problems of override i: its own fields
+// first; when those are valid, the problems of the policy with o applied
+// that the policy alone (top, its problems so far) does not have, each
+// named after the override's field when o has one of that name
+// ("overrides[2].warnSeconds"), else after the override.
+func (p Policy) validateOverride(i int, o Override, top []FieldProblem) []FieldProblem {
+	var ps []FieldProblem
+	f := fmt.Sprintf("overrides[%d]", i)
+	add := func(field, m string) { ps = append(ps, FieldProblem{field, m}) }
+	if (o.Profile == "") == (o.Group == "") {
+		add(f, "name exactly one of profile and group")
+	}
+	if o.Action != "" && o.Action != ActionWarn && o.Action != ActionShrink && o.Action != ActionStop {
+		add(f+".action", "must be warn, shrink or stop, or empty to keep the policy's action")
+	}
+	for name, v := range map[string]int64{"idleAfterSeconds": o.IdleAfterSeconds, "warnSeconds": o.WarnSeconds,
+		"stopAfterSeconds": o.StopAfterSeconds, "minRunningSeconds": o.MinRunningSeconds, "maxAgeSeconds": o.MaxAgeSeconds} {
+		if v < 0 {
+			add(f+"."+name, "must not be negative (empty keeps the policy's value)")
+		}
+	}
+	if o.ShrinkComputePercent < 0 || o.ShrinkComputePercent > 100 {
+		add(f+".shrinkComputePercent", "must be between 1 and 100, or empty to keep the policy's value")
+	}
+	if len(ps) > 0 {
+		slices.SortStableFunc(ps, func(a, b FieldProblem) int { return strings.Compare(a.Field, b.Field) })
+		return ps
+	}
+	var ve *ValidationError
+	if err := p.applyOverride(o).Validate(); err == nil || !errors.As(err, &ve) {
+		return nil
+	}
+	for _, pr := range ve.Problems {
+		if slices.Contains(top, pr) {
+			continue // the policy's own problem, reported once
+		}
+		if overrideFields[pr.Field] {
+			add(f+"."+pr.Field, pr.Message)
+		} else {
+			add(f, "with this override, "+pr.Field+" "+pr.Message)
+		}
+	}
+	return ps
 }
 
 // Normalize trims and sorts ExemptGroups (dropping empty and duplicate
@@ -398,7 +412,7 @@ func (e *ConflictError) Error() string {
 		who = append(who, fmt.Sprintf("version %d by %s at %s", p.Version, p.UpdatedBy, p.UpdatedAt.UTC().Format("2006-01-02 15:04 UTC")))
 	}
 	var what []string
-	for _, k := range slices.Sorted(mapsKeys(e.Changes)) {
+	for _, k := range slices.Sorted(maps.Keys(e.Changes)) {
 		what = append(what, k+" "+e.Changes[k])
 	}
 	msg := fmt.Sprintf("the policy changed while you edited it (you started from version %d; the current version is %d", e.Base, e.Current.Version)
@@ -416,310 +430,3 @@ func (e *ConflictError) Error() string {
 
 // Unwrap makes errors.Is(err, fleet.ErrConflict) true.
 func (e *ConflictError) Unwrap() error { return fleet.ErrConflict }
-
-func mapsKeys(m map[string]string) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
-// AuditEntry is one audited action.
-type AuditEntry struct {
-	// ID is the Redis stream id (set when read).
-	ID            string            `json:"-"`
-	Time          time.Time         `json:"time"`
-	Actor         string            `json:"actor"`
-	Action        string            `json:"action"`
-	Target        string            `json:"target"`
-	Reason        string            `json:"reason,omitempty"`
-	PolicyVersion int64             `json:"policyVersion,omitempty"`
-	Inputs        map[string]string `json:"inputs,omitempty"`
-}
-
-// Audit actions and targets written by this file.
-const (
-	AuditPolicyUpdate = "reclaim-policy.update"
-	AuditTargetPolicy = "reclaim-policy"
-)
-
-// AuditQuery filters the audit log; empty fields match everything.
-type AuditQuery struct {
-	// Actor, Action and Target match exactly (Actor ignoring case).
-	Actor, Action, Target string
-	// Before is a cursor: only entries older than this id.
-	Before string
-	// Limit is the page size, 1..200; 0 means 50.
-	Limit int
-}
-
-// PolicyStore keeps the policy, its history and the audit log in Redis.
-// Safe for concurrent use, also across replicas.
-type PolicyStore struct {
-	rdb    redis.UniversalClient
-	prefix string
-	now    func() time.Time
-}
-
-// NewPolicyStore returns a store under prefix; now is the clock for
-// UpdatedAt and audit times (nil means time.Now).
-func NewPolicyStore(rdb redis.UniversalClient, prefix string, now func() time.Time) *PolicyStore {
-	if now == nil {
-		now = time.Now
-	}
-	return &PolicyStore{rdb: rdb, prefix: prefix, now: now}
-}
-
-func (s *PolicyStore) policyKey() string  { return s.prefix + "{reclaim}:policy" }
-func (s *PolicyStore) versionKey() string { return s.prefix + "{reclaim}:policy:version" }
-func (s *PolicyStore) historyKey() string { return s.prefix + "{reclaim}:policy:history" }
-func (s *PolicyStore) auditKey() string   { return s.prefix + "{reclaim}:audit" }
-
-// storedPolicy is Policy's JSON form in Redis.
-type storedPolicy struct {
-	Version              int64      `json:"version"`
-	Enabled              bool       `json:"enabled"`
-	IdleComputePercent   int        `json:"idleComputePercent"`
-	IdleAfterSeconds     int64      `json:"idleAfterSeconds"`
-	Action               Action     `json:"action"`
-	WarnSeconds          int64      `json:"warnSeconds"`
-	ShrinkComputePercent int        `json:"shrinkComputePercent,omitempty"`
-	ExemptGroups         []string   `json:"exemptGroups,omitempty"`
-	ExemptUsers          []string   `json:"exemptUsers,omitempty"`
-	StopAfterSeconds     int64      `json:"stopAfterSeconds,omitempty"`
-	MinRunningSeconds    int64      `json:"minRunningSeconds,omitempty"`
-	MaxAgeSeconds        int64      `json:"maxAgeSeconds,omitempty"`
-	MaxExtendSeconds     int64      `json:"maxExtendSeconds,omitempty"`
-	DryRun               bool       `json:"dryRun,omitempty"`
-	Overrides            []Override `json:"overrides,omitempty"`
-	Reason               string     `json:"reason,omitempty"`
-	UpdatedBy            string     `json:"updatedBy,omitempty"`
-	UpdatedAt            time.Time  `json:"updatedAt"`
-}
-
-func toStoredPolicy(p Policy) storedPolicy {
-	sec := func(d time.Duration) int64 { return int64(d / time.Second) }
-	return storedPolicy{
-		Version: p.Version, Enabled: p.Enabled, IdleComputePercent: p.IdleComputePercent,
-		IdleAfterSeconds: sec(p.IdleAfter), Action: p.Action, WarnSeconds: sec(p.Warn),
-		ShrinkComputePercent: p.ShrinkComputePercent, ExemptGroups: p.ExemptGroups,
-		ExemptUsers: p.ExemptUsers, StopAfterSeconds: sec(p.StopAfter), MinRunningSeconds: sec(p.MinRunning),
-		MaxAgeSeconds: sec(p.MaxAge), MaxExtendSeconds: sec(p.MaxExtend), DryRun: p.DryRun, Overrides: p.Overrides,
-		Reason: p.Reason, UpdatedBy: p.UpdatedBy, UpdatedAt: p.UpdatedAt,
-	}
-}
-
-func (sp storedPolicy) policy() Policy {
-	dur := func(s int64) time.Duration { return time.Duration(s) * time.Second }
-	return Policy{
-		Version: sp.Version, Enabled: sp.Enabled, IdleComputePercent: sp.IdleComputePercent,
-		IdleAfter: dur(sp.IdleAfterSeconds), Action: sp.Action, Warn: dur(sp.WarnSeconds),
-		ShrinkComputePercent: sp.ShrinkComputePercent, ExemptGroups: sp.ExemptGroups,
-		ExemptUsers: sp.ExemptUsers, StopAfter: dur(sp.StopAfterSeconds), MinRunning: dur(sp.MinRunningSeconds),
-		MaxAge: dur(sp.MaxAgeSeconds), MaxExtend: dur(sp.MaxExtendSeconds), DryRun: sp.DryRun, Overrides: sp.Overrides,
-		Reason: sp.Reason, UpdatedBy: sp.UpdatedBy, UpdatedAt: sp.UpdatedAt,
-	}
-}
-
-func decodePolicy(b []byte) (Policy, error) {
-	var sp storedPolicy
-	if err := json.Unmarshal(b, &sp); err != nil {
-		return Policy{}, fmt.Errorf("reclaim: decode stored policy: %w", err)
-	}
-	return sp.policy(), nil
-}
-
-// Get returns the current policy, or DefaultPolicy (version 0) when none
-// was saved.
-func (s *PolicyStore) Get(ctx context.Context) (Policy, error) {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	b, err := s.rdb.Get(ctx, s.policyKey()).Bytes()
-	if errors.Is(err, redis.Nil) {
-		return DefaultPolicy(), nil
-	}
-	if err != nil {
-		return Policy{}, fmt.Errorf("reclaim: get policy: %w", err)
-	}
-	return decodePolicy(b)
-}
-
-// putPolicy saves a new version if the current one is the base.
-//
-// KEYS[1] policy, KEYS[2] version, KEYS[3] history, KEYS[4] audit.
-// ARGV[1] base version, ARGV[2] the new policy's JSON (its version is
-// base+1), ARGV[3] the audit entry's JSON, ARGV[4] history versions kept,
-// ARGV[5] audit MAXLEN (approximate).
-// Returns {1, new version} when saved, {0, current version} when the base
-// is not current.
-var putPolicy = redis.NewScript(`
-local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
-if cur ~= tonumber(ARGV[1]) then
-  return {0, cur}
-end
-local v = cur + 1
-redis.call('SET', KEYS[1], ARGV[2])
-redis.call('SET', KEYS[2], v)
-redis.call('HSET', KEYS[3], tostring(v), ARGV[2])
-local old = v - tonumber(ARGV[4])
-if old > 0 then
-  redis.call('HDEL', KEYS[3], tostring(old))
-end
-redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'entry', ARGV[3])
-return {1, v}
-`)
-
-// Put saves p as the next version if p.Version is the current version
-// (optimistic concurrency), recording actor, the time and an audit entry
-// with the changed fields in the same atomic step. It returns the saved
-// policy. Errors: *ValidationError (fleet.ErrInvalid) for an invalid p,
-// *ConflictError (fleet.ErrConflict) when another version was saved since
-// p.Version, or a Redis error.
-func (s *PolicyStore) Put(ctx context.Context, p Policy, actor string) (Policy, error) {
-	p = p.Normalize()
-	if err := p.Validate(); err != nil {
-		return Policy{}, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	base, err := s.Get(ctx)
-	if err != nil {
-		return Policy{}, err
-	}
-	if base.Version != p.Version {
-		return Policy{}, s.conflict(ctx, p.Version)
-	}
-	now := s.now().UTC().Truncate(time.Second)
-	p.Version, p.UpdatedBy, p.UpdatedAt = base.Version+1, actor, now
-	doc, err := json.Marshal(toStoredPolicy(p))
-	if err != nil {
-		return Policy{}, fmt.Errorf("reclaim: encode policy: %w", err)
-	}
-	entry, err := json.Marshal(AuditEntry{
-		Time: now, Actor: actor, Action: AuditPolicyUpdate, Target: AuditTargetPolicy,
-		Reason: p.Reason, PolicyVersion: p.Version, Inputs: p.changes(base),
-	})
-	if err != nil {
-		return Policy{}, fmt.Errorf("reclaim: encode audit entry: %w", err)
-	}
-	res, err := putPolicy.Run(ctx, s.rdb, []string{s.policyKey(), s.versionKey(), s.historyKey(), s.auditKey()},
-		base.Version, doc, entry, historyKeep, auditMaxLen).Int64Slice()
-	if err != nil {
-		return Policy{}, fmt.Errorf("reclaim: put policy: %w", err)
-	}
-	if len(res) != 2 {
-		return Policy{}, fmt.Errorf("reclaim: put policy: script returned %d values, want 2", len(res))
-	}
-	if res[0] != 1 {
-		// Someone saved between our read and the script.
-		return Policy{}, s.conflict(ctx, p.Version-1)
-	}
-	return p, nil
-}
-
-// conflict builds the ConflictError for an edit based on version base.
-func (s *PolicyStore) conflict(ctx context.Context, base int64) error {
-	cur, err := s.Get(ctx)
-	if err != nil {
-		return err
-	}
-	ce := &ConflictError{Base: base, Current: cur}
-	if base > cur.Version || base < 0 {
-		return ce
-	}
-	hist, err := s.rdb.HGetAll(ctx, s.historyKey()).Result()
-	if err != nil {
-		return fmt.Errorf("reclaim: policy history: %w", err)
-	}
-	from := DefaultPolicy()
-	if base > 0 {
-		b, ok := hist[strconv.FormatInt(base, 10)]
-		if !ok {
-			ce.Changes = map[string]string{}
-			return ce // too old to tell what changed
-		}
-		if from, err = decodePolicy([]byte(b)); err != nil {
-			return err
-		}
-	}
-	for v := base + 1; v <= cur.Version; v++ {
-		if b, ok := hist[strconv.FormatInt(v, 10)]; ok {
-			if p, err := decodePolicy([]byte(b)); err == nil {
-				ce.Since = append(ce.Since, p)
-			}
-		}
-	}
-	ce.Changes = cur.changes(from)
-	return ce
-}
-
-// Audit returns the newest entries matching q, newest first, and the
-// cursor of the next page ("" when there is none).
-func (s *PolicyStore) Audit(ctx context.Context, q AuditQuery) ([]AuditEntry, string, error) {
-	if q.Limit <= 0 {
-		q.Limit = 50
-	}
-	q.Limit = min(q.Limit, 200)
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	end := "+"
-	if q.Before != "" {
-		end = "(" + q.Before
-	}
-	var out []AuditEntry
-	const batch = 500
-	for scanned := 0; scanned < auditMaxLen*2; scanned += batch {
-		msgs, err := s.rdb.XRevRangeN(ctx, s.auditKey(), end, "-", batch).Result()
-		if err != nil {
-			return nil, "", fmt.Errorf("reclaim: read audit log: %w", err)
-		}
-		for _, m := range msgs {
-			raw, _ := m.Values["entry"].(string)
-			var e AuditEntry
-			if json.Unmarshal([]byte(raw), &e) != nil {
-				continue
-			}
-			e.ID = m.ID
-			if (q.Actor == "" || strings.EqualFold(q.Actor, e.Actor)) && (q.Action == "" || q.Action == e.Action) && (q.Target == "" || q.Target == e.Target) {
-				if len(out) == q.Limit {
-					return out, out[len(out)-1].ID, nil
-				}
-				out = append(out, e)
-			}
-		}
-		if len(msgs) < batch {
-			break
-		}
-		end = "(" + msgs[len(msgs)-1].ID
-	}
-	return out, "", nil
-}
-
-// AppendAudit adds e to the audit log (trimmed to about auditMaxLen
-// entries). The reclaimer and the extend route use it.
-func (s *PolicyStore) AppendAudit(ctx context.Context, e AuditEntry) error {
-	b, err := json.Marshal(e)
-	if err != nil {
-		return fmt.Errorf("reclaim: encode audit entry: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	if err := s.rdb.XAdd(ctx, &redis.XAddArgs{Stream: s.auditKey(), MaxLen: auditMaxLen, Approx: true, Values: []any{"entry", string(b)}}).Err(); err != nil {
-		return fmt.Errorf("reclaim: append audit entry: %w", err)
-	}
-	return nil
-}
-
-// ValidBefore reports whether s is usable as an audit cursor (a stream id).
-func ValidBefore(s string) bool {
-	ms, seq, ok := strings.Cut(s, "-")
-	if !ok {
-		return false
-	}
-	_, err1 := strconv.ParseUint(ms, 10, 64)
-	_, err2 := strconv.ParseUint(seq, 10, 64)
-	return err1 == nil && err2 == nil
-}

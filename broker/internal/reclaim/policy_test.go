@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/google/go-cmp/cmp"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
+	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 )
 
@@ -24,17 +25,27 @@ func TestMain(m *testing.M) {
 
 var t0 = time.Date(2026, 11, 29, 15, 0, 0, 0, time.UTC)
 
-func newStore(t *testing.T) *reclaim.PolicyStore {
+// policyEnv is the policy (Get, Put) over a real Redis and the audit log
+// (Audit) its saves write to.
+type policyEnv struct {
+	*reclaim.Policies
+	*redisstore.AuditLog
+}
+
+// newStore returns the policy over a real redis-server under a prefix of
+// its own, with a clock that moves a minute each time it is read.
+func newStore(t *testing.T) policyEnv {
 	t.Helper()
 	rs := redistest.Start(t)
 	now := t0
 	var mu sync.Mutex
-	return reclaim.NewPolicyStore(rs.Client(t), rs.Prefix(t), func() time.Time {
+	rdb, prefix := rs.Client(t), rs.Prefix(t)
+	return policyEnv{reclaim.NewPolicies(redisstore.NewReclaim(rdb, prefix), func() time.Time {
 		mu.Lock()
 		defer mu.Unlock()
 		now = now.Add(time.Minute)
 		return now
-	})
+	}), redisstore.NewAuditLog(rdb, prefix, nil)}
 }
 
 func TestValidate(t *testing.T) {
@@ -107,7 +118,7 @@ func TestPutGetAndAudit(t *testing.T) {
 	if back, err := s.Get(ctx); err != nil || !cmp.Equal(want, back) {
 		t.Errorf("get after put (-want +got):\n%s (err %v)", cmp.Diff(want, back), err)
 	}
-	entries, next, err := s.Audit(ctx, reclaim.AuditQuery{})
+	entries, next, err := s.Audit(ctx, audit.Query{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,8 +127,8 @@ func TestPutGetAndAudit(t *testing.T) {
 	}
 	e := entries[0]
 	e.ID = ""
-	if diff := cmp.Diff(reclaim.AuditEntry{
-		Time: t0.Add(time.Minute), Actor: "root", Action: reclaim.AuditPolicyUpdate, Target: reclaim.AuditTargetPolicy,
+	if diff := cmp.Diff(audit.Entry{
+		Time: t0.Add(time.Minute), Source: v1.AuditSourceReclaim, Actor: "root", ActorKind: v1.ActorAdmin, Action: reclaim.AuditPolicyUpdate, Target: reclaim.AuditTargetPolicy,
 		Reason: "night shift", PolicyVersion: 1,
 		Inputs: map[string]string{"enabled": "false → true", "action": "warn → shrink", "shrinkComputePercent": "0 → 10", "exemptGroups": "[] → [admins, ml]"},
 	}, e); diff != "" {
@@ -136,7 +147,7 @@ func TestInvalidPutSavesNothing(t *testing.T) {
 	if err != nil || got.Version != 0 {
 		t.Errorf("after invalid put: version %d err %v, want 0", got.Version, err)
 	}
-	if entries, _, err := s.Audit(t.Context(), reclaim.AuditQuery{}); err != nil || len(entries) != 0 {
+	if entries, _, err := s.Audit(t.Context(), audit.Query{}); err != nil || len(entries) != 0 {
 		t.Errorf("audit after invalid put: %v %v, want none", entries, err)
 	}
 }
@@ -194,67 +205,8 @@ func TestConcurrentPutsOneWins(t *testing.T) {
 			t.Errorf("unexpected error %v", err)
 		}
 	}
-	entries, _, err := s.Audit(t.Context(), reclaim.AuditQuery{})
+	entries, _, err := s.Audit(t.Context(), audit.Query{})
 	if wins != 1 || err != nil || len(entries) != 1 {
 		t.Errorf("%d saves, %d audit entries (err %v), want 1 and 1", wins, len(entries), err)
-	}
-}
-
-func TestAuditFilterAndPages(t *testing.T) {
-	s := newStore(t)
-	ctx := t.Context()
-	for i := range 5 {
-		p, err := s.Get(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.IdleComputePercent = i + 10
-		actor := "alice"
-		if i%2 == 1 {
-			actor = "bob"
-		}
-		if _, err := s.Put(ctx, p, actor); err != nil {
-			t.Fatal(err)
-		}
-	}
-	versions := func(es []reclaim.AuditEntry) []int64 {
-		var v []int64
-		for _, e := range es {
-			v = append(v, e.PolicyVersion)
-		}
-		return v
-	}
-	page1, next, err := s.Audit(ctx, reclaim.AuditQuery{Actor: "ALICE", Limit: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	page2, next2, err := s.Audit(ctx, reclaim.AuditQuery{Actor: "alice", Limit: 2, Before: next})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff([][]int64{{5, 3}, {1}}, [][]int64{versions(page1), versions(page2)}); diff != "" || next2 != "" || !reclaim.ValidBefore(next) {
-		t.Errorf("pages (-want +got):\n%s next %q next2 %q", diff, next, next2)
-	}
-	if none, _, err := s.Audit(ctx, reclaim.AuditQuery{Action: "server.stop"}); err != nil || len(none) != 0 {
-		t.Errorf("filter by another action: %v %v", none, err)
-	}
-}
-
-// TestMiniredis: dev mode's embedded Redis runs the same script.
-func TestMiniredis(t *testing.T) {
-	mr := miniredis.RunT(t)
-	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	s := reclaim.NewPolicyStore(rdb, "dev:", nil)
-	p := reclaim.DefaultPolicy()
-	p.Enabled = true
-	if _, err := s.Put(t.Context(), p, "dev"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Put(t.Context(), p, "dev"); !errors.Is(err, fleet.ErrConflict) {
-		t.Errorf("stale put on miniredis: %v", err)
-	}
-	if es, _, err := s.Audit(t.Context(), reclaim.AuditQuery{}); err != nil || len(es) != 1 {
-		t.Errorf("audit on miniredis: %v %v", es, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
@@ -127,7 +128,9 @@ type fixture struct {
 	rdb      *redis.Client
 	store    *redisstore.Store
 	agents   *agentstore.Store
-	policies *reclaim.PolicyStore
+	policies *reclaim.Policies
+	states   *redisstore.Reclaim
+	log      *redisstore.AuditLog
 	stopper  *stopper
 	rec      *reclaim.Reclaimer
 }
@@ -142,17 +145,29 @@ func newFixture(t *testing.T) *fixture {
 	c := &clock{now: t0}
 	store := redisstore.New(rdb, prefix, redisstore.WithClock(c.Now))
 	agents := agentstore.New(rdb, prefix)
-	policies := reclaim.NewPolicyStore(rdb, prefix, c.Now)
+	states := redisstore.NewReclaim(rdb, prefix)
+	log := redisstore.NewAuditLog(rdb, prefix, nil)
+	policies := reclaim.NewPolicies(states, c.Now)
 	st := &stopper{store: store}
+	f := &fixture{t: t, prefix: prefix, clock: c, rdb: rdb, store: store, agents: agents, policies: policies,
+		states: states, log: log, stopper: st}
+	f.rec = f.reclaimer(nil)
+	return f
+}
+
+// reclaimer builds a Reclaimer over the fixture's parts, telling hub (if
+// not nil) about busy servers.
+func (f *fixture) reclaimer(hub reclaim.HubNotifier) *reclaim.Reclaimer {
+	f.t.Helper()
 	rec, err := reclaim.New(reclaim.Config{
-		Redis: rdb, Prefix: prefix, Policies: policies, Servers: store, Stopper: st,
-		Shrinker: reclaim.QuotaShrinker{Quotas: agents}, Prober: reclaim.NewProber(nil, 0),
-		SampleKeys: agents.Keys(), Interval: interval, Now: c.Now,
+		Policies: f.policies, Audit: f.log, States: f.states, Samples: redisstore.AgentSamples{Agents: f.agents},
+		Servers: f.store, Stopper: f.stopper, Shrinker: reclaim.QuotaShrinker{Quotas: f.agents},
+		Prober: reclaim.NewProber(nil, 0), Hub: hub, Interval: interval, Now: f.clock.Now,
 	})
 	if err != nil {
-		t.Fatal(err)
+		f.t.Fatal(err)
 	}
-	return &fixture{t: t, prefix: prefix, clock: c, rdb: rdb, store: store, agents: agents, policies: policies, stopper: st, rec: rec}
+	return rec
 }
 
 func (f *fixture) policy(p reclaim.Policy) reclaim.Policy {
@@ -222,9 +237,9 @@ func (f *fixture) get(name string) fleet.Server {
 	return s
 }
 
-func (f *fixture) audit() []reclaim.AuditEntry {
+func (f *fixture) audit() []audit.Entry {
 	f.t.Helper()
-	es, _, err := f.policies.Audit(f.t.Context(), reclaim.AuditQuery{Actor: reclaim.Actor, Limit: 200})
+	es, _, err := f.log.Audit(f.t.Context(), audit.Query{Actor: reclaim.Actor, Limit: 200})
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -239,6 +254,9 @@ func (f *fixture) state(name string) reclaim.IdleState {
 	}
 	return st
 }
+
+// ada is the servers' user as an audit actor.
+var ada = audit.Actor{Name: "ada", Kind: v1.ActorUser}
 
 // stopPolicy stops after 10 idle minutes with 2 minutes' warning.
 func stopPolicy() reclaim.Policy {
@@ -454,14 +472,14 @@ func TestExtendPostponesTheStopWithinTheLimit(t *testing.T) {
 	nb := newNotebook(t, t0.Add(-time.Hour))
 	f.server("a", "spawn-1", nb)
 	f.run(9*time.Minute, "spawn-1", constSM(0))
-	st, err := f.rec.Extend(t.Context(), f.get("a"), 20*time.Minute, "ada")
+	st, err := f.rec.Extend(t.Context(), f.get("a"), 20*time.Minute, ada)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := f.clock.Now().Add(20 * time.Minute); !st.ExtendedUntil.Equal(want) {
 		t.Errorf("extended until %s, want %s", st.ExtendedUntil, want)
 	}
-	if _, err := f.rec.Extend(t.Context(), f.get("a"), 11*time.Minute, "ada"); err == nil || !strings.Contains(err.Error(), "at most 10 min more") {
+	if _, err := f.rec.Extend(t.Context(), f.get("a"), 11*time.Minute, ada); err == nil || !strings.Contains(err.Error(), "at most 10 min more") {
 		t.Errorf("extension past the limit: %v, want the remaining 10 min named", err)
 	}
 	f.run(25*time.Minute, "spawn-1", constSM(0)) // 20 min extension + 5 min: not yet 10 idle

@@ -2,21 +2,36 @@ package reclaim
 
 import (
 	"context"
-	"fmt"
-	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
-// Redis keys of the reclaimer (same hash tag as the policy):
-//
-//	key                                  type  TTL          owner
-//	<prefix>{reclaim}:spawn:<spawnID>    HASH  stateTTL     Reclaimer (idle clock and ladder progress of one spawn)
-//
-// A spawn's state is keyed by its spawn id, so every start begins with a
-// fresh clock; the TTL collects the states of spawns that ended.
-const stateTTL = 8 * 24 * time.Hour
+// IdleStates keeps the reclaimer's idle state of each spawn (implemented by
+// broker/internal/redisstore.Reclaim). A spawn's state is keyed by its
+// spawn id, so every start begins with a fresh clock; the store collects
+// the states of spawns that ended. Safe for concurrent use.
+type IdleStates interface {
+	// IdleStates returns the stored state of each spawn, in order; a spawn
+	// without one has only SpawnID set.
+	IdleStates(ctx context.Context, spawnIDs []string) ([]IdleState, error)
+	// SaveIdleStates writes the cycle's fields of each state; it never
+	// writes ExtendedUntil and Extended, which only ExtendIdle changes, so a
+	// cycle cannot undo an extension granted while it ran.
+	SaveIdleStates(ctx context.Context, states []IdleState) error
+	// ExtendIdle atomically grants an extension of d to spawnID's idle
+	// clock at now, unless the spawn's total extension would pass limit.
+	ExtendIdle(ctx context.Context, spawnID string, now time.Time, d, limit time.Duration) (Extension, error)
+}
+
+// Extension is the outcome of IdleStates.ExtendIdle.
+type Extension struct {
+	// Granted: the extension was added. When false nothing changed and
+	// Total is the extension granted so far.
+	Granted bool
+	// Until: no idle action before this time (when Granted).
+	Until time.Time
+	// Total is the spawn's total extension.
+	Total time.Duration
+}
 
 // IdleState is what the reclaimer knows about one spawn of a server.
 type IdleState struct {
@@ -52,69 +67,4 @@ type IdleState struct {
 	// server stays idle (empty when none); set by State, not stored.
 	NextAction Action
 	NextAt     time.Time
-}
-
-func (r *Reclaimer) stateKey(spawnID string) string { return r.prefix + "{reclaim}:spawn:" + spawnID }
-
-func msText(t time.Time) string {
-	if t.IsZero() {
-		return "0"
-	}
-	return strconv.FormatInt(t.UnixMilli(), 10)
-}
-
-func fromMs(s string) time.Time {
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n == 0 {
-		return time.Time{}
-	}
-	return time.UnixMilli(n).UTC()
-}
-
-// fields are the fields the cycle owns; the extension fields ("extuntil",
-// "ext") are written only by the extend script, so a cycle never undoes an
-// extension granted while it ran.
-func (st IdleState) fields() []any {
-	exempt := "0"
-	if st.Exempt {
-		exempt = "1"
-	}
-	return []any{
-		"v", string(st.Verdict), "why", st.Reason, "since", msText(st.Since), "first", msText(st.FirstSeen),
-		"checked", msText(st.CheckedAt), "ex", exempt, "rung", st.Rung, "warned", msText(st.WarnedAt),
-		"agewarned", msText(st.AgeWarnedAt), "shrunk", st.ShrunkFrom, "shrunklim", st.ShrunkLimitFrom,
-	}
-}
-
-func decodeState(spawnID string, h map[string]string) IdleState {
-	atoi := func(s string) int { n, _ := strconv.Atoi(s); return n }
-	ext, _ := strconv.ParseInt(h["ext"], 10, 64)
-	return IdleState{
-		SpawnID: spawnID, Verdict: Verdict(h["v"]), Reason: h["why"], Since: fromMs(h["since"]),
-		FirstSeen: fromMs(h["first"]), CheckedAt: fromMs(h["checked"]), Exempt: h["ex"] == "1",
-		Rung: atoi(h["rung"]), WarnedAt: fromMs(h["warned"]), AgeWarnedAt: fromMs(h["agewarned"]),
-		ExtendedUntil: fromMs(h["extuntil"]), Extended: time.Duration(ext) * time.Millisecond,
-		ShrunkFrom: atoi(h["shrunk"]), ShrunkLimitFrom: atoi(h["shrunklim"]),
-	}
-}
-
-// saveStates writes states in one pipeline, each with its TTL.
-func (r *Reclaimer) saveStates(ctx context.Context, states []IdleState) error {
-	if len(states) == 0 {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	_, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, st := range states {
-			k := r.stateKey(st.SpawnID)
-			p.HSet(ctx, k, st.fields()...)
-			p.PExpire(ctx, k, stateTTL)
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("reclaim: save %d idle states: %w", len(states), err)
-	}
-	return nil
 }

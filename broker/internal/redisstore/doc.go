@@ -1,8 +1,15 @@
 // Package redisstore keeps the broker's shared state in Redis: GPU
 // inventory, slice placement, quota usage, server records and server event
-// streams. Store implements the store contracts that the servers service
-// and the reconciler use; it is safe for concurrent use by many goroutines
-// and many broker replicas sharing one Redis (single node or Sentinel).
+// streams (Store, for the servers service and the reconciler); the reclaim
+// policy with its history and the idle states (Reclaim, for
+// broker/internal/reclaim); the web login's sessions (Sessions, for
+// broker/internal/auth); the audit log (AuditLog: the broker's own log
+// merged with the node agents' enforcement records); and the node agents'
+// samples as the reclaimer reads them (AgentSamples). The agents' records
+// are read through limiter/agent/agentstore, the agent contract's one
+// reader: nothing here decodes the agents' streams. Each is safe for concurrent use by many
+// goroutines and many broker replicas sharing one Redis (single node or
+// Sentinel).
 //
 // # Invariants
 //
@@ -33,8 +40,9 @@
 //     id: a late event of an old spawn never changes the current one. State
 //     changes follow fleet.TransitionSources, and every change appends an
 //     event to the server's stream in the same step.
-//   - All keys are built in keys.go under one prefix and the hash tag
-//     {gpubroker}, so every multi-key script runs on one Cluster slot.
+//   - All keys are built by broker/api/redisschema under one prefix and the
+//     hash tag {gpubroker}, so every multi-key script runs on one Cluster
+//     slot; the table of key, type, TTL and owner is there.
 //   - Scripts check nothing they do not need to: requests are validated in
 //     Go first (fleet.ErrInvalid) and every script reply is type-checked.
 //

@@ -38,9 +38,9 @@ func (s *Store) RegisterGPU(ctx context.Context, g fleet.GPU) error {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	keys := []string{
-		s.k.gpu(g.UUID), s.k.gpus(),
-		s.k.allAvail(), s.k.allFull(),
-		s.k.availIndex(g.Model), s.k.fullIndex(g.Model),
+		s.k.GPU(g.UUID), s.k.GPUs(),
+		s.k.AllAvail(), s.k.AllFull(),
+		s.k.AvailIndex(g.Model), s.k.FullIndex(g.Model),
 	}
 	ref, err := allocRef(g.UUID, g.Node, g.Model)
 	if err != nil {
@@ -63,7 +63,7 @@ func (s *Store) RegisterGPU(ctx context.Context, g fleet.GPU) error {
 func (s *Store) SetGPUHealth(ctx context.Context, uuid string, healthy bool) error {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	keys := []string{s.k.gpu(uuid), s.k.allAvail(), s.k.allFull()}
+	keys := []string{s.k.GPU(uuid), s.k.AllAvail(), s.k.AllFull()}
 	res, err := healthScript.Run(ctx, s.rdb, keys, uuid, boolArg(healthy)).Result()
 	if err != nil {
 		return fmt.Errorf("set gpu %s health: %w", uuid, err)
@@ -97,14 +97,14 @@ func (s *Store) GPUs(ctx context.Context) ([]fleet.GPU, error) {
 func (s *Store) GPUUsage(ctx context.Context) ([]GPUUsage, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	uuids, err := s.rdb.SMembers(ctx, s.k.gpus()).Result()
+	uuids, err := s.rdb.SMembers(ctx, s.k.GPUs()).Result()
 	if err != nil {
 		return nil, fmt.Errorf("list gpus: %w", err)
 	}
 	cmds := make([]*redis.MapStringStringCmd, len(uuids))
 	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, u := range uuids {
-			cmds[i] = p.HGetAll(ctx, s.k.gpu(u))
+			cmds[i] = p.HGetAll(ctx, s.k.GPU(u))
 		}
 		return nil
 	})

@@ -147,10 +147,10 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	if policy == "" {
 		policy = fleet.PolicyBinpack
 	}
-	scopeA, scopeF := s.k.scopeIndexes(req.Model)
-	keys := []string{s.k.marker(), s.k.allocs(), scopeA, scopeF, s.k.allAvail(), s.k.allFull(), s.k.usage()}
+	scopeA, scopeF := scopeIndexes(s.k, req.Model)
+	keys := []string{s.k.Marker(), s.k.Allocs(), scopeA, scopeF, s.k.AllAvail(), s.k.AllFull(), s.k.Usage()}
 	args := make([]any, 0, 13+6*len(groups))
-	args = append(args, s.k.gpuPrefix(), req.SliceID, head,
+	args = append(args, s.k.GPUPrefix(), req.SliceID, head,
 		req.Slice.MemoryMiB, req.Slice.ComputePercent, string(policy), 1+len(groups),
 		"user", req.User, userUsage(req.User),
 		req.UserQuota.Servers, req.UserQuota.MemoryMiB, req.UserQuota.ComputePercent)
@@ -239,8 +239,8 @@ func (s *Store) Release(ctx context.Context, sliceID string) (bool, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	res, err := releaseScript.Run(ctx, s.rdb,
-		[]string{s.k.allocs(), s.k.allAvail(), s.k.allFull(), s.k.usage()},
-		s.k.gpuPrefix(), userFieldPrefix, groupFieldPrefix, sliceID).Result()
+		[]string{s.k.Allocs(), s.k.AllAvail(), s.k.AllFull(), s.k.Usage()},
+		s.k.GPUPrefix(), userFieldPrefix, groupFieldPrefix, sliceID).Result()
 	if err != nil {
 		return false, fmt.Errorf("release slice %s: %w", sliceID, err)
 	}
@@ -301,7 +301,7 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	res, err := restoreScript.Run(ctx, s.rdb,
-		[]string{s.k.allocs(), s.k.gpu(a.GPUUUID), s.k.allAvail(), s.k.allFull(), s.k.usage()}, args...).Result()
+		[]string{s.k.Allocs(), s.k.GPU(a.GPUUUID), s.k.AllAvail(), s.k.AllFull(), s.k.Usage()}, args...).Result()
 	if err != nil {
 		return false, fmt.Errorf("restore slice %s: %w", a.SliceID, err)
 	}
@@ -343,7 +343,7 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 func (s *Store) Allocations(ctx context.Context) ([]fleet.Allocation, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	m, err := s.rdb.HGetAll(ctx, s.k.allocs()).Result()
+	m, err := s.rdb.HGetAll(ctx, s.k.Allocs()).Result()
 	if err != nil {
 		return nil, fmt.Errorf("list allocations: %w", err)
 	}
@@ -364,7 +364,7 @@ func (s *Store) Allocations(ctx context.Context) ([]fleet.Allocation, error) {
 func (s *Store) Allocation(ctx context.Context, sliceID string) (fleet.Allocation, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	raw, err := s.rdb.HGet(ctx, s.k.allocs(), sliceID).Result()
+	raw, err := s.rdb.HGet(ctx, s.k.Allocs(), sliceID).Result()
 	if err != nil {
 		return fleet.Allocation{}, notFound(err, "no allocation for slice "+sliceID)
 	}

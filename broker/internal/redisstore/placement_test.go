@@ -546,16 +546,16 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 		undo    func() error
 		want    string
 	}{
-		{"gpu counter", func() error { return rdb.HIncrBy(t.Context(), s.k.gpu("GPU-1"), "amem", 1).Err() },
-			func() error { return rdb.HIncrBy(t.Context(), s.k.gpu("GPU-1"), "amem", -1).Err() }, "gpu GPU-1 counters"},
-		{"index score", func() error { return rdb.ZAdd(t.Context(), s.k.allAvail(), redisZ(1, "GPU-1")).Err() },
-			func() error { return rdb.ZAdd(t.Context(), s.k.allAvail(), redisZ(143771-1024, "GPU-1")).Err() }, "all-avail index score"},
-		{"user counter", func() error { return rdb.HIncrBy(t.Context(), s.k.usage(), userUsage("alice")+"c", 5).Err() },
-			func() error { return rdb.HIncrBy(t.Context(), s.k.usage(), userUsage("alice")+"c", -5).Err() }, "user alice counters"},
-		{"group counter", func() error { return rdb.HIncrBy(t.Context(), s.k.usage(), groupUsage("ml")+"s", 1).Err() },
-			func() error { return rdb.HIncrBy(t.Context(), s.k.usage(), groupUsage("ml")+"s", -1).Err() }, "group ml counters"},
-		{"stale group counter", func() error { return rdb.HSet(t.Context(), s.k.usage(), groupUsage("gone")+"s", 1).Err() },
-			func() error { return rdb.HDel(t.Context(), s.k.usage(), groupUsage("gone")+"s").Err() }, "group gone has counters"},
+		{"gpu counter", func() error { return rdb.HIncrBy(t.Context(), s.k.GPU("GPU-1"), "amem", 1).Err() },
+			func() error { return rdb.HIncrBy(t.Context(), s.k.GPU("GPU-1"), "amem", -1).Err() }, "gpu GPU-1 counters"},
+		{"index score", func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail(), redisZ(1, "GPU-1")).Err() },
+			func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail(), redisZ(143771-1024, "GPU-1")).Err() }, "all-avail index score"},
+		{"user counter", func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), userUsage("alice")+"c", 5).Err() },
+			func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), userUsage("alice")+"c", -5).Err() }, "user alice counters"},
+		{"group counter", func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), groupUsage("ml")+"s", 1).Err() },
+			func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), groupUsage("ml")+"s", -1).Err() }, "group ml counters"},
+		{"stale group counter", func() error { return rdb.HSet(t.Context(), s.k.Usage(), groupUsage("gone")+"s", 1).Err() },
+			func() error { return rdb.HDel(t.Context(), s.k.Usage(), groupUsage("gone")+"s").Err() }, "group gone has counters"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

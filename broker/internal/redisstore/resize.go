@@ -62,7 +62,7 @@ func (s *Store) Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRe
 	if err != nil {
 		return fleet.Server{}, false, fmt.Errorf("resize server %s/%s: encode slice: %w", k.User, k.Name, err)
 	}
-	args := []any{s.k.gpuPrefix(), req.SliceID,
+	args := []any{s.k.GPUPrefix(), req.SliceID,
 		req.Slice.MemoryMiB, req.Slice.ComputePercent, req.Slice.ComputeLimitPercent,
 		string(sliceJSON), string(allocJSON),
 		message, unixNano(s.now()), eventMaxLen, s.retention.Milliseconds(),
@@ -72,8 +72,8 @@ func (s *Store) Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRe
 		q := req.GroupQuotas[g]
 		args = append(args, "group", g, q.MemoryMiB, q.ComputePercent)
 	}
-	keys := []string{s.k.allocs(), s.k.allAvail(), s.k.allFull(), s.k.usage(),
-		s.k.server(k.User, k.Name), s.k.events(k.User, k.Name)}
+	keys := []string{s.k.Allocs(), s.k.AllAvail(), s.k.AllFull(), s.k.Usage(),
+		s.k.Server(k.User, k.Name), s.k.Events(k.User, k.Name)}
 
 	ctx, cancel := s.op(ctx)
 	defer cancel()

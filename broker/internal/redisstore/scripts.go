@@ -10,7 +10,7 @@ import (
 
 // The scripts. lib.lua and servers.lua hold helpers and are prepended to the
 // scripts that use them; each script file states its KEYS/ARGV/returns
-// contract. All keys a script touches share one hash tag (see keys.go).
+// contract. All keys a script touches share one hash tag (broker/api/redisschema).
 var (
 	//go:embed scripts/lib.lua
 	libLua string
@@ -36,6 +36,12 @@ var (
 	transitionLua string
 	//go:embed scripts/delete_server.lua
 	deleteServerLua string
+	//go:embed scripts/save_policy.lua
+	savePolicyLua string
+	//go:embed scripts/extend_idle.lua
+	extendIdleLua string
+	//go:embed scripts/release_lock.lua
+	releaseLockLua string
 )
 
 var (
@@ -49,6 +55,9 @@ var (
 	restoreServerScript = redis.NewScript(serversLua + restoreServerLua)
 	transitionScript    = redis.NewScript(serversLua + transitionLua)
 	deleteServerScript  = redis.NewScript(serversLua + deleteServerLua)
+	savePolicyScript    = redis.NewScript(savePolicyLua)
+	extendIdleScript    = redis.NewScript(extendIdleLua)
+	releaseLockScript   = redis.NewScript(releaseLockLua)
 )
 
 // The helpers below check the type of every part of a script's reply; a

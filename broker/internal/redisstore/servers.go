@@ -111,7 +111,7 @@ func decodeServer(h map[string]string) (fleet.Server, error) {
 
 // serverKeys returns KEYS[1..4] of the create, restore and delete scripts.
 func (s *Store) serverKeys(k fleet.ServerKey) []string {
-	return []string{s.k.server(k.User, k.Name), s.k.events(k.User, k.Name), s.k.userServers(k.User), s.k.allServers()}
+	return []string{s.k.Server(k.User, k.Name), s.k.Events(k.User, k.Name), s.k.UserServers(k.User), s.k.AllServers()}
 }
 
 // recordTTL is the record TTL argument for a server in state st: the
@@ -190,7 +190,7 @@ func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Serve
 func (s *Store) GetServer(ctx context.Context, k fleet.ServerKey) (fleet.Server, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	h, err := s.rdb.HGetAll(ctx, s.k.server(k.User, k.Name)).Result()
+	h, err := s.rdb.HGetAll(ctx, s.k.Server(k.User, k.Name)).Result()
 	if err != nil {
 		return fleet.Server{}, fmt.Errorf("get server %s/%s: %w", k.User, k.Name, err)
 	}
@@ -210,14 +210,14 @@ func (s *Store) ListServers(ctx context.Context, user string) ([]fleet.Server, e
 	var members, recordKeys []string
 	var err error
 	if user == "" {
-		setKey = s.k.allServers()
+		setKey = s.k.AllServers()
 		members, err = s.rdb.SMembers(ctx, setKey).Result()
 		recordKeys = members
 	} else {
-		setKey = s.k.userServers(user)
+		setKey = s.k.UserServers(user)
 		members, err = s.rdb.SMembers(ctx, setKey).Result()
 		for _, name := range members {
-			recordKeys = append(recordKeys, s.k.server(user, name))
+			recordKeys = append(recordKeys, s.k.Server(user, name))
 		}
 	}
 	if err != nil {
@@ -285,7 +285,7 @@ func (s *Store) Transition(ctx context.Context, k fleet.ServerKey, spawnID strin
 
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	res, err := transitionScript.Run(ctx, s.rdb, []string{s.k.server(k.User, k.Name), s.k.events(k.User, k.Name)}, args...).Result()
+	res, err := transitionScript.Run(ctx, s.rdb, []string{s.k.Server(k.User, k.Name), s.k.Events(k.User, k.Name)}, args...).Result()
 	if err != nil {
 		return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 	}
@@ -405,7 +405,7 @@ func (s *Store) Events(ctx context.Context, k fleet.ServerKey, afterID string, b
 	if afterID != "" && !streamID.MatchString(afterID) {
 		return nil, fmt.Errorf("%w: event id %q: want <milliseconds>-<sequence>", fleet.ErrInvalid, afterID)
 	}
-	key := s.k.events(k.User, k.Name)
+	key := s.k.Events(k.User, k.Name)
 	var msgs []redis.XMessage
 	if block <= 0 {
 		ctx, cancel := s.op(ctx)

@@ -99,7 +99,7 @@ func TestCreateServer(t *testing.T) {
 		if _, err := s.Transition(t.Context(), k, "spawn-1", v1.StateFailed, "image pull failed", Patch{}); err != nil {
 			t.Fatal(err)
 		}
-		if ttl := srv.Client(t).PTTL(t.Context(), s.k.server("alice", "nb")).Val(); ttl <= 0 {
+		if ttl := srv.Client(t).PTTL(t.Context(), s.k.Server("alice", "nb")).Val(); ttl <= 0 {
 			t.Errorf("failed record TTL = %v, want the retention period", ttl)
 		}
 		// The old key still answers with the old, failed record.
@@ -111,7 +111,7 @@ func TestCreateServer(t *testing.T) {
 		if err != nil || !created || next.SpawnID != "spawn-2" || next.State != v1.StatePending {
 			t.Fatalf("CreateServer after failure = %+v, %v, %v; want pending spawn-2", next, created, err)
 		}
-		if ttl := srv.Client(t).PTTL(t.Context(), s.k.server("alice", "nb")).Val(); ttl != -1 {
+		if ttl := srv.Client(t).PTTL(t.Context(), s.k.Server("alice", "nb")).Val(); ttl != -1 {
 			t.Errorf("live record TTL = %v, want none (-1)", ttl)
 		}
 		got, _ := events(t, s, k, "")
@@ -389,14 +389,14 @@ func TestListDeleteRestoreServers(t *testing.T) {
 
 	t.Run("an expired record leaves the lists", func(t *testing.T) {
 		rdb := srv.Client(t)
-		if err := rdb.Del(t.Context(), s.k.server("bob", "z")).Err(); err != nil { // as if its TTL passed
+		if err := rdb.Del(t.Context(), s.k.Server("bob", "z")).Err(); err != nil { // as if its TTL passed
 			t.Fatal(err)
 		}
 		list, err := s.ListServers(t.Context(), "")
 		if err != nil || len(list) != 3 {
 			t.Fatalf("ListServers = %d servers, %v; want 3", len(list), err)
 		}
-		if n := rdb.SCard(t.Context(), s.k.allServers()).Val(); n != 3 {
+		if n := rdb.SCard(t.Context(), s.k.AllServers()).Val(); n != 3 {
 			t.Errorf("all-servers set has %d members, want the stale one removed (3)", n)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
@@ -32,7 +33,7 @@ const (
 // its own read and write timeouts.
 type Store struct {
 	rdb       redis.UniversalClient
-	k         keys
+	k         redisschema.Keys
 	now       func() time.Time
 	opTimeout time.Duration
 	retention time.Duration
@@ -68,13 +69,13 @@ func WithRetention(d time.Duration) Option {
 }
 
 // New returns a Store on client with every key under prefix, followed by
-// the hash tag {gpubroker}. prefix may be ""; it must be the same for every
+// the hash tag {gpubroker} (redisschema.New). prefix may be ""; it must be the same for every
 // broker replica sharing the fleet and must not contain '{' or '}' (they
 // would change which part of a key Redis Cluster hashes). New does no I/O.
 func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 	s := &Store{
 		rdb:       client,
-		k:         newKeys(prefix),
+		k:         redisschema.New(prefix),
 		now:       time.Now,
 		opTimeout: DefaultOpTimeout,
 		retention: DefaultRetention,
@@ -107,7 +108,7 @@ func (s *Store) MarkReconciled(ctx context.Context) error {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	at := s.now().UTC().Format(time.RFC3339Nano)
-	if err := s.rdb.Set(ctx, s.k.marker(), at, 0).Err(); err != nil {
+	if err := s.rdb.Set(ctx, s.k.Marker(), at, 0).Err(); err != nil {
 		return fmt.Errorf("mark reconciled: %w", err)
 	}
 	return nil
@@ -117,7 +118,7 @@ func (s *Store) MarkReconciled(ctx context.Context) error {
 func (s *Store) Reconciled(ctx context.Context) (bool, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	n, err := s.rdb.Exists(ctx, s.k.marker()).Result()
+	n, err := s.rdb.Exists(ctx, s.k.Marker()).Result()
 	if err != nil {
 		return false, fmt.Errorf("read reconcile marker: %w", err)
 	}

@@ -34,8 +34,8 @@ func (s *Store) Verify(ctx context.Context) error {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	res, err := verifyScript.Run(ctx, s.rdb,
-		[]string{s.k.gpus(), s.k.allocs(), s.k.allAvail(), s.k.allFull(), s.k.usage()},
-		s.k.gpuPrefix()).Result()
+		[]string{s.k.GPUs(), s.k.Allocs(), s.k.AllAvail(), s.k.AllFull(), s.k.Usage()},
+		s.k.GPUPrefix()).Result()
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}

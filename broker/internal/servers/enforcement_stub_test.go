@@ -78,7 +78,7 @@ func TestUnhookedProcessPastTheSliceIsStoppedAndToldToTheServer(t *testing.T) {
 	go func() { follow <- f.Service.FollowEnforcement(runCtx, store, "replica-1") }()
 	rdb := f.Redis.Client(t)
 	stubtest.Eventually(t, "the broker's consumer group on the audit stream", func() (bool, string) {
-		g, err := rdb.XInfoGroups(ctx, store.Keys().Audit()).Result()
+		g, err := rdb.XInfoGroups(ctx, store.Keys().AgentAudit()).Result()
 		return err == nil && len(g) == 1 && g[0].Name == servers.EnforcementGroup, fmt.Sprint(g, err)
 	})
 	const samples = 3

@@ -74,24 +74,6 @@ func WithResize(c ResizeConfig) Option {
 	return func(s *Service) { s.resize = &c }
 }
 
-// ResizeResult is the outcome of an accepted resize.
-type ResizeResult struct {
-	// Server is the record after the resize.
-	Server fleet.Server
-	// Slice is the slice the server now holds.
-	Slice fleet.Slice
-	// Generation is the desired-quota generation that carries Slice to the
-	// node agent (agentstore.SetDesiredQuota), >= 1.
-	Generation int64
-	// Applied is true when the agent acknowledged Generation (the quota
-	// file holds it; the in-pod hook follows within 100 ms) before Resize
-	// answered.
-	Applied bool
-	// Deadline is, when not Applied, the time by which the agent is
-	// expected to apply Generation (service clock); zero when Applied.
-	Deadline time.Time
-}
-
 // Resize changes the GPU slice of the running server key to want, on the
 // GPU it already holds, while the notebook keeps running. actor is who
 // asks (the user, an admin, "reclaim"); it is named in the event when it
@@ -111,24 +93,24 @@ type ResizeResult struct {
 // Errors: fleet.ErrInvalid (bad names or slice), fleet.ErrNotFound,
 // fleet.ErrConflict (not running; memory in use or unknown), fleet.ErrNoCapacity
 // (the GPU lacks room), *fleet.QuotaError; others are internal.
-func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, actor string) (ResizeResult, error) {
+func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, actor string) (fleet.ResizeResult, error) {
 	cfg := s.resize
 	if cfg == nil {
-		return ResizeResult{}, errors.New("servers: resize is not configured")
+		return fleet.ResizeResult{}, errors.New("servers: resize is not configured")
 	}
 	if err := errors.Join(fleet.ValidateName("user", key.User), fleet.ValidateName("server", key.Name), fleet.ValidateSlice(want)); err != nil {
-		return ResizeResult{}, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
+		return fleet.ResizeResult{}, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}
 	rec, err := s.store.GetServer(ctx, key)
 	if err != nil {
-		return ResizeResult{}, err
+		return fleet.ResizeResult{}, err
 	}
 	if rec.State != v1.StateRunning || rec.Allocation == nil {
-		return ResizeResult{}, fmt.Errorf("%w: server %q is %s; only a running server can be resized", fleet.ErrConflict, key.Name, rec.State)
+		return fleet.ResizeResult{}, fmt.Errorf("%w: server %q is %s; only a running server can be resized", fleet.ErrConflict, key.Name, rec.State)
 	}
 	if want.MemoryMiB < rec.Slice.MemoryMiB {
 		if err := s.checkMemoryUse(ctx, cfg.Quotas, rec.SpawnID, want.MemoryMiB); err != nil {
-			return ResizeResult{}, err
+			return fleet.ResizeResult{}, err
 		}
 	}
 
@@ -144,7 +126,7 @@ func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Sl
 		SliceID: rec.SpawnID, User: key.User, Slice: want, UserQuota: userQuota, GroupQuotas: groupQuotas,
 	}, msg)
 	if err != nil {
-		return ResizeResult{}, err
+		return fleet.ResizeResult{}, err
 	}
 	log := s.log.With("user", key.User, "server", key.Name, "slice_id", rec.SpawnID)
 	if changed {
@@ -159,12 +141,12 @@ func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Sl
 	}
 	gen, err := cfg.Quotas.SetDesiredQuota(ctx, rec.SpawnID, want)
 	if err != nil {
-		return ResizeResult{}, fmt.Errorf("server %s/%s: send the new quota to the node agent: %w", key.User, key.Name, err)
+		return fleet.ResizeResult{}, fmt.Errorf("server %s/%s: send the new quota to the node agent: %w", key.User, key.Name, err)
 	}
-	res := ResizeResult{Server: out, Slice: want, Generation: gen}
+	res := fleet.ResizeResult{Server: out, Slice: want, Generation: gen}
 	applied, err := waitApplied(ctx, *cfg, rec.SpawnID, gen)
 	if err != nil {
-		return ResizeResult{}, fmt.Errorf("server %s/%s: %w", key.User, key.Name, err)
+		return fleet.ResizeResult{}, fmt.Errorf("server %s/%s: %w", key.User, key.Name, err)
 	}
 	res.Applied = applied
 	if !applied {

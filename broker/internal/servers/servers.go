@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
@@ -150,12 +151,12 @@ func (s *Service) Create(ctx context.Context, user string, groups []string, name
 	// cancel, so a hung-up client leaves no half-created server.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
-	rec, err = s.spawn(ctx, rec, prof, groups, plain, secret)
+	rec, err = s.spawn(ctx, rec, prof, groups, plain, secret, req.Command, req.Args)
 	return rec, true, err
 }
 
 // spawn places the slice and creates the pod for a pending record.
-func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profile, groups []string, plain, secret map[string]string) (fleet.Server, error) {
+func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profile, groups []string, plain, secret map[string]string, command, args []string) (fleet.Server, error) {
 	log := s.log.With("user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
 	rec, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StatePlacing, "looking for a GPU with room for the slice", fleet.ServerPatch{})
 	if err != nil {
@@ -185,6 +186,7 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 		Image: prof.Image, CPU: prof.CPU, Memory: prof.Memory, Slice: alloc.Slice,
 		GPU:         v1.GPURef{UUID: alloc.GPUUUID, Node: alloc.Node},
 		QuotaGroups: alloc.Groups, Env: plain, SecretEnv: len(secret) > 0,
+		Command: slices.Clone(command), Args: slices.Clone(args),
 	}
 	if err := s.pods.Create(ctx, spec, secret); err != nil {
 		if errors.Is(err, spawner.ErrRejected) {

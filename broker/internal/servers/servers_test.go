@@ -241,6 +241,37 @@ func TestSecretEnvNeverInPodSpec(t *testing.T) {
 	}
 }
 
+// TestCommandAndArgsReachThePod checks that the create request's command
+// and args become the notebook container's, and that a create without them
+// keeps the image's entrypoint and CMD.
+func TestCommandAndArgsReachThePod(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	hub := v1.CreateServerRequest{Profile: "small", Args: []string{"jupyterhub-singleuser", "--debug"}}
+	if _, _, err := f.Service.Create(ctx, "erin", nil, "hub", hub, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.Service.Create(ctx, "erin", nil, "plain", v1.CreateServerRequest{Profile: "small"}, "k2"); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		server        string
+		command, args []string
+	}{
+		{server: "hub", args: []string{"jupyterhub-singleuser", "--debug"}},
+		{server: "plain"},
+	}
+	for _, tc := range tests {
+		c := f.Pod(t, "erin", tc.server).Spec.Containers[0]
+		if diff := cmp.Diff(tc.command, c.Command); diff != "" {
+			t.Errorf("%s: command (-want +got):\n%s", tc.server, diff)
+		}
+		if diff := cmp.Diff(tc.args, c.Args); diff != "" {
+			t.Errorf("%s: args (-want +got):\n%s", tc.server, diff)
+		}
+	}
+}
+
 func TestCrashLoopFailsTheSpawnAndReleases(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()

@@ -55,6 +55,8 @@ const (
 // AuditRecord is one enforcement decision of an agent (ARCHITECTURE.md invariant
 // 6: actor, target, action, reason, policy and the inputs).
 type AuditRecord struct {
+	// ID is the stream entry id; set by reads, ignored by writes.
+	ID   string    `json:"-"`
 	At   time.Time `json:"at"`
 	Node string    `json:"node"` // the actor: gpubroker-agent on this node
 	// Action is ActionReport, ActionKill or ActionKillFailed.
@@ -96,7 +98,7 @@ func (st *Store) AddAudit(ctx context.Context, r AuditRecord) error {
 	ctx, cancel := st.op(ctx)
 	defer cancel()
 	err = st.rdb.XAdd(ctx, &redis.XAddArgs{
-		Stream: st.k.Audit(), MaxLen: auditMaxLen, Approx: true, ID: "*", Values: []any{"r", b},
+		Stream: st.k.AgentAudit(), MaxLen: auditMaxLen, Approx: true, ID: "*", Values: []any{"r", b},
 	}).Err()
 	if err != nil {
 		return fmt.Errorf("audit %s %s pid %d: %w", r.Action, r.Reason, r.PID, err)
@@ -108,7 +110,7 @@ func (st *Store) AddAudit(ctx context.Context, r AuditRecord) error {
 func (st *Store) RecentAudit(ctx context.Context, n int64) ([]AuditRecord, error) {
 	ctx, cancel := st.op(ctx)
 	defer cancel()
-	msgs, err := st.rdb.XRevRangeN(ctx, st.k.Audit(), "+", "-", n).Result()
+	msgs, err := st.rdb.XRevRangeN(ctx, st.k.AgentAudit(), "+", "-", n).Result()
 	if err != nil {
 		return nil, fmt.Errorf("read audit: %w", err)
 	}
@@ -123,12 +125,46 @@ func (st *Store) RecentAudit(ctx context.Context, n int64) ([]AuditRecord, error
 	return out, nil
 }
 
+// AuditBefore returns up to n audit records older than the stream id
+// before ("" = from the newest), newest first, with their IDs, and the id
+// to read on from (the oldest entry read; "" when the stream has no more).
+// Records that do not decode are skipped, so a corrupt one never hides the
+// rest. The broker's audit view pages through the agents' records this
+// way.
+func (st *Store) AuditBefore(ctx context.Context, before string, n int64) ([]AuditRecord, string, error) {
+	end := "+"
+	if before != "" {
+		end = "(" + before
+	}
+	ctx, cancel := st.op(ctx)
+	defer cancel()
+	msgs, err := st.rdb.XRevRangeN(ctx, st.k.AgentAudit(), end, "-", n).Result()
+	if err != nil {
+		return nil, "", fmt.Errorf("read audit: %w", err)
+	}
+	out := make([]AuditRecord, 0, len(msgs))
+	for _, m := range msgs {
+		r, err := decodeAudit(m)
+		if err != nil {
+			continue
+		}
+		out = append(out, r)
+	}
+	next := ""
+	if int64(len(msgs)) == n && n > 0 {
+		next = msgs[len(msgs)-1].ID
+	}
+	return out, next, nil
+}
+
+// decodeAudit decodes one stream entry, its ID set.
 func decodeAudit(m redis.XMessage) (AuditRecord, error) {
 	v, _ := m.Values["r"].(string)
 	var r AuditRecord
 	if err := json.Unmarshal([]byte(v), &r); err != nil {
 		return AuditRecord{}, fmt.Errorf("%w: audit %s: %w", ErrCorrupt, m.ID, err)
 	}
+	r.ID = m.ID
 	return r, nil
 }
 
@@ -139,12 +175,12 @@ func decodeAudit(m redis.XMessage) (AuditRecord, error) {
 // repeats nor loses records. A record is acknowledged when fn returns nil.
 // One whose fn failed, or whose consumer died before acknowledging it, is
 // handed out again, to any consumer of the group, after it stayed
-// unacknowledged for 30 s (WithAuditRetry). A record that does not decode is acknowledged and
-// dropped (it would fail forever). FollowAudit blocks until ctx ends (then it
+// unacknowledged for 30 s (WithAuditRetry). A record that does not decode is
+// acknowledged and dropped (it would fail forever). FollowAudit blocks until ctx ends (then it
 // returns nil) or Redis fails (the error; the caller retries). The group is
 // stored on the stream (XGROUP, no key of its own).
 func (st *Store) FollowAudit(ctx context.Context, group, consumer string, fn func(context.Context, AuditRecord) error) error {
-	key := st.k.Audit()
+	key := st.k.AgentAudit()
 	cctx, cancel := st.op(ctx)
 	err := st.rdb.XGroupCreateMkStream(cctx, key, group, "$").Err()
 	cancel()

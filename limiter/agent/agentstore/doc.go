@@ -1,24 +1,25 @@
 // Package agentstore is the Redis contract between gpubroker-agent (one per
 // GPU node) and the broker: node reports with a heartbeat, per-slice usage
 // samples, desired and applied quotas, and the agent's audit records. Both
-// sides use this package, so every key they share is built in one place
-// (keys.go) and both sides encode and decode the same records.
+// sides use this package, so both sides encode and decode the same records.
 //
 // # Why a public package here
 //
-// The broker's own keys live in broker/internal/redisstore, which the agent
-// may not import (limiter/* shares only broker/api/v1 with the broker), and
-// broker/api/v1 is std-only, so it cannot hold Redis code. The agent owns
-// most of these records (it writes samples, reports, applied quotas and
-// audit records; the broker only writes desired quotas), so the contract
-// lives next to the agent, in limiter/agent/agentstore, and the broker
-// imports it. redisstore takes its hash tag from HashTag, so all gpubroker
-// keys share one prefix and one tag.
+// The broker's Redis code lives in broker/internal/redisstore, which the
+// agent may not import (limiter/* shares only the contract packages
+// broker/api/v1 and broker/api/redisschema with the broker), and those are
+// std-only, so they cannot hold Redis code. The agent owns most of these
+// records (it writes samples, reports, applied quotas and audit records;
+// the broker only writes desired quotas), so the record code lives next to
+// the agent, in limiter/agent/agentstore, and the broker imports it.
 //
 // # Keys
 //
-// Every key is <prefix>{gpubroker}:agent:<kind>[:<id>]; see keys.go for the
-// table of key, type, TTL and writer.
+// Every key is built by broker/api/redisschema (Keys.Samples,
+// DesiredQuota, AppliedQuota, AgentNodes, AgentNode, AgentAudit,
+// QuotaChanged): <prefix>{gpubroker}:agent:<kind>[:<id>], under the same
+// prefix and hash tag as the broker's own keys; the table of key, type,
+// TTL and writer is there.
 //
 // # Invariants
 //
@@ -47,11 +48,14 @@
 // The agent: Heartbeat, AddSamples, DesiredQuota, WatchQuotaChanges,
 // SetAppliedQuota, AddAudit. The broker: SyncInventory (every few seconds:
 // registers reported GPUs, marks GPUs of stale nodes unhealthy), Nodes (the
-// reason a GPU is unhealthy, to tell the servers on it), LatestSample,
-// RecentSamples and Sample.Stale (idle detection; stale means unknown),
+// reason a GPU is unhealthy, to tell the servers on it), LatestSample and
+// RecentSamples (resize, usage charts), RecentSamplesBatch and
+// Sample.FreshUntil (idle detection: one pipelined read of every running
+// slice per cycle; stale means unknown),
 // SetDesiredQuota and AppliedQuota (resize, reclaim), DeleteQuotas (on
-// release), RecentAudit (admin view), FollowAudit (each record once per
-// consumer group across replicas: the servers' enforcement events).
+// release), AuditBefore (the admin audit view, merged with the broker's
+// own log), FollowAudit (each record once per consumer group across the
+// replicas: the servers' enforcement events).
 //
 // # Time
 //

@@ -38,7 +38,7 @@ type AppliedQuota struct {
 // QuotaChanged channel. It returns the new generation. The broker calls it
 // on resize and reclaim; a broker Lua script that must change the desired
 // quota atomically with an allocation can instead HSET the same fields of
-// Keys.DesiredQuota and HINCRBY "gen" itself.
+// redisschema.Keys.DesiredQuota and HINCRBY "gen" itself.
 func (st *Store) SetDesiredQuota(ctx context.Context, slice string, q v1.Slice) (int64, error) {
 	if slice == "" {
 		return 0, errors.New("set desired quota: empty slice id")

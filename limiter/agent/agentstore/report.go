@@ -55,8 +55,8 @@ func (st *Store) Heartbeat(ctx context.Context, r NodeReport) error {
 	defer cancel()
 	ttl := time.Duration(StaleAfter*r.HeartbeatMs) * time.Millisecond
 	_, err = st.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.Set(ctx, st.k.Node(r.Node), b, ttl)
-		p.ZAdd(ctx, st.k.Nodes(), redis.Z{Score: float64(r.At.UnixMilli()), Member: r.Node})
+		p.Set(ctx, st.k.AgentNode(r.Node), b, ttl)
+		p.ZAdd(ctx, st.k.AgentNodes(), redis.Z{Score: float64(r.At.UnixMilli()), Member: r.Node})
 		return nil
 	})
 	if err != nil {
@@ -83,7 +83,7 @@ type NodeStatus struct {
 func (st *Store) Nodes(ctx context.Context, now time.Time) ([]NodeStatus, error) {
 	ctx, cancel := st.op(ctx)
 	defer cancel()
-	zs, err := st.rdb.ZRangeWithScores(ctx, st.k.Nodes(), 0, -1).Result()
+	zs, err := st.rdb.ZRangeWithScores(ctx, st.k.AgentNodes(), 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
@@ -96,10 +96,10 @@ func (st *Store) Nodes(ctx context.Context, now time.Time) ([]NodeStatus, error)
 		if !ok {
 			return nil, fmt.Errorf("%w: node index member %v", ErrCorrupt, z.Member)
 		}
-		keys[i] = st.k.Node(name)
+		keys[i] = st.k.AgentNode(name)
 	}
 	// One key per MGET call would be needed on Redis Cluster without a hash
-	// tag; all keys share HashTag, so one MGET works everywhere.
+	// tag; all keys share redisschema.HashTag, so one MGET works everywhere.
 	vals, err := st.rdb.MGet(ctx, keys...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("read node reports: %w", err)

@@ -42,12 +42,17 @@ type Sample struct {
 }
 
 // Stale reports whether the sample is older than StaleAfter intervals at
-// now (the reader's clock). A sample without an interval is stale.
-func (s Sample) Stale(now time.Time) bool {
+// now (the reader's clock): now is after FreshUntil. A sample without an
+// interval is stale.
+func (s Sample) Stale(now time.Time) bool { return now.After(s.FreshUntil()) }
+
+// FreshUntil is the last instant at which the sample is fresh: At plus
+// StaleAfter intervals; the zero time (always stale) without an interval.
+func (s Sample) FreshUntil() time.Time {
 	if s.Interval <= 0 {
-		return true
+		return time.Time{}
 	}
-	return now.Sub(s.At) > StaleAfter*s.Interval
+	return s.At.Add(StaleAfter * s.Interval)
 }
 
 // Stream entry fields. Every entry carries every field, "" when missing, so
@@ -167,6 +172,49 @@ func (st *Store) RecentSamples(ctx context.Context, slice string, n int64) ([]Sa
 			return nil, fmt.Errorf("sample %s of slice %s: %w", m.ID, slice, err)
 		}
 		out = append(out, s)
+	}
+	return out, nil
+}
+
+// sampleBatch is how many slices one pipeline of RecentSamplesBatch reads.
+const sampleBatch = 1000
+
+// RecentSamplesBatch reads the newest samples of many slices, pipelined in
+// batches of sampleBatch slices: for each slice (in order), up to n
+// samples, newest first, ending with the first one taken before since (so
+// the newest sample is always there, however old) or, when a sample does
+// not decode, just before it: a corrupt sample ends the slice's usable
+// history, and older ones are not trusted either. A slice without samples
+// has none. The idle reclaimer reads every running slice's window this
+// way once per cycle.
+func (st *Store) RecentSamplesBatch(ctx context.Context, slices []string, n int64, since time.Time) ([][]Sample, error) {
+	out := make([][]Sample, len(slices))
+	for lo := 0; lo < len(slices); lo += sampleBatch {
+		hi := min(lo+sampleBatch, len(slices))
+		cmds := make([]*redis.XMessageSliceCmd, hi-lo)
+		octx, cancel := st.op(ctx)
+		_, err := st.rdb.Pipelined(octx, func(p redis.Pipeliner) error {
+			for i := lo; i < hi; i++ {
+				cmds[i-lo] = p.XRevRangeN(octx, st.k.Samples(slices[i]), "+", "-", n)
+			}
+			return nil
+		})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("samples of %d slices: %w", hi-lo, err)
+		}
+		for i := lo; i < hi; i++ {
+			for _, m := range cmds[i-lo].Val() {
+				s, err := decodeSample(slices[i], m)
+				if err != nil {
+					break
+				}
+				out[i] = append(out[i], s)
+				if s.At.Before(since) {
+					break
+				}
+			}
+		}
 	}
 	return out, nil
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 )
 
 // Defaults of the Store options.
@@ -41,7 +43,7 @@ var ErrCorrupt = errors.New("agentstore: corrupt record")
 // concurrent use. The caller owns and closes the client.
 type Store struct {
 	rdb       redis.UniversalClient
-	k         Keys
+	k         redisschema.Keys
 	maxLen    int64
 	sampleTTL time.Duration
 	quotaTTL  time.Duration
@@ -96,12 +98,12 @@ func WithAuditRetry(d time.Duration) Option {
 	}
 }
 
-// New returns a Store on client with keys under prefix (see NewKeys). It
-// does no I/O.
+// New returns a Store on client with keys under prefix (redisschema.New:
+// may be "", must not contain '{' or '}'). It does no I/O.
 func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 	s := &Store{
 		rdb:        client,
-		k:          NewKeys(prefix),
+		k:          redisschema.New(prefix),
 		maxLen:     DefaultMaxLen,
 		sampleTTL:  DefaultSampleTTL,
 		quotaTTL:   DefaultQuotaTTL,
@@ -116,7 +118,7 @@ func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 }
 
 // Keys returns the store's key builder.
-func (st *Store) Keys() Keys { return st.k }
+func (st *Store) Keys() redisschema.Keys { return st.k }
 
 func (st *Store) op(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, st.opTimeout)

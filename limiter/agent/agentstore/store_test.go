@@ -99,6 +99,51 @@ func TestSampleStaleAfterThreeIntervals(t *testing.T) {
 	}
 }
 
+// TestRecentSamplesBatch reads many slices in one call: each slice's
+// newest samples down to the first one before since, none for a slice
+// without samples, and a slice's history ends just before a sample that
+// does not decode (older ones are not trusted); what it returns decodes as
+// RecentSamples does.
+func TestRecentSamplesBatch(t *testing.T) {
+	st, c := newStore(t)
+	kernel := t0.Add(-time.Second)
+	var in []agentstore.Sample
+	for i := range 4 {
+		in = append(in, agentstore.Sample{Slice: "s1", At: t0.Add(time.Duration(i) * 10 * time.Second), Interval: 10 * time.Second,
+			SMPercent: ptr(10 * i), MemoryUsedMiB: ptr(int64(1024)), Processes: ptr(1), LastKernel: &kernel})
+	}
+	in = append(in, agentstore.Sample{Slice: "s3", At: t0, Interval: time.Second, SMPercent: ptr(5), Missing: "gpu lost"})
+	if err := st.AddSamples(t.Context(), in); err != nil {
+		t.Fatal(err)
+	}
+	// A corrupt entry in s3's stream, then a good one after it.
+	if err := c.XAdd(t.Context(), &redis.XAddArgs{Stream: st.Keys().Samples("s3"), Values: []any{"t", "soon"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.AddSamples(t.Context(), []agentstore.Sample{{Slice: "s3", At: t0.Add(time.Second), Interval: time.Second, SMPercent: ptr(7)}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.RecentSamplesBatch(t.Context(), []string{"s1", "s2", "s3"}, 10, t0.Add(15*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1, err := st.RecentSamples(t.Context(), "s1", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s3, err := st.LatestSample(t.Context(), "s3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]agentstore.Sample{s1[:3], nil, {s3}} // s1: 30 s, 20 s and 10 s (the first before 15 s)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("batch (-want +got):\n%s", diff)
+	}
+	if n := len(s1); n != 4 {
+		t.Errorf("RecentSamples(s1) has %d samples, want 4", n)
+	}
+}
+
 func TestSampleStreamIsBoundedAndExpires(t *testing.T) {
 	st, c := newStore(t, agentstore.WithMaxLen(200), agentstore.WithSampleTTL(time.Hour))
 	var batch []agentstore.Sample
@@ -272,18 +317,52 @@ func TestAuditRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]agentstore.AuditRecord{r}, got); diff != "" {
-		t.Errorf("audit (-want +got):\n%s", diff)
+	if len(got) == 1 {
+		r.ID = got[0].ID // set by the read
+	}
+	if diff := cmp.Diff([]agentstore.AuditRecord{r}, got); diff != "" || r.ID == "" {
+		t.Errorf("audit (-want +got):\n%s (id %q)", diff, r.ID)
 	}
 }
 
-func TestKeysShareOneHashTagUnderThePrefix(t *testing.T) {
-	k := agentstore.NewKeys("p:")
-	got := []string{k.Nodes(), k.Node("n"), k.Samples("s"), k.DesiredQuota("s"), k.AppliedQuota("s"), k.Audit(), k.QuotaChanged()}
-	want := []string{"p:{gpubroker}:agent:nodes", "p:{gpubroker}:agent:node:n", "p:{gpubroker}:agent:s:s",
-		"p:{gpubroker}:agent:qd:s", "p:{gpubroker}:agent:qa:s", "p:{gpubroker}:agent:audit", "p:{gpubroker}:agent:quota-changed"}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("keys (-want +got):\n%s", diff)
+// TestAuditBeforePagesAndSkipsCorruptRecords: pages of the newest records
+// with ids, older ones from the cursor on, a corrupt record skipped.
+func TestAuditBeforePagesAndSkipsCorruptRecords(t *testing.T) {
+	st, c := newStore(t)
+	for i := range 3 {
+		if err := st.AddAudit(t.Context(), agentstore.AuditRecord{At: t0.Add(time.Duration(i) * time.Second), Node: "n1", Action: "report", PID: uint32(i + 1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.XAdd(t.Context(), &redis.XAddArgs{Stream: st.Keys().AgentAudit(), Values: []any{"r", "{not json"}}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pids := func(rs []agentstore.AuditRecord) []uint32 {
+		var out []uint32
+		for _, r := range rs {
+			out = append(out, r.PID)
+		}
+		return out
+	}
+	page1, next, err := st.AuditBefore(t.Context(), "", 2)
+	if err != nil || next == "" {
+		t.Fatalf("page 1: %v next %q", err, next)
+	}
+	page2, next2, err := st.AuditBefore(t.Context(), next, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page3, next3, err := st.AuditBefore(t.Context(), next2, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([][]uint32{{3}, {2, 1}, nil}, [][]uint32{pids(page1), pids(page2), pids(page3)}); diff != "" || next3 != "" {
+		t.Errorf("pages (-want +got):\n%s next %q", diff, next3)
+	}
+	for _, r := range append(page1, page2...) {
+		if r.ID == "" {
+			t.Errorf("record %d has no id", r.PID)
+		}
 	}
 }
 
@@ -390,7 +469,7 @@ func TestFollowAuditDeliversEachRecordOnceAcrossConsumers(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			groups, err := rdb.XInfoGroups(ctx, st.Keys().Audit()).Result()
+			groups, err := rdb.XInfoGroups(ctx, st.Keys().AgentAudit()).Result()
 			if err == nil && len(groups) == 1 {
 				return
 			}
@@ -459,7 +538,7 @@ func TestFollowAuditDeliversEachRecordOnceAcrossConsumers(t *testing.T) {
 	if !failedOnce || got[10][0] != "replica-c" {
 		t.Errorf("failed once %v; record 10 went to %v, want replica-c", failedOnce, got[10])
 	}
-	if pending, err := rdb.XPending(ctx, st.Keys().Audit(), "broker-events").Result(); err != nil || pending.Count != 0 {
+	if pending, err := rdb.XPending(ctx, st.Keys().AgentAudit(), "broker-events").Result(); err != nil || pending.Count != 0 {
 		t.Errorf("pending %+v, %v; want every record acknowledged", pending, err)
 	}
 }

@@ -1,4 +1,4 @@
-package reclaim_test
+package leader_test
 
 import (
 	"context"
@@ -6,13 +6,16 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
+	"github.com/gpubroker/gpubroker/broker/internal/leader"
 )
 
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
 // TestOneLeaderAtATimeAndHandOverOnCancel runs two replicas on one Lease:
-// exactly one runs the reclaimer; when it shuts down it releases the Lease
+// exactly one runs the work; when it shuts down it releases the Lease
 // and the other takes over, and the two never run at once.
 func TestOneLeaderAtATimeAndHandOverOnCancel(t *testing.T) {
 	client := fake.NewClientset()
@@ -44,12 +47,12 @@ func TestOneLeaderAtATimeAndHandOverOnCancel(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error, 1)
 		go func() {
-			done <- reclaim.RunLeader(ctx, reclaim.LeaderConfig{Client: client, Namespace: "gpubroker", Name: "gpubroker-reclaimer",
+			done <- leader.Run(ctx, leader.Config{Client: client, Namespace: "gpubroker", Name: "gpubroker-reclaimer",
 				Identity: id, LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 50 * time.Millisecond}, run(id))
 		}()
 		return replica{cancel, done}
 	}
-	leader := func() string {
+	current := func() string {
 		t.Helper()
 		select {
 		case <-changed:
@@ -64,12 +67,12 @@ func TestOneLeaderAtATimeAndHandOverOnCancel(t *testing.T) {
 		return ""
 	}
 	reps := map[string]replica{"a": start("a"), "b": start("b")}
-	first := leader()
+	first := current()
 	reps[first].cancel()
 	if err := <-reps[first].done; err != nil {
 		t.Fatalf("leader %s: %v", first, err)
 	}
-	second := leader()
+	second := current()
 	if second == first || second == "" {
 		t.Fatalf("after %s shut down the leader is %q", first, second)
 	}

@@ -1,4 +1,4 @@
-package reclaim
+package leader
 
 import (
 	"context"
@@ -13,9 +13,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
-// LeaderConfig says which Lease elects the replica that runs the
-// reclaimer.
-type LeaderConfig struct {
+// Config says which Lease elects the replica that runs the work.
+type Config struct {
 	// Client reaches the API server; required.
 	Client kubernetes.Interface
 	// Namespace and Name of the Lease; required.
@@ -30,16 +29,16 @@ type LeaderConfig struct {
 	OnLeader func(leading bool)
 }
 
-// RunLeader runs run while this replica holds the Lease, campaigning again
+// Run runs run while this replica holds the Lease, campaigning again
 // whenever it loses it, until ctx ends. The Lease is released when ctx ends
 // (ReleaseOnCancel), so another replica takes over within RetryPeriod
 // instead of LeaseDuration. run's context ends when leadership is lost;
-// RunLeader waits for run to return before campaigning again or
+// Run waits for run to return before campaigning again or
 // returning. Errors: an invalid config; run's own errors are returned only
 // when they are not caused by the end of its context.
-func RunLeader(ctx context.Context, cfg LeaderConfig, run func(ctx context.Context) error) error {
+func Run(ctx context.Context, cfg Config, run func(ctx context.Context) error) error {
 	if cfg.Client == nil || cfg.Namespace == "" || cfg.Name == "" || cfg.Identity == "" {
-		return errors.New("reclaim: leader election needs a client, the lease namespace and name, and an identity")
+		return errors.New("leader election needs a client, the lease namespace and name, and an identity")
 	}
 	if cfg.LeaseDuration <= 0 {
 		cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 15*time.Second, 10*time.Second, 2*time.Second
@@ -67,7 +66,7 @@ func RunLeader(ctx context.Context, cfg LeaderConfig, run func(ctx context.Conte
 			LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 			Callbacks: leaderelection.LeaderCallbacks{
 				// client-go starts this goroutine once the lease is
-				// acquired; RunLeader waits for finished.
+				// acquired; Run waits for finished.
 				OnStartedLeading: func(lctx context.Context) {
 					defer close(finished)
 					rctx, cancel := context.WithCancel(lctx)
@@ -85,7 +84,7 @@ func RunLeader(ctx context.Context, cfg LeaderConfig, run func(ctx context.Conte
 		})
 		if err != nil {
 			stopElector()
-			return fmt.Errorf("reclaim: leader election: %w", err)
+			return fmt.Errorf("leader election: %w", err)
 		}
 		electorDone := make(chan struct{})
 		watchDone := make(chan struct{})
@@ -109,7 +108,7 @@ func RunLeader(ctx context.Context, cfg LeaderConfig, run func(ctx context.Conte
 		}
 		<-finished
 		if runErr != nil {
-			return fmt.Errorf("reclaim: while leading: %w", runErr)
+			return fmt.Errorf("while leading: %w", runErr)
 		}
 	}
 	return nil

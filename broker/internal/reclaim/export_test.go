@@ -1,4 +1,0 @@
-package reclaim
-
-// DecodeBatchSample exposes decodeBatchSample to the external tests.
-var DecodeBatchSample = decodeBatchSample
