@@ -231,6 +231,21 @@ func (e *testEnv) agent(t *testing.T, cfg Config, quotas QuotaStore) *Agent {
 
 func ptr[T any](v T) *T { return &v }
 
+// runAgent runs a until the returned stop is called; stop waits for Run
+// and fails t if it returned an error.
+func runAgent(t *testing.T, a *Agent) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+}
+
 // samples returns a round's samples by slice id.
 func samples(r round) map[string]agentstore.Sample {
 	out := map[string]agentstore.Sample{}

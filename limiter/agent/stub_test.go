@@ -302,15 +302,7 @@ func TestAgentStopsAnUnhookedProcessOfASlice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() { done <- a.Run(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			}()
+			defer runAgent(t, a)()
 			usage := filepath.Join(dir, "host", v1.HostSlicesSubdir, "spawn-u", "usage", v1.UsageFileName)
 			stubtest.Eventually(t, "the slice's usage region", func() (bool, string) {
 				_, err := region.ReadUsage(usage)
@@ -428,15 +420,7 @@ func TestPaceFeedSteersASliceWhosePidsTheHookCannotSee(t *testing.T) {
 	}
 	proc.add(pid+offset, pid, start, uidA, testCID)
 
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	defer runAgent(t, a)()
 
 	// Kernels of 300 µs blocks: the hook's start rate assumes 100 µs, so
 	// without measurements the slice would run at about 75 %. Warm up while

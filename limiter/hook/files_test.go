@@ -122,10 +122,7 @@ func TestHostSpecialFilesNeverBlock(t *testing.T) {
 			for _, kind := range specialKinds {
 				t.Run(fmt.Sprintf("%s/%s/%s", which, when, kind), func(t *testing.T) {
 					t.Parallel()
-					dev := newDevice(t)
-					dev.within(60 * time.Second)
-					f := dev.newSlice("s")
-					dev.initialQuota(f, slice{MemoryMiB: capMiB, ComputePercent: 100})
+					dev, f := capSlice(t)
 					path, good, size := f.Quota, goodQuota, region.QuotaSize
 					if which == "usage" {
 						path, good, size = f.Usage, goodUsage, region.UsageSize

@@ -46,6 +46,17 @@ func fakeQuota(t *testing.T) (dir, path string) {
 	return dir, path
 }
 
+// capSlice is a fresh device with the test's deadline and one slice of capMiB,
+// its first quota written.
+func capSlice(t *testing.T) (*device, sliceFiles) {
+	t.Helper()
+	dev := newDevice(t)
+	dev.within(tenantTimeout)
+	f := dev.newSlice("s")
+	dev.initialQuota(f, slice{MemoryMiB: capMiB, ComputePercent: 100})
+	return dev, f
+}
+
 // held sums what the stub driver holds for the processes.
 func held(dev *device, procs ...*proc) uint64 {
 	st := dev.stub()
@@ -113,10 +124,7 @@ func TestTenantEnvironmentCannotWidenTheSlice(t *testing.T) {
 	for name, env := range sets {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			dev := newDevice(t)
-			dev.within(tenantTimeout)
-			f := dev.newSlice("s")
-			dev.initialQuota(f, slice{MemoryMiB: capMiB, ComputePercent: 100})
+			dev, f := capSlice(t)
 			a, b := dev.startAs(f, procOpts{env: env}), dev.startAs(f, procOpts{env: env})
 			for i, r := range fillAll(t, a, b) {
 				if r.Res != cudaOutOfMemory {
@@ -201,10 +209,7 @@ func TestTenantQuotaFileThroughEveryWritablePath(t *testing.T) {
 			if tc.uid > 0 {
 				needRoot(t)
 			}
-			dev := newDevice(t)
-			dev.within(tenantTimeout)
-			f := dev.newSlice("s")
-			dev.initialQuota(f, slice{MemoryMiB: capMiB, ComputePercent: 100})
+			dev, f := capSlice(t)
 			p := dev.startAs(f, procOpts{uid: tc.uid, before: tc.before, env: tc.env})
 			r := p.do(fmt.Sprintf("fill linear %d", mib))
 			if r.Res != cudaOutOfMemory {
@@ -239,10 +244,7 @@ func TestTenantQuotaFileThroughEveryWritablePath(t *testing.T) {
 func tamperWhileAllocating(t *testing.T, script, whyRunning, whyStarting string) {
 	t.Helper()
 	t.Parallel()
-	dev := newDevice(t)
-	dev.within(tenantTimeout)
-	f := dev.newSlice("s")
-	dev.initialQuota(f, slice{MemoryMiB: capMiB, ComputePercent: 100})
+	dev, f := capSlice(t)
 	a, b := dev.start(f, slice{}), dev.start(f, slice{})
 	for _, p := range []*proc{a, b} {
 		if r := p.do(fmt.Sprintf("alloc linear %d", 16*mib)); r.Res != cudaSuccess {
@@ -322,10 +324,7 @@ func TestUsageRegionOverwrittenWithGarbage(t *testing.T) {
 func TestTenantThatIsNotRootCannotReplaceTheUsageRegion(t *testing.T) {
 	t.Parallel()
 	needRoot(t)
-	dev := newDevice(t)
-	dev.within(tenantTimeout)
-	f := dev.newSlice("s")
-	dev.initialQuota(f, slice{MemoryMiB: capMiB, ComputePercent: 100})
+	dev, f := capSlice(t)
 	a, b := dev.startAs(f, procOpts{uid: tenantUID}), dev.startAs(f, procOpts{uid: tenantUID})
 	for _, p := range []*proc{a, b} {
 		if r := p.do(fmt.Sprintf("alloc linear %d", 16*mib)); r.Res != cudaSuccess {
@@ -409,10 +408,7 @@ func TestDriverLoadedByPathEndsHooked(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			dev := newDevice(t)
-			dev.within(tenantTimeout)
-			f := dev.newSlice("s")
-			dev.initialQuota(f, slice{MemoryMiB: capMiB, ComputePercent: 100})
+			dev, f := capSlice(t)
 			p := dev.startAs(f, procOpts{}, "-a", path)
 			if r := p.do(fmt.Sprintf("fill linear %d", mib)); r.Res != cudaOutOfMemory {
 				t.Errorf("fill ended with CUresult %d, want out of memory", r.Res)
@@ -475,10 +471,7 @@ func TestCuGetProcAddressEveryVersionEndsHooked(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			dev := newDevice(t)
-			dev.within(tenantTimeout)
-			f := dev.newSlice("s")
-			dev.initialQuota(f, slice{MemoryMiB: capMiB, ComputePercent: 100})
+			dev, f := capSlice(t)
 			p := dev.startAs(f, procOpts{}, tc.args...)
 			for _, kind := range []string{"linear", "async", "vmm"} {
 				if r := p.do(fmt.Sprintf("fill %s %d", kind, 2*mib)); r.Res != cudaOutOfMemory {

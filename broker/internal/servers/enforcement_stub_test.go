@@ -12,7 +12,6 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
-	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
 	"github.com/gpubroker/gpubroker/limiter/agent"
@@ -56,13 +55,7 @@ func TestUnhookedProcessPastTheSliceIsStoppedAndToldToTheServer(t *testing.T) {
 	stubtest.Need(t)
 	f := serverstest.New(t)
 	ctx := t.Context()
-	key := fleet.ServerKey{User: "alice", Name: "lab"}
-	rec, _, err := f.Service.Create(ctx, "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.SetPodRunning(t, "alice", "lab", "10.0.0.7")
-	f.WaitState(t, key, v1.StateRunning)
+	key, rec := runningLab(t, f)
 
 	dir := t.TempDir()
 	state := filepath.Join(dir, "stub.state")

@@ -12,6 +12,20 @@ import (
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 )
 
+// runningLab creates alice's server lab of profile small and brings its pod
+// to running.
+func runningLab(t *testing.T, f *serverstest.Fixture) (fleet.ServerKey, fleet.Server) {
+	t.Helper()
+	key := fleet.ServerKey{User: "alice", Name: "lab"}
+	rec, _, err := f.Service.Create(t.Context(), "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	f.SetPodRunning(t, "alice", "lab", "10.0.0.7")
+	f.WaitState(t, key, v1.StateRunning)
+	return key, rec
+}
+
 func TestEnforcementMessageSaysWhatHappenedInWords(t *testing.T) {
 	tests := []struct {
 		name string
@@ -53,13 +67,7 @@ func TestEnforcementMessageSaysWhatHappenedInWords(t *testing.T) {
 func TestHandleEnforcementTellsTheRunningServer(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
-	key := fleet.ServerKey{User: "alice", Name: "lab"}
-	rec, _, err := f.Service.Create(ctx, "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.SetPodRunning(t, "alice", "lab", "10.0.0.7")
-	f.WaitState(t, key, v1.StateRunning)
+	key, rec := runningLab(t, f)
 	before, err := f.Service.Events(ctx, key, "", 0)
 	if err != nil {
 		t.Fatal(err)

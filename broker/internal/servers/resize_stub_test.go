@@ -57,13 +57,7 @@ func newStubRig(tb testing.TB, t *testing.T, log *slog.Logger) *stubRig {
 	tb.Helper()
 	stubtest.Need(tb)
 	f := serverstest.New(t)
-	key := fleet.ServerKey{User: "alice", Name: "lab"}
-	rec, _, err := f.Service.Create(t.Context(), "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
-	if err != nil {
-		tb.Fatalf("Create: %v", err)
-	}
-	f.SetPodRunning(t, "alice", "lab", "10.0.0.7")
-	f.WaitState(t, key, v1.StateRunning)
+	key, rec := runningLab(t, f)
 	initial := rec.Slice
 
 	dir := tb.TempDir()

@@ -146,6 +146,19 @@ _Static_assert(sizeof(struct gpulimit_usage_slot) == 128, "usage slot is 128 byt
 _Static_assert(offsetof(struct gpulimit_usage, slots) == 256, "usage header is 256 bytes");
 _Static_assert(sizeof(struct gpulimit_usage) == 256 + 128 * GPULIMIT_USAGE_SLOTS, "usage region size");
 
+/*
+ * gpulimit_usage_init sets the header of an empty usage region (magic last):
+ * what the node agent writes when it creates one (limiter/region CreateUsage
+ * writes the same).
+ */
+static inline void gpulimit_usage_init(struct gpulimit_usage *u)
+{
+	u->layout_version = GPULIMIT_LAYOUT_VERSION;
+	u->slot_count = GPULIMIT_USAGE_SLOTS;
+	u->device_count = GPULIMIT_USAGE_DEVICES;
+	u->magic = GPULIMIT_USAGE_MAGIC;
+}
+
 /* gpulimit_fnv1a32 is the quota checksum: FNV-1a, 32 bits, over n bytes. */
 static inline uint32_t gpulimit_fnv1a32(const void *p, size_t n)
 {

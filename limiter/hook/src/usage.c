@@ -99,10 +99,7 @@ static void usage_break(const char *fmt, ...)
 	void *p = mmap(NULL, sizeof(struct gpulimit_usage), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p != MAP_FAILED) {
 		struct gpulimit_usage *u = p;
-		u->magic = GPULIMIT_USAGE_MAGIC;
-		u->layout_version = GPULIMIT_LAYOUT_VERSION;
-		u->slot_count = GPULIMIT_USAGE_SLOTS;
-		u->device_count = GPULIMIT_USAGE_DEVICES;
+		gpulimit_usage_init(u);
 		__atomic_store_n(&s->usage_shared, 0, __ATOMIC_RELEASE);
 		__atomic_store_n(&s->usage, u, __ATOMIC_RELEASE);
 	}

@@ -72,43 +72,54 @@
 
 #define MAX_LIVE 65536
 
+/*
+ * The driver functions cudaprog uses: X(field of struct api, exported
+ * (versioned) name, the name cuGetProcAddress takes).
+ */
+/* clang-format off */
+#define API_FUNCS(X)                                                                    \
+	X(init, cuInit, "cuInit")                                                       \
+	X(deviceGet, cuDeviceGet, "cuDeviceGet")                                        \
+	X(ctxRetain, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")              \
+	X(ctxSetCurrent, cuCtxSetCurrent, "cuCtxSetCurrent")                            \
+	X(ctxSynchronize, cuCtxSynchronize, "cuCtxSynchronize")                         \
+	X(ctxCreate, cuCtxCreate_v2, "cuCtxCreate")                                     \
+	X(ctxDestroy, cuCtxDestroy_v2, "cuCtxDestroy")                                  \
+	X(ctxReset, cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset")              \
+	X(moduleLoad, cuModuleLoadData, "cuModuleLoadData")                             \
+	X(getFunction, cuModuleGetFunction, "cuModuleGetFunction")                      \
+	X(streamSynchronize, cuStreamSynchronize, "cuStreamSynchronize")                \
+	X(memGetInfo, cuMemGetInfo_v2, "cuMemGetInfo")                                  \
+	X(totalMem, cuDeviceTotalMem_v2, "cuDeviceTotalMem")                            \
+	X(memAlloc, cuMemAlloc_v2, "cuMemAlloc")                                        \
+	X(memAllocPitch, cuMemAllocPitch_v2, "cuMemAllocPitch")                         \
+	X(memAllocManaged, cuMemAllocManaged, "cuMemAllocManaged")                      \
+	X(memFree, cuMemFree_v2, "cuMemFree")                                           \
+	X(memAllocAsync, cuMemAllocAsync, "cuMemAllocAsync")                            \
+	X(memAllocFromPoolAsync, cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")    \
+	X(memFreeAsync, cuMemFreeAsync, "cuMemFreeAsync")                               \
+	X(poolCreate, cuMemPoolCreate, "cuMemPoolCreate")                               \
+	X(memCreate, cuMemCreate, "cuMemCreate")                                        \
+	X(memRelease, cuMemRelease, "cuMemRelease")                                     \
+	X(arrayCreate, cuArrayCreate_v2, "cuArrayCreate")                               \
+	X(array3DCreate, cuArray3DCreate_v2, "cuArray3DCreate")                         \
+	X(arrayDestroy, cuArrayDestroy, "cuArrayDestroy")                               \
+	X(mipmapCreate, cuMipmappedArrayCreate, "cuMipmappedArrayCreate")               \
+	X(mipmapDestroy, cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy")            \
+	X(graphCreate, cuGraphCreate, "cuGraphCreate")                                  \
+	X(graphAddMemAllocNode, cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode")       \
+	X(graphAddKernelNode, cuGraphAddKernelNode_v2, "cuGraphAddKernelNode")          \
+	X(graphInstantiate, cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags") \
+	X(graphLaunch, cuGraphLaunch, "cuGraphLaunch")                                  \
+	X(launchKernel, cuLaunchKernel, "cuLaunchKernel")                               \
+	X(launchKernelEx, cuLaunchKernelEx, "cuLaunchKernelEx")                         \
+	X(launchCoop, cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel")
+/* clang-format on */
+
 struct api {
-	__typeof__(&cuInit) init;
-	__typeof__(&cuDeviceGet) deviceGet;
-	__typeof__(&cuDevicePrimaryCtxRetain) ctxRetain;
-	__typeof__(&cuCtxSetCurrent) ctxSetCurrent;
-	__typeof__(&cuCtxSynchronize) ctxSynchronize;
-	__typeof__(&cuCtxCreate_v2) ctxCreate;
-	__typeof__(&cuCtxDestroy_v2) ctxDestroy;
-	__typeof__(&cuDevicePrimaryCtxReset_v2) ctxReset;
-	__typeof__(&cuModuleLoadData) moduleLoad;
-	__typeof__(&cuModuleGetFunction) getFunction;
-	__typeof__(&cuStreamSynchronize) streamSynchronize;
-	__typeof__(&cuMemGetInfo_v2) memGetInfo;
-	__typeof__(&cuDeviceTotalMem_v2) totalMem;
-	__typeof__(&cuMemAlloc_v2) memAlloc;
-	__typeof__(&cuMemAllocPitch_v2) memAllocPitch;
-	__typeof__(&cuMemAllocManaged) memAllocManaged;
-	__typeof__(&cuMemFree_v2) memFree;
-	__typeof__(&cuMemAllocAsync) memAllocAsync;
-	__typeof__(&cuMemAllocFromPoolAsync) memAllocFromPoolAsync;
-	__typeof__(&cuMemFreeAsync) memFreeAsync;
-	__typeof__(&cuMemPoolCreate) poolCreate;
-	__typeof__(&cuMemCreate) memCreate;
-	__typeof__(&cuMemRelease) memRelease;
-	__typeof__(&cuArrayCreate_v2) arrayCreate;
-	__typeof__(&cuArray3DCreate_v2) array3DCreate;
-	__typeof__(&cuArrayDestroy) arrayDestroy;
-	__typeof__(&cuMipmappedArrayCreate) mipmapCreate;
-	__typeof__(&cuMipmappedArrayDestroy) mipmapDestroy;
-	__typeof__(&cuGraphCreate) graphCreate;
-	__typeof__(&cuGraphAddMemAllocNode) graphAddMemAllocNode;
-	__typeof__(&cuGraphAddKernelNode_v2) graphAddKernelNode;
-	__typeof__(&cuGraphInstantiateWithFlags) graphInstantiate;
-	__typeof__(&cuGraphLaunch) graphLaunch;
-	__typeof__(&cuLaunchKernel) launchKernel;
-	__typeof__(&cuLaunchKernelEx) launchKernelEx;
-	__typeof__(&cuLaunchCooperativeKernel) launchCoop;
+#define API_FIELD(field, sym, base) __typeof__(&sym) field;
+	API_FUNCS(API_FIELD)
+#undef API_FIELD
 };
 
 static struct api A;
@@ -136,44 +147,9 @@ static uint64_t now_us(void)
 
 static void fill_direct(void)
 {
-	A = (struct api){
-	    .init = cuInit,
-	    .deviceGet = cuDeviceGet,
-	    .ctxRetain = cuDevicePrimaryCtxRetain,
-	    .ctxSetCurrent = cuCtxSetCurrent,
-	    .ctxSynchronize = cuCtxSynchronize,
-	    .ctxCreate = cuCtxCreate_v2,
-	    .ctxDestroy = cuCtxDestroy_v2,
-	    .ctxReset = cuDevicePrimaryCtxReset_v2,
-	    .moduleLoad = cuModuleLoadData,
-	    .getFunction = cuModuleGetFunction,
-	    .streamSynchronize = cuStreamSynchronize,
-	    .memGetInfo = cuMemGetInfo_v2,
-	    .totalMem = cuDeviceTotalMem_v2,
-	    .memAlloc = cuMemAlloc_v2,
-	    .memAllocPitch = cuMemAllocPitch_v2,
-	    .memAllocManaged = cuMemAllocManaged,
-	    .memFree = cuMemFree_v2,
-	    .memAllocAsync = cuMemAllocAsync,
-	    .memAllocFromPoolAsync = cuMemAllocFromPoolAsync,
-	    .memFreeAsync = cuMemFreeAsync,
-	    .poolCreate = cuMemPoolCreate,
-	    .memCreate = cuMemCreate,
-	    .memRelease = cuMemRelease,
-	    .arrayCreate = cuArrayCreate_v2,
-	    .array3DCreate = cuArray3DCreate_v2,
-	    .arrayDestroy = cuArrayDestroy,
-	    .mipmapCreate = cuMipmappedArrayCreate,
-	    .mipmapDestroy = cuMipmappedArrayDestroy,
-	    .graphCreate = cuGraphCreate,
-	    .graphAddMemAllocNode = cuGraphAddMemAllocNode,
-	    .graphAddKernelNode = cuGraphAddKernelNode_v2,
-	    .graphInstantiate = cuGraphInstantiateWithFlags,
-	    .graphLaunch = cuGraphLaunch,
-	    .launchKernel = cuLaunchKernel,
-	    .launchKernelEx = cuLaunchKernelEx,
-	    .launchCoop = cuLaunchCooperativeKernel,
-	};
+#define DIRECT(field, sym, base) A.field = sym;
+	API_FUNCS(DIRECT)
+#undef DIRECT
 }
 
 /* elf.c (linked in): a symbol from a loaded object's own table, without dlsym. */
@@ -219,42 +195,9 @@ static int fill_procaddr(cuuint64_t flags, int v1)
 		}                                                                                                      \
 		memcpy(&A.field, &p_, sizeof(p_));                                                                     \
 	} while (0)
-	GET(init, "cuInit");
-	GET(deviceGet, "cuDeviceGet");
-	GET(ctxRetain, "cuDevicePrimaryCtxRetain");
-	GET(ctxSetCurrent, "cuCtxSetCurrent");
-	GET(ctxSynchronize, "cuCtxSynchronize");
-	GET(ctxCreate, "cuCtxCreate");
-	GET(ctxDestroy, "cuCtxDestroy");
-	GET(ctxReset, "cuDevicePrimaryCtxReset");
-	GET(moduleLoad, "cuModuleLoadData");
-	GET(getFunction, "cuModuleGetFunction");
-	GET(streamSynchronize, "cuStreamSynchronize");
-	GET(memGetInfo, "cuMemGetInfo");
-	GET(totalMem, "cuDeviceTotalMem");
-	GET(memAlloc, "cuMemAlloc");
-	GET(memAllocPitch, "cuMemAllocPitch");
-	GET(memAllocManaged, "cuMemAllocManaged");
-	GET(memFree, "cuMemFree");
-	GET(memAllocAsync, "cuMemAllocAsync");
-	GET(memAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
-	GET(memFreeAsync, "cuMemFreeAsync");
-	GET(poolCreate, "cuMemPoolCreate");
-	GET(memCreate, "cuMemCreate");
-	GET(memRelease, "cuMemRelease");
-	GET(arrayCreate, "cuArrayCreate");
-	GET(array3DCreate, "cuArray3DCreate");
-	GET(arrayDestroy, "cuArrayDestroy");
-	GET(mipmapCreate, "cuMipmappedArrayCreate");
-	GET(mipmapDestroy, "cuMipmappedArrayDestroy");
-	GET(graphCreate, "cuGraphCreate");
-	GET(graphAddMemAllocNode, "cuGraphAddMemAllocNode");
-	GET(graphAddKernelNode, "cuGraphAddKernelNode");
-	GET(graphInstantiate, "cuGraphInstantiateWithFlags");
-	GET(graphLaunch, "cuGraphLaunch");
-	GET(launchKernel, "cuLaunchKernel");
-	GET(launchKernelEx, "cuLaunchKernelEx");
-	GET(launchCoop, "cuLaunchCooperativeKernel");
+#define GET_API(field, sym, base) GET(field, base);
+	API_FUNCS(GET_API)
+#undef GET_API
 #undef GET
 	return 0;
 }
@@ -276,42 +219,9 @@ static int fill_dlsym(const char *path)
 		}                                                                                                      \
 		memcpy(&A.field, &p_, sizeof(p_));                                                                     \
 	} while (0)
-	SYM(init, "cuInit");
-	SYM(deviceGet, "cuDeviceGet");
-	SYM(ctxRetain, "cuDevicePrimaryCtxRetain");
-	SYM(ctxSetCurrent, "cuCtxSetCurrent");
-	SYM(ctxSynchronize, "cuCtxSynchronize");
-	SYM(ctxCreate, "cuCtxCreate_v2");
-	SYM(ctxDestroy, "cuCtxDestroy_v2");
-	SYM(ctxReset, "cuDevicePrimaryCtxReset_v2");
-	SYM(moduleLoad, "cuModuleLoadData");
-	SYM(getFunction, "cuModuleGetFunction");
-	SYM(streamSynchronize, "cuStreamSynchronize");
-	SYM(memGetInfo, "cuMemGetInfo_v2");
-	SYM(totalMem, "cuDeviceTotalMem_v2");
-	SYM(memAlloc, "cuMemAlloc_v2");
-	SYM(memAllocPitch, "cuMemAllocPitch_v2");
-	SYM(memAllocManaged, "cuMemAllocManaged");
-	SYM(memFree, "cuMemFree_v2");
-	SYM(memAllocAsync, "cuMemAllocAsync");
-	SYM(memAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
-	SYM(memFreeAsync, "cuMemFreeAsync");
-	SYM(poolCreate, "cuMemPoolCreate");
-	SYM(memCreate, "cuMemCreate");
-	SYM(memRelease, "cuMemRelease");
-	SYM(arrayCreate, "cuArrayCreate_v2");
-	SYM(array3DCreate, "cuArray3DCreate_v2");
-	SYM(arrayDestroy, "cuArrayDestroy");
-	SYM(mipmapCreate, "cuMipmappedArrayCreate");
-	SYM(mipmapDestroy, "cuMipmappedArrayDestroy");
-	SYM(graphCreate, "cuGraphCreate");
-	SYM(graphAddMemAllocNode, "cuGraphAddMemAllocNode");
-	SYM(graphAddKernelNode, "cuGraphAddKernelNode_v2");
-	SYM(graphInstantiate, "cuGraphInstantiateWithFlags");
-	SYM(graphLaunch, "cuGraphLaunch");
-	SYM(launchKernel, "cuLaunchKernel");
-	SYM(launchKernelEx, "cuLaunchKernelEx");
-	SYM(launchCoop, "cuLaunchCooperativeKernel");
+#define SYM_API(field, sym, base) SYM(field, #sym);
+	API_FUNCS(SYM_API)
+#undef SYM_API
 #undef SYM
 	return 0;
 }

@@ -157,10 +157,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	static struct gpulimit_usage usage;
-	usage.magic = GPULIMIT_USAGE_MAGIC;
-	usage.layout_version = GPULIMIT_LAYOUT_VERSION;
-	usage.slot_count = GPULIMIT_USAGE_SLOTS;
-	usage.device_count = GPULIMIT_USAGE_DEVICES;
+	gpulimit_usage_init(&usage);
 	if (usage_header_check(&usage, sizeof(usage), &why) != 0) {
 		fprintf(stderr, "valid usage image rejected: %s\n", why);
 		return 1;

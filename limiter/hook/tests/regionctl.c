@@ -50,10 +50,7 @@ int main(int argc, char **argv)
 		}
 	}
 	static struct gpulimit_usage u;
-	u.magic = GPULIMIT_USAGE_MAGIC;
-	u.layout_version = GPULIMIT_LAYOUT_VERSION;
-	u.slot_count = GPULIMIT_USAGE_SLOTS;
-	u.device_count = GPULIMIT_USAGE_DEVICES;
+	gpulimit_usage_init(&u);
 	snprintf(path, sizeof(path), "%s/usage/usage.bin", argv[1]);
 	if (put(path, &u, sizeof(u), 0666) != 0)
 		return 1;
