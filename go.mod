@@ -6,6 +6,7 @@ tool github.com/go-task/task/v3/cmd/task
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
+	github.com/agnivade/levenshtein v1.2.2
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0

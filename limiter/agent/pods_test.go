@@ -151,7 +151,7 @@ func TestPidfdKillerKillsOnlyTheSameProcess(t *testing.T) {
 	start := func() *exec.Cmd {
 		cmd := exec.Command("sleep", "60")
 		if err := cmd.Start(); err != nil {
-			t.Skipf("sleep: %v", err)
+			t.Fatalf("sleep: %v", err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		return cmd

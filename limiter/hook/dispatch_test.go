@@ -2,11 +2,12 @@ package hook_test
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
 )
 
 // TestDlsymInterposition: dlsym on the driver's handle hands out the hook
@@ -61,12 +62,9 @@ func TestHookIsQuietInNonGPUPrograms(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			bin, err := exec.LookPath(tc.argv[0])
-			if err != nil {
-				if os.Getenv("CI") == "true" {
-					t.Fatalf("%s is required in CI: %v", tc.argv[0], err)
-				}
-				t.Skipf("%s not installed", tc.argv[0])
+			bin := tc.argv[0]
+			if !filepath.IsAbs(bin) {
+				bin = testdeps.Need(t, bin)
 			}
 			cmd := exec.Command(bin, tc.argv[1:]...)
 			cmd.Env = []string{"PATH=/usr/bin:/bin", "LD_PRELOAD=" + filepath.Join(buildDir(), "libgpulimit.so")}

@@ -5,8 +5,8 @@
 // The C code is built by `go tool task limiter:build` (make -C limiter/hook)
 // into build/, which is not committed; the tests run make themselves when the
 // build is missing or stale, so `go test ./limiter/...` works on its own.
-// They need gcc and make; without them they skip, unless CI=true, where they
-// fail.
+// They need gcc, libc6-dev and make; without them they fail, naming the
+// packages (e2e/testdeps), and skip only under `go test -short`.
 //
 // Each test gets its own simulated device (GPUBROKER_STUB_STATE in a
 // temporary directory) and its own slice directories, laid out as the node
@@ -17,8 +17,8 @@
 // build/podrun, which mounts the slice's directories there in a private mount
 // namespace (the quota one read-only) and drops every capability, as the
 // pod does; podrun needs root or unprivileged user namespaces (without
-// either the tests skip, or fail when CI=true), and running a tenant as
-// another uid needs root.
+// either the tests fail, saying so; they skip under -short), and running a
+// tenant as another uid needs root.
 //
 // tenant_test.go holds the hostile-tenant cases (ARCHITECTURE.md invariant
 // 3), each its own test with a deadline; files_test.go the special files at

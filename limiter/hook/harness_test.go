@@ -19,6 +19,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
 	"github.com/gpubroker/gpubroker/limiter/region"
 )
 
@@ -51,16 +52,12 @@ func hookDir() string {
 func buildDir() string { return filepath.Join(hookDir(), "build") }
 
 // needBuild builds the C artifacts once per test binary (make is a no-op when
-// they are up to date). Without gcc or make it skips, or fails when CI=true.
+// they are up to date). Without gcc, the C headers or make it fails, naming
+// the package to install (skips under -short).
 func needBuild(t testing.TB) {
 	t.Helper()
-	for _, tool := range []string{"gcc", "make"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is required in CI: %v", tool, err)
-			}
-			t.Skipf("%s not found: %v", tool, err)
-		}
+	for _, tool := range []string{"gcc", "/usr/include/stdio.h", "make"} {
+		testdeps.Need(t, tool)
 	}
 	buildOnce.Do(func() {
 		out, err := exec.Command("make", "-C", hookDir(), "-j2").CombinedOutput()
@@ -253,8 +250,8 @@ var (
 )
 
 // needPodrun checks once that podrun can set up a mount namespace here (root,
-// or unprivileged user namespaces). Without it the hook tests skip, or fail
-// when CI=true.
+// or unprivileged user namespaces). Without it the hook tests fail, saying
+// so (they skip under -short).
 func needPodrun(t testing.TB) {
 	t.Helper()
 	podrunOnce.Do(func() {
@@ -264,21 +261,22 @@ func needPodrun(t testing.TB) {
 		}
 	})
 	if podrunErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(podrunErr)
+		if testing.Short() {
+			t.Skip(podrunErr)
 		}
-		t.Skip(podrunErr)
+		t.Fatal(podrunErr)
 	}
 }
 
-// needRoot skips (or fails in CI) a test that runs processes as another uid.
+// needRoot fails (skips under -short) a test that runs processes as another
+// uid: that needs root (CI runs as root).
 func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("running a tenant as another uid needs root (CI runs as root)")
+		if testing.Short() {
+			t.Skip("running a tenant as another uid needs root")
 		}
-		t.Skip("running a tenant as another uid needs root")
+		t.Fatal("running a tenant as another uid needs root (CI runs as root)")
 	}
 }
 

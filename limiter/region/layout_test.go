@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -30,18 +31,12 @@ func headerDir(t *testing.T) string {
 	return filepath.Join(filepath.Dir(file), "..", "hook", "include")
 }
 
-// needGCC returns the path of gcc, skipping the test when it is missing
-// outside CI and failing it in CI (CI=true).
+// needGCC returns the path of gcc; when gcc or the C headers are missing it
+// fails the test naming the packages (skips it under -short).
 func needGCC(t *testing.T) string {
 	t.Helper()
-	gcc, err := exec.LookPath("gcc")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("gcc is required in CI: %v", err)
-		}
-		t.Skipf("gcc not found: %v", err)
-	}
-	return gcc
+	testdeps.Need(t, "/usr/include/stdio.h")
+	return testdeps.Need(t, "gcc")
 }
 
 // layoutEntry is one field's place in a struct: byte offset and size.

@@ -70,17 +70,38 @@ func TestDeployManifestsMatchTheBroker(t *testing.T) {
 		t.Fatalf("want a Deployment, a Role and a ConfigMap; got %v %v %v", dep != nil, role != nil, profiles != nil)
 	}
 
-	env := map[string]string{}
+	// Files the Deployment mounts are made under a temp dir, the profiles
+	// file with the ConfigMap's content, so the environment loads as the
+	// pod would see it.
+	root := t.TempDir()
+	container := dep.Spec.Template.Spec.Containers[0]
+	var environ []string
 	usage := config.Usage(config.ModeServe)
-	for _, e := range dep.Spec.Template.Spec.Containers[0].Env {
-		if !strings.Contains(usage, e.Name) {
+	for _, e := range container.Env {
+		if !strings.Contains(usage, "env "+e.Name+",") {
 			t.Errorf("the Deployment sets %s, which gpubroker serve does not read", e.Name)
 		}
-		env[e.Name] = e.Value
+		v := e.Value
+		for _, m := range container.VolumeMounts {
+			if strings.HasPrefix(v, m.MountPath+"/") {
+				content := "token\n"
+				if e.Name == "GPUBROKER_PROFILES_FILE" {
+					content = profiles.Data[filepath.Base(v)]
+				}
+				v = filepath.Join(root, v)
+				if err := os.MkdirAll(filepath.Dir(v), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(v, []byte(content), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		environ = append(environ, e.Name+"="+v)
 	}
-	cfg, err := config.Load(config.ModeServe, nil, func(k string) string { return env[k] }, nil)
-	if err != nil {
-		t.Fatalf("the Deployment's environment does not load: %v", err)
+	cfg, warnings, err := config.Load(config.ModeServe, nil, environ)
+	if err != nil || len(warnings) > 0 {
+		t.Fatalf("the Deployment's environment does not load: %v (warnings %q)", err, warnings)
 	}
 	if role.Namespace != cfg.Namespace {
 		t.Errorf("the Role is in namespace %q, the broker's pods in %q", role.Namespace, cfg.Namespace)

@@ -43,21 +43,20 @@ func TestDaemonSetMatchesTheAgent(t *testing.T) {
 		env[e.Name] = v
 	}
 	known := map[string]bool{}
-	for _, line := range strings.Split(usage(), "\n") {
-		for _, f := range strings.Fields(line) {
-			if strings.HasPrefix(f, envPrefix) {
-				known[f] = true
-			}
-		}
+	var c0 Config
+	for _, f := range c0.table().Flags {
+		known[envName(f.Name)] = true
 	}
-	for name := range env {
+	var environ []string
+	for name, v := range env {
 		if !known[name] {
 			t.Errorf("daemonset sets %s, which is no flag's twin", name)
 		}
+		environ = append(environ, name+"="+v)
 	}
-	cfg, err := Load(nil, func(k string) string { return env[k] }, nil)
-	if err != nil {
-		t.Fatalf("daemonset configuration: %v", err)
+	cfg, warnings, err := Load(nil, environ)
+	if err != nil || len(warnings) > 0 {
+		t.Fatalf("daemonset configuration: %v (warnings %q)", err, warnings)
 	}
 	if cfg.Agent.Node != "gpu-node-1" {
 		t.Errorf("node %q, want it from spec.nodeName", cfg.Agent.Node)

@@ -1,4 +1,4 @@
-package app
+package dev
 
 import (
 	"context"
@@ -16,14 +16,15 @@ import (
 	nvmlserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 
 	"github.com/gpubroker/gpubroker/broker/devissuer"
+	"github.com/gpubroker/gpubroker/broker/internal/app"
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
 	"github.com/gpubroker/gpubroker/broker/internal/catalog"
-	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/httpapi"
+	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/limiter/agent"
 	"github.com/gpubroker/gpubroker/spawner/devcluster"
 )
@@ -36,49 +37,68 @@ const (
 	devTokenTTL = 24 * time.Hour
 )
 
-// buildDev wires the parts for `gpubroker dev`, embedding whatever cfg
-// leaves unset, and prints the banner with a ready-to-paste command.
-func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listener, stdout io.Writer) (*parts, error) {
+// Run runs gpubroker-dev until ctx ends: it embeds whatever c leaves unset,
+// registers the simulated GPUs, runs the broker (app.Run) and, once it is
+// up, prints the banner with ready-to-paste commands to stdout. Logs go to
+// stderr.
+func Run(ctx context.Context, c Config, stdout, stderr io.Writer) error {
+	cfg := c.Broker
+	log := cfg.Logger(stderr)
+	klog.SetSlogLogger(log)
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	infra, err := build(ctx, c, log, ln, stdout)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	return app.Run(ctx, cfg, log, ln, infra)
+}
+
+// build makes the Infra of gpubroker-dev, embedding whatever c leaves
+// unset; on error everything it started is closed again.
+func build(ctx context.Context, c Config, log *slog.Logger, ln net.Listener, stdout io.Writer) (app.Infra, error) {
+	cfg := c.Broker
+	var in app.Infra
 	var simulated []string
-	var background []func(context.Context) error
-	var closers []func()
-	fail := func(err error) (*parts, error) {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
+	fail := func(err error) (app.Infra, error) {
+		for i := len(in.Closers) - 1; i >= 0; i-- {
+			in.Closers[i]()
 		}
-		return nil, err
+		return app.Infra{}, err
 	}
 
-	cat := catalog.Default()
+	in.Catalog = catalog.Default()
 	if cfg.ProfilesFile != "" {
-		c, err := catalog.Load(cfg.ProfilesFile)
+		cat, err := catalog.Load(cfg.ProfilesFile)
 		if err != nil {
 			return fail(fmt.Errorf("profiles file %s: %w", cfg.ProfilesFile, err))
 		}
-		cat = c
+		in.Catalog = cat
 	}
 
-	var rdb redis.UniversalClient
-	if cfg.RedisURL == "" && cfg.RedisSentinelMaster == "" {
+	if cfg.Redis.URL == "" && cfg.Redis.SentinelMaster == "" {
 		mr := miniredis.NewMiniRedis()
 		if err := mr.StartAddr("127.0.0.1:0"); err != nil {
 			return fail(fmt.Errorf("embedded redis: %w", err))
 		}
-		closers = append(closers, mr.Close)
-		rdb = redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+		in.Closers = append(in.Closers, mr.Close)
+		in.Redis = redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true})
+		in.Streams = redis.NewClient(&redis.Options{Addr: mr.Addr(), ContextTimeoutEnabled: true, PoolSize: cfg.RedisStreamConnections})
 		simulated = append(simulated, "Redis is embedded (miniredis, in memory: data is lost at exit)")
 	} else {
-		ropts, err := cfg.RedisOptions()
-		if err != nil {
+		var err error
+		if in.Redis, in.Streams, err = app.RedisClients(cfg); err != nil {
 			return fail(err)
 		}
-		rdb = redis.NewUniversalClient(ropts)
 	}
-	closers = append(closers, func() { rdb.Close() })
+	rdb, streams := in.Redis, in.Streams
+	in.Closers = append(in.Closers, func() { rdb.Close() }, func() { streams.Close() })
 
 	issuerURL, audience := cfg.OIDCIssuer, cfg.OIDCAudience
-	publicURL := devPublicURL(cfg, ln)
-	var ws *webSettings
+	publicURL := devPublicURL(cfg.PublicURL, ln)
 	var token string
 	if issuerURL == "" {
 		il, err := net.Listen("tcp", "127.0.0.1:0")
@@ -104,8 +124,9 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 			il.Close()
 			return fail(fmt.Errorf("embedded oidc issuer: %w", err))
 		}
-		background = append(background, func(ctx context.Context) error { return iss.Serve(ctx, il) })
-		ws = &webSettings{issuerURL: issuerURL, clientID: audience, clientSecret: secret, publicURL: publicURL}
+		in.Background = append(in.Background, func(ctx context.Context) error { return iss.Serve(ctx, il) })
+		in.Closers = append(in.Closers, func() { il.Close() }) // Serve closes it too; this covers a Run that never started
+		in.Web = &app.WebSettings{IssuerURL: issuerURL, ClientID: audience, ClientSecret: secret, PublicURL: publicURL}
 		token, err = iss.Mint(devissuer.Claims{
 			Subject: devUser, Username: devUser, Email: devUser + "@localhost",
 			Groups: []string{cfg.AdminGroup, "developers"}, Audience: audience, ExpiresIn: devTokenTTL,
@@ -119,51 +140,61 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 		if err != nil {
 			return fail(err)
 		}
-		ws = &webSettings{issuerURL: issuerURL, clientID: cfg.ClientID(), clientSecret: secret.Reveal(), publicURL: publicURL}
+		in.Web = &app.WebSettings{IssuerURL: issuerURL, ClientID: cfg.ClientID(), ClientSecret: secret.Reveal(), PublicURL: publicURL}
 	}
-	bearer, err := auth.NewBearer(ctx, auth.BearerConfig{
-		IssuerURL: issuerURL, Audience: audience,
-		UsernameClaim: cfg.OIDCUsernameClaim, GroupsClaim: cfg.OIDCGroupsClaim, AdminGroup: cfg.AdminGroup,
-	})
+	bearer, err := app.NewBearer(ctx, cfg, issuerURL, audience)
 	if err != nil {
 		return fail(err)
 	}
+	in.Bearer, in.Hub = bearer, auth.NewHubToken("")
 
-	var kube kubernetes.Interface
-	if cfg.Kubeconfig == "" {
+	if cfg.Kube.Kubeconfig == "" {
 		cl := devcluster.New([]string{devNode}, log.With("part", "devcluster"), devcluster.WithNamespace(cfg.Namespace))
-		kube = cl.Clientset()
-		background = append(background, cl.Run)
+		in.Kube = cl.Clientset()
+		in.Background = append(in.Background, cl.Run)
 		simulated = append(simulated, "the Kubernetes cluster is simulated: one node, "+devNode+"; pods do not really run")
-	} else {
-		kube, err = kubeClient(cfg.Kubeconfig)
-		if err != nil {
-			return fail(err)
-		}
-	}
-
-	gpuNote := fmt.Sprintf("the GPUs are simulated (%d× NVIDIA H200 from go-nvml's mock/dgxh200) on node %s", cfg.DevGPUs, devNode)
-	notice := "LOCAL DEV MODE: " + strings.Join(append(simulated, gpuNote), "; ") + "."
-	p, err := assemble(cfg, log, rdb, kube, cat, bearer, auth.NewHubToken(""), httpapi.Mode{Simulated: true, Notice: notice}, ws)
-	if err != nil {
+	} else if in.Kube, err = app.KubeClient(cfg.Kube); err != nil {
 		return fail(err)
 	}
-	p.background = background
-	p.closers = closers
 
-	if err := registerSimulatedGPUs(ctx, p, devNode, cfg.DevGPUs); err != nil {
-		p.close()
-		return nil, err
+	simulated = append(simulated, fmt.Sprintf("the GPUs are simulated (%d× NVIDIA H200 from go-nvml's mock/dgxh200) on node %s", c.GPUs, devNode))
+	in.Mode = httpapi.Mode{Simulated: true, Notice: "LOCAL DEV MODE: " + strings.Join(simulated, "; ") + "."}
+	if err := registerSimulatedGPUs(ctx, redisstore.New(rdb, cfg.Redis.Prefix), devNode, c.GPUs); err != nil {
+		return fail(err)
 	}
-	for _, s := range append(simulated, gpuNote) {
+	for _, s := range simulated {
 		log.Warn("dev mode: " + s)
 	}
 	web := ""
-	if ws != nil {
-		web = ws.publicURL
+	if in.Web != nil {
+		web = in.Web.PublicURL
 	}
-	p.started = func() { printBanner(stdout, "http://"+ln.Addr().String(), web, token, cat.Profiles()) }
-	return p, nil
+	profiles := in.Catalog.Profiles()
+	in.Started = func() { printBanner(stdout, listenURL(ln), web, token, profiles) }
+	return in, nil
+}
+
+// devPublicURL is dev mode's public URL: the configured one, else the
+// listener's URL.
+func devPublicURL(configured string, ln net.Listener) string {
+	if configured != "" {
+		return configured
+	}
+	return listenURL(ln)
+}
+
+// listenURL is the http URL a person on this machine opens for ln:
+// "localhost" for an unspecified host (":8080" listens on [::]), the host
+// as it is otherwise.
+func listenURL(ln net.Listener) string {
+	host, port, err := net.SplitHostPort(ln.Addr().String())
+	if err != nil {
+		return "http://" + ln.Addr().String()
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }
 
 // registerSimulatedGPUs registers count simulated H200 GPUs for placement,
@@ -171,7 +202,7 @@ func buildDev(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.L
 // (GPU-00000000-0000-4000-8000-00000000000N; go-nvml's mock draws random
 // ones), so dev runs against one real Redis reuse the same GPUs instead of
 // adding phantom ones each time.
-func registerSimulatedGPUs(ctx context.Context, p *parts, node string, count int) error {
+func registerSimulatedGPUs(ctx context.Context, store *redisstore.Store, node string, count int) error {
 	lib := dgxh200.NewWithGPUs(nvmlgpus.Multiple(count, nvmlgpus.H200_SXM5_141GB)...)
 	for i, d := range lib.Devices {
 		uuid := fmt.Sprintf("GPU-00000000-0000-4000-8000-%012d", i)
@@ -182,7 +213,7 @@ func registerSimulatedGPUs(ctx context.Context, p *parts, node string, count int
 		return fmt.Errorf("simulated gpus: %w", err)
 	}
 	for _, g := range gpus {
-		if err := p.store.RegisterGPU(ctx, fleet.GPU{UUID: g.UUID, Node: g.Node, Model: g.Model,
+		if err := store.RegisterGPU(ctx, fleet.GPU{UUID: g.UUID, Node: g.Node, Model: g.Model,
 			MemoryMiB: g.MemoryMiB, SMCount: g.SMCount, Healthy: g.Healthy}); err != nil {
 			return fmt.Errorf("register simulated gpu %s: %w", g.UUID, err)
 		}
@@ -197,7 +228,7 @@ func printBanner(w io.Writer, base, web, token string, profiles []fleet.Profile)
 		profile = profiles[0].Name
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\ngpubroker dev — LOCAL MODE: the cluster, the GPUs, Redis and the OIDC issuer are simulated or embedded.\n")
+	fmt.Fprintf(&b, "\ngpubroker-dev — LOCAL MODE: the cluster, the GPUs, Redis and the OIDC issuer are simulated or embedded.\n")
 	fmt.Fprintf(&b, "API:      %s/api/v1/\n", base)
 	fmt.Fprintf(&b, "OpenAPI:  %s/api/v1/openapi.yaml\n", base)
 	if web != "" {
