@@ -31,9 +31,15 @@ type SliceInfo struct {
 	PodUID    string
 	Pod       string
 	Namespace string
+	// User and Server are the server's raw names (annotations); "" when
+	// the pod does not say. Audit records carry them, so the broker can
+	// tell the server's owner what the agent did.
+	User, Server string
 	// GPU is the UUID of the slice's GPU.
 	GPU string
-	// Initial is the slice as placed; the pod env carries it to the hook.
+	// Initial is the slice as placed (annotations). The agent writes it as
+	// the slice's first quota file when it first sees the pod, before the
+	// broker sets a desired quota (the hook reads nothing else).
 	Initial v1.Slice
 }
 
@@ -62,6 +68,8 @@ func SliceFromPod(p *corev1.Pod) (SliceInfo, error) {
 		PodUID:    string(p.UID),
 		Pod:       p.Name,
 		Namespace: p.Namespace,
+		User:      a[v1.AnnotationUser],
+		Server:    a[v1.AnnotationServer],
 		GPU:       a[v1.AnnotationGPUUUID],
 		Initial: v1.Slice{
 			MemoryMiB:           num(v1.AnnotationMemoryMiB),
@@ -95,6 +103,9 @@ func (s StaticPods) Slices() []SliceInfo { return slices.Clone(s) }
 // Synced is always true: the list is complete by construction.
 func (s StaticPods) Synced() bool { return true }
 
+// Changed is nil: the list never changes.
+func (s StaticPods) Changed() <-chan struct{} { return nil }
+
 // ByPodUID returns the slice of the pod with uid.
 func (s StaticPods) ByPodUID(uid string) (SliceInfo, bool) {
 	for _, x := range s {
@@ -115,9 +126,10 @@ type PodWatcher struct {
 	resync time.Duration
 	log    func(err error)
 
-	mu     sync.RWMutex
-	byUID  map[string]SliceInfo
-	synced bool
+	mu      sync.RWMutex
+	byUID   map[string]SliceInfo
+	synced  bool
+	changed chan struct{} // one pending notice that a slice appeared or changed
 }
 
 // NewPodWatcher returns a watcher of node's gpubroker pods. bad is called
@@ -126,7 +138,8 @@ func NewPodWatcher(client kubernetes.Interface, node string, bad func(err error)
 	if bad == nil {
 		bad = func(error) {}
 	}
-	return &PodWatcher{client: client, node: node, resync: 10 * time.Minute, log: bad, byUID: map[string]SliceInfo{}}
+	return &PodWatcher{client: client, node: node, resync: 10 * time.Minute, log: bad, byUID: map[string]SliceInfo{},
+		changed: make(chan struct{}, 1)}
 }
 
 // Run runs the informer until ctx ends; it returns an error when the cache
@@ -185,9 +198,21 @@ func (w *PodWatcher) upsert(obj any) {
 		return
 	}
 	w.mu.Lock()
+	old, had := w.byUID[s.PodUID]
 	w.byUID[s.PodUID] = s
 	w.mu.Unlock()
+	if !had || old != s {
+		select {
+		case w.changed <- struct{}{}:
+		default: // a notice is already pending; the reader sees every slice
+		}
+	}
 }
+
+// Changed receives a value after a slice appeared or changed; one pending
+// notice covers any number of changes. The agent prepares new slices'
+// directories and first quota files on it, before their containers start.
+func (w *PodWatcher) Changed() <-chan struct{} { return w.changed }
 
 func (w *PodWatcher) remove(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {

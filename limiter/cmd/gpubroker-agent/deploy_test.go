@@ -61,6 +61,9 @@ func TestDaemonSetMatchesTheAgent(t *testing.T) {
 	if cfg.Agent.Node != "gpu-node-1" {
 		t.Errorf("node %q, want it from spec.nodeName", cfg.Agent.Node)
 	}
+	if cfg.Agent.Enforcement.Mode != agent.ModeKill {
+		t.Errorf("enforcement %q, want the protecting %q (ARCHITECTURE.md invariant 3)", cfg.Agent.Enforcement.Mode, agent.ModeKill)
+	}
 	mounted := false
 	for _, m := range c.VolumeMounts {
 		mounted = mounted || m.MountPath == cfg.Agent.HostRoot && !m.ReadOnly
