@@ -23,8 +23,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 )
 
 // RuntimeClassName is the RuntimeClass the cluster offers for GPU pods; the
@@ -36,7 +36,8 @@ const RuntimeClassName = "nvidia"
 const BrokerUser = "gpubroker"
 
 // BrokerClusterRole is the ClusterRole bound to BrokerUser, with the rules
-// of the broker's Role in deploy/broker/rbac.yaml.
+// of the broker's Role in the notebooks' namespace that the Helm chart
+// ships (deploy/helm/gpubroker/files/rbac/broker-notebooks.yaml).
 const BrokerClusterRole = "gpubroker-e2e"
 
 // Cluster is a running etcd + kube-apiserver + kwok with admin and broker
@@ -221,8 +222,9 @@ func (c *Cluster) startAPIServer(ctx context.Context, tools Tools, etcdURL, admi
 
 // bootstrap creates what a real cluster's controllers or installers would:
 // the broker's RBAC and the RuntimeClass. The broker gets exactly the rules
-// of the Role that deploy/broker ships (as a ClusterRole, since every test
-// has its own namespace), so the e2e tests prove those rules are enough.
+// of the Role that the chart ships for the notebooks' namespace (as a
+// ClusterRole, since every test has its own namespace), so the e2e tests
+// prove those rules are enough.
 func (c *Cluster) bootstrap(ctx context.Context) error {
 	rules, err := deployRules()
 	if err != nil {
@@ -356,26 +358,25 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, " | ")
 }
 
-// deployRules reads the rules of the Role in deploy/broker/rbac.yaml, found
+// deployRules reads the rules of the broker's Role in the notebooks'
+// namespace from the chart's file (a YAML list of PolicyRules), found
 // relative to this source file.
 func deployRules() ([]rbacv1.PolicyRule, error) {
 	_, self, _, ok := runtime.Caller(0)
 	if !ok {
 		return nil, errors.New("deploy rbac: cannot locate the harness source")
 	}
-	path := filepath.Join(filepath.Dir(self), "..", "..", "deploy", "broker", "rbac.yaml")
+	path := filepath.Join(filepath.Dir(self), "..", "..", "deploy", "helm", "gpubroker", "files", "rbac", "broker-notebooks.yaml")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("deploy rbac: %w", err)
 	}
-	for _, doc := range strings.Split(string(data), "\n---\n") {
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
-		if err != nil {
-			return nil, fmt.Errorf("deploy rbac %s: %w", path, err)
-		}
-		if role, ok := obj.(*rbacv1.Role); ok {
-			return role.Rules, nil
-		}
+	var rules []rbacv1.PolicyRule
+	if err := yaml.UnmarshalStrict(data, &rules); err != nil {
+		return nil, fmt.Errorf("deploy rbac %s: %w", path, err)
 	}
-	return nil, fmt.Errorf("deploy rbac %s: no Role", path)
+	if len(rules) == 0 {
+		return nil, fmt.Errorf("deploy rbac %s: no rules", path)
+	}
+	return rules, nil
 }

@@ -124,6 +124,30 @@ func TestPodWatcherFollowsThisNodesPods(t *testing.T) {
 	waitUntil(t, "deleted spawn-1 removed", func() bool { return len(ids()) == 0 })
 }
 
+func TestPodWatcherWithNamespaceSeesOnlyThatNamespace(t *testing.T) {
+	other := notebookPod("other-ns", "gpu-1", uidB, "spawn-2")
+	other.Namespace = "elsewhere"
+	client := fake.NewClientset(notebookPod("a", "gpu-1", uidA, "spawn-1"), other)
+	w := NewPodWatcher(client, "gpu-1", nil, WithNamespace("ns"))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	waitUntil(t, "synced", w.Synced)
+	var ids []string
+	for _, s := range w.Slices() {
+		ids = append(ids, s.ID)
+	}
+	if diff := cmp.Diff([]string{"spawn-1"}, ids); diff != "" {
+		t.Errorf("slices in namespace ns (-want +got):\n%s", diff)
+	}
+}
+
 // waitUntil polls cond every 5 ms for up to 20 s.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
