@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -47,6 +48,38 @@ type Result struct {
 	Objects []*unstructured.Unstructured
 	// Notes is NOTES.txt as rendered.
 	Notes string
+	// Values are the values the templates saw: values.yaml with Options'
+	// documents merged over it.
+	Values map[string]any
+}
+
+// Example is one documented combination of values: a file of the chart's
+// examples/ folder, which its README lists.
+type Example struct {
+	// Name is the file name without .yaml ("ha-sentinel").
+	Name string
+	// Values is the file's content.
+	Values string
+}
+
+// Examples returns the chart's examples, sorted by name.
+func Examples() ([]Example, error) {
+	files, err := filepath.Glob(filepath.Join(Dir(), "examples", "*.yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("examples: %w", err)
+	}
+	var out []Example
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("examples: %w", err)
+		}
+		out = append(out, Example{Name: strings.TrimSuffix(filepath.Base(f), ".yaml"), Values: string(b)})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("examples: none in %s", filepath.Join(Dir(), "examples"))
+	}
+	return out, nil
 }
 
 // Dir returns the chart's directory in this checkout.
@@ -113,7 +146,7 @@ func Render(o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	res := &Result{}
+	res := &Result{Values: map[string]any(vals["Values"].(chartutil.Values))}
 	for name, content := range files {
 		if strings.HasSuffix(name, "NOTES.txt") {
 			res.Notes = content
