@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -379,4 +380,20 @@ func deployRules() ([]rbacv1.PolicyRule, error) {
 		return nil, fmt.Errorf("deploy rbac %s: no rules", path)
 	}
 	return rules, nil
+}
+
+// ServiceAccountKubeconfig writes to path a kubeconfig that authenticates
+// as the ServiceAccount namespace/name with a token from the TokenRequest
+// API (valid for an hour, bound to the account), the way a pod of that
+// account reaches the API server: a process started with it has exactly
+// the account's rights. The account must exist.
+func (c *Cluster) ServiceAccountKubeconfig(ctx context.Context, namespace, name, path string) error {
+	hour := int64(3600)
+	tr, err := c.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &hour},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("token for service account %s/%s: %w", namespace, name, err)
+	}
+	return writeKubeconfig(path, c.URL, c.CAFile, "system:serviceaccount:"+namespace+":"+name, tr.Status.Token)
 }

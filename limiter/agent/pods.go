@@ -113,7 +113,7 @@ type PodWatcher struct {
 	node      string
 	namespace string // "": every namespace
 	resync    time.Duration
-	log    func(err error)
+	log       func(err error)
 
 	mu     sync.RWMutex
 	byUID  map[string]SliceInfo
