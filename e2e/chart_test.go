@@ -71,7 +71,7 @@ func TestChartOnTheAPIServer(t *testing.T) {
 				pod := materialize(t, c, inst, dep.Spec.Template.Spec)
 				cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 				cmd := exec.CommandContext(cctx, bin, append(slices.Clone(pod.container.Args), "--check-config")...)
-				cmd.Env = pod.environ
+				cmd.Env = append(pod.environ, "GPUBROKER_KUBECONFIG="+saKubeconfig(t, c, inst.ns, dep.Spec.Template.Spec.ServiceAccountName))
 				b, err := cmd.CombinedOutput()
 				cancel()
 				out := string(b)
@@ -111,14 +111,7 @@ func TestChartOnTheAPIServer(t *testing.T) {
 			ports[p.Name] = fmt.Sprintf("127.0.0.1:%d", port)
 			pod.remapListen(fmt.Sprintf(":%d", p.ContainerPort), ports[p.Name])
 		}
-		// A pod reaches the API server through its service account's
-		// in-cluster config; this process gets the same identity as a
-		// kubeconfig, the one variable the Deployment does not set.
-		kubeconfig := filepath.Join(t.TempDir(), "sa.kubeconfig")
-		if err := c.ServiceAccountKubeconfig(ctx, inst.ns, dep.Spec.Template.Spec.ServiceAccountName, kubeconfig); err != nil {
-			t.Fatal(err)
-		}
-		env := append(slices.Clone(pod.environ), "GPUBROKER_KUBECONFIG="+kubeconfig)
+		env := append(slices.Clone(pod.environ), "GPUBROKER_KUBECONFIG="+saKubeconfig(t, c, inst.ns, dep.Spec.Template.Spec.ServiceAccountName))
 		logPath := filepath.Join(t.TempDir(), "broker.log")
 		p, err := harness.StartProcess("gpubroker", logPath, env, bin, pod.container.Args...)
 		if err != nil {
@@ -384,6 +377,19 @@ func materialize(t *testing.T, c *harness.Cluster, inst *install, spec corev1.Po
 		p.environ = append(p.environ, e.Name+"="+v)
 	}
 	return p
+}
+
+// saKubeconfig stands in for a pod's in-cluster config (the kubelet's
+// KUBERNETES_SERVICE_* variables and the mounted token): a kubeconfig with a
+// token of the pod's service account, the one variable the test adds to the
+// rendered environment.
+func saKubeconfig(t *testing.T, c *harness.Cluster, ns, sa string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "sa.kubeconfig")
+	if err := c.ServiceAccountKubeconfig(t.Context(), ns, sa, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // remapListen points every variable whose value is the listen address from
