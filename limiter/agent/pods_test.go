@@ -23,6 +23,7 @@ func notebookPod(name, node, uid, spawn string) *corev1.Pod {
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid),
 			Labels: map[string]string{v1.LabelManagedBy: v1.ManagedByValue},
 			Annotations: map[string]string{v1.AnnotationSpawnID: spawn, v1.AnnotationGPUUUID: "GPU-1",
+				v1.AnnotationUser: "Alice@example.com", v1.AnnotationServer: "lab",
 				v1.AnnotationMemoryMiB: "8192", v1.AnnotationComputePercent: "20", v1.AnnotationComputeLimitPercent: "40"}},
 		Spec:   corev1.PodSpec{NodeName: node},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning},
@@ -37,7 +38,7 @@ func TestSliceFromPod(t *testing.T) {
 		wantErr []string
 	}{
 		{name: "complete pod", edit: func(*corev1.Pod) {},
-			want: SliceInfo{ID: "spawn-1", PodUID: uidA, Pod: "nb", Namespace: "ns", GPU: "GPU-1",
+			want: SliceInfo{ID: "spawn-1", PodUID: uidA, Pod: "nb", Namespace: "ns", User: "Alice@example.com", Server: "lab", GPU: "GPU-1",
 				Initial: v1.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 40}}},
 		{name: "every problem at once", edit: func(p *corev1.Pod) {
 			p.Annotations[v1.AnnotationMemoryMiB] = "lots"
@@ -106,9 +107,18 @@ func TestPodWatcherFollowsThisNodesPods(t *testing.T) {
 		t.Error("ByPodUID(a) not found")
 	}
 
+	select { // the notice of spawn-1, if still pending
+	case <-w.Changed():
+	default:
+	}
 	b := notebookPod("b", "gpu-1", uidB, "spawn-2")
 	if _, err := client.CoreV1().Pods("ns").Create(ctx, b, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	select { // the agent prepares a new slice on this notice
+	case <-w.Changed():
+	case <-time.After(20 * time.Second):
+		t.Fatal("no change notice for the new pod within 20 s")
 	}
 	waitUntil(t, "spawn-2 added", func() bool { return cmp.Equal(ids(), []string{"spawn-1", "spawn-2"}) })
 

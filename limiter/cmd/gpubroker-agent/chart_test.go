@@ -3,10 +3,14 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/gpubroker/gpubroker/deploy/helm/render"
+	"github.com/gpubroker/gpubroker/limiter/agent"
 )
 
 // TestChartConfiguresTheAgent loads the environment the Helm chart's
@@ -70,6 +74,17 @@ func TestChartConfiguresTheAgent(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatalf("the DaemonSet's environment does not load: %v", err)
+			}
+			want := agent.Mode(r.Values["agent"].(map[string]any)["enforce"].(string))
+			if want == "" {
+				want = agent.ModeKill // the agent's default, which the chart keeps
+			}
+			if cfg.Agent.Enforcement.Mode != want {
+				t.Errorf("enforcement %q, want %q (the protecting kill unless the values say otherwise: ARCHITECTURE.md invariant 3)", cfg.Agent.Enforcement.Mode, want)
+			}
+			mounted := slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == cfg.Agent.HostRoot && !m.ReadOnly })
+			if !mounted {
+				t.Errorf("host root %s must be mounted read-write", cfg.Agent.HostRoot)
 			}
 			if cfg.Agent.Node != "gpu-node-1" || cfg.Namespace != r.Values["notebooks"].(map[string]any)["namespace"] {
 				t.Errorf("node %q namespace %q: want spec.nodeName and the notebooks' namespace", cfg.Agent.Node, cfg.Namespace)

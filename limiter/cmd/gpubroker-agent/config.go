@@ -52,8 +52,9 @@ func (c *Config) table() *cliconfig.Table {
 		Summary: `gpubroker-agent is the gpubroker node agent (one per GPU node, as a DaemonSet).
 
 It registers the node's GPUs with a heartbeat, samples per-slice GPU use from
-NVML into Redis, writes live quota files for the in-pod limiter, and reports
-or kills processes that bypass their slice.`,
+NVML into Redis, lays out each new slice and writes its live quota files for
+the in-pod limiter, and stops (or, with --enforce=report, reports) processes
+that bypass their slice.`,
 		EnvPrefix: envPrefix,
 	}
 	add := func(fs ...cliconfig.Flag) { t.Flags = append(t.Flags, fs...) }
@@ -93,8 +94,8 @@ or kills processes that bypass their slice.`,
 		Help: "Time between the slice SM use written into the usage regions for the hooks' compute pacing (they see only host pids through NVML); negative turns it off."})
 	add(nonNegative("quota-resync", &c.Agent.QuotaResync, agent.DefaultQuotaResync,
 		"Time between full passes over desired quotas (changes also arrive by pub/sub)."))
-	add(cliconfig.Flag{Name: "enforce", Placeholder: "MODE", Value: cliconfig.String(&c.EnforceMode), Default: string(agent.ModeReport),
-		Help: "What to do with a process over its slice or in no slice: report, kill or off (always audited).",
+	add(cliconfig.Flag{Name: "enforce", Placeholder: "MODE", Value: cliconfig.String(&c.EnforceMode), Default: string(agent.DefaultMode),
+		Help: "What to do with a process over its slice, hidden from the hook, or in a pod of no slice: kill (stop it), report or off (always audited; the host's own processes are only reported).",
 		Check: func() error {
 			if !agent.Mode(c.EnforceMode).Valid() {
 				return fmt.Errorf("must be report, kill or off, got %q", c.EnforceMode)
