@@ -255,7 +255,7 @@ func TestBrokerImage(t *testing.T) {
 	}
 	checkGoImage(t, "broker.Dockerfile")
 
-	r, err := render.Render(render.Options{Values: []string{minimalValues}})
+	r, err := render.RenderExample("minimal")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +303,7 @@ func TestAgentImage(t *testing.T) {
 	}
 	checkGoImage(t, "agent.Dockerfile")
 
-	r, err := render.Render(render.Options{Values: []string{minimalValues}})
+	r, err := render.RenderExample("minimal")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,10 +339,3 @@ func checkGoImage(t *testing.T, path string) {
 		}
 	}
 }
-
-// minimalValues are the chart values every install needs.
-const minimalValues = `
-broker: {oidc: {issuer: "https://idp.example.org/realms/gpu", audience: gpubroker}}
-notebooks: {domain: nb.example.org}
-redis: {url: "redis://redis:6379/0"}
-`

@@ -82,6 +82,21 @@ func Examples() ([]Example, error) {
 	return out, nil
 }
 
+// RenderExample renders the example of that name (examples/<name>.yaml)
+// with more values documents merged after it, for the release gpubroker in
+// the namespace gpubroker (Render's errors; an unknown name is one).
+func RenderExample(name string, more ...string) (*Result, error) {
+	examples, err := Examples()
+	if err != nil {
+		return nil, err
+	}
+	i := slices.IndexFunc(examples, func(e Example) bool { return e.Name == name })
+	if i < 0 {
+		return nil, fmt.Errorf("no example %q in %s", name, filepath.Join(Dir(), "examples"))
+	}
+	return Render(Options{Values: append([]string{examples[i].Values}, more...)})
+}
+
 // Dir returns the chart's directory in this checkout.
 func Dir() string {
 	_, self, _, _ := runtime.Caller(0)

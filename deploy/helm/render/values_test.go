@@ -16,13 +16,6 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the values table in the chart's README")
 
-// minimal are the values every install needs (examples/minimal.yaml).
-const minimal = `
-broker: {oidc: {issuer: "https://idp.example.org/realms/gpu", audience: gpubroker}}
-notebooks: {domain: nb.example.org}
-redis: {url: "redis://redis:6379/0"}
-`
-
 // TestSchemaRefusesBadValues feeds values of the wrong type, range or form
 // and wants Helm's schema error to name the value and what is wrong, so the
 // person running helm install can fix it.
@@ -63,7 +56,7 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Render(Options{Values: []string{minimal, tc.values}})
+			_, err := RenderExample("minimal", tc.values)
 			if err == nil {
 				t.Fatalf("values %s rendered; want the schema to refuse them", tc.values)
 			}
@@ -101,13 +94,13 @@ func TestChartRefusesContradictions(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Render(Options{Values: []string{minimal, tc.values}})
+			_, err := RenderExample("minimal", tc.values)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("values %s: error %v, want one saying %q", tc.values, err, tc.want)
 			}
 		})
 	}
-	if _, err := Render(Options{Values: []string{minimal}}); err != nil {
+	if _, err := RenderExample("minimal"); err != nil {
 		t.Fatalf("the minimal values do not render: %v", err)
 	}
 }
@@ -140,13 +133,13 @@ func TestSettingsCannotOverrideTheChart(t *testing.T) {
 	}
 	for part, names := range flags {
 		for name := range names {
-			_, err := Render(Options{Values: []string{minimal, fmt.Sprintf("%s: {settings: {%s: x}}", part, name)}})
+			_, err := RenderExample("minimal", fmt.Sprintf("%s: {settings: {%s: x}}", part, name))
 			if err == nil || !strings.Contains(err.Error(), "the chart sets --"+name) {
 				t.Errorf("%s.settings.%s is accepted next to the chart's own value: %v", part, name, err)
 			}
 		}
 	}
-	r, err := Render(Options{Values: []string{minimal, "broker: {settings: {reconcile-interval: 1m, kube-api-qps: 80}}\nagent: {settings: {sample-interval: 2s}}"}})
+	r, err := RenderExample("minimal", "broker: {settings: {reconcile-interval: 1m, kube-api-qps: 80}}\nagent: {settings: {sample-interval: 2s}}")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ import (
 // notebook pods mount it, readable by everyone, and nothing half-written;
 // a second run replaces both in place.
 func TestInstallHookInitContainer(t *testing.T) {
-	r, err := Render(Options{Values: []string{minimal}})
+	r, err := RenderExample("minimal")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,15 +90,7 @@ func TestInstallHookInitContainer(t *testing.T) {
 // same token Secret, the notebooks reach the hub, and the hub's proxy and
 // hub reach the notebooks through both NetworkPolicies.
 func TestJupyterHubValuesMatchTheChart(t *testing.T) {
-	examples, err := Examples()
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(examples, func(e Example) bool { return e.Name == "jupyterhub" })
-	if i < 0 {
-		t.Fatal("no examples/jupyterhub.yaml")
-	}
-	r, err := Render(Options{Values: []string{examples[i].Values}})
+	r, err := RenderExample("jupyterhub")
 	if err != nil {
 		t.Fatal(err)
 	}
