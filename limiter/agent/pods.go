@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -252,15 +253,7 @@ func (w *PodWatcher) Slices() []SliceInfo {
 		out = append(out, s)
 	}
 	w.mu.RUnlock()
-	slices.SortFunc(out, func(a, b SliceInfo) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b SliceInfo) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 
