@@ -16,10 +16,11 @@
 //   - BaseURL: the path a server's notebook is served under through the
 //     broker's proxy, /user/<user slug>/<server slug>/ (the pod's
 //     GPUBROKER_BASE_URL).
-//   - Client: create, watch (informer) and delete, with subscriptions to
-//     PodEvents; a spawn's notebook token from its Secret (kept per spawn),
-//     the notebook's path prefix and a pod by the slugs of its base URL
-//     from the cache, for the proxy and the reclaimer.
+//   - Client: create and delete, checking ownership, and a spawn's notebook
+//     token from its Secret, kept per spawn (client.go); watch: the informer
+//     cache behind Pods, the notebook's path prefix and a pod by the slugs of
+//     its base URL, and PodEvents delivered to subscribers in order per pod
+//     (watch.go).
 //   - devcluster: a simulated cluster for dev mode.
 //   - runner: a kubelet for machines without one, running each pod of its
 //     nodes as a local process (e2e tests and dev mode's real notebooks).

@@ -310,38 +310,26 @@ func (w *worker) valueFrom(ctx context.Context, pod *corev1.Pod, podIP string, s
 		return "", &waitError{reasonConfigError, fmt.Sprintf("unsupported fieldRef %q", path)}
 	case src.SecretKeyRef != nil:
 		ref := src.SecretKeyRef
-		optional := ref.Optional != nil && *ref.Optional
-		s, err := w.r.cfg.Client.CoreV1().Secrets(pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err) && optional:
-			return "", nil
-		case apierrors.IsNotFound(err):
-			return "", &waitError{reasonConfigError, fmt.Sprintf("secret %q not found", ref.Name)}
-		case err != nil:
-			return "", fmt.Errorf("get secret %s: %w", ref.Name, err)
-		}
-		v, ok := s.Data[ref.Key]
-		if !ok && !optional {
-			return "", &waitError{reasonConfigError, fmt.Sprintf("couldn't find key %s in Secret %s/%s", ref.Key, pod.Namespace, ref.Name)}
-		}
-		return string(v), nil
+		return keyRef(pod, "Secret", ref.Name, ref.Key, ref.Optional, func() (map[string]string, error) {
+			s, err := w.r.cfg.Client.CoreV1().Secrets(pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+			if err != nil {
+				return nil, err
+			}
+			data := make(map[string]string, len(s.Data))
+			for k, v := range s.Data {
+				data[k] = string(v)
+			}
+			return data, nil
+		})
 	case src.ConfigMapKeyRef != nil:
 		ref := src.ConfigMapKeyRef
-		optional := ref.Optional != nil && *ref.Optional
-		cm, err := w.r.cfg.Client.CoreV1().ConfigMaps(pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		switch {
-		case apierrors.IsNotFound(err) && optional:
-			return "", nil
-		case apierrors.IsNotFound(err):
-			return "", &waitError{reasonConfigError, fmt.Sprintf("configmap %q not found", ref.Name)}
-		case err != nil:
-			return "", fmt.Errorf("get configmap %s: %w", ref.Name, err)
-		}
-		v, ok := cm.Data[ref.Key]
-		if !ok && !optional {
-			return "", &waitError{reasonConfigError, fmt.Sprintf("couldn't find key %s in ConfigMap %s/%s", ref.Key, pod.Namespace, ref.Name)}
-		}
-		return v, nil
+		return keyRef(pod, "ConfigMap", ref.Name, ref.Key, ref.Optional, func() (map[string]string, error) {
+			cm, err := w.r.cfg.Client.CoreV1().ConfigMaps(pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+			if err != nil {
+				return nil, err
+			}
+			return cm.Data, nil
+		})
 	}
 	return "", nil
 }
@@ -418,4 +406,25 @@ func expand(s string, lookup func(string) (string, bool)) string {
 		}
 	}
 	return b.String()
+}
+
+// keyRef reads key of the data get returns (a Secret's or a ConfigMap's,
+// kind naming which) for an env valueFrom, as the kubelet does: a missing
+// object or key waits as a config error, unless optional, when it is "".
+func keyRef(pod *corev1.Pod, kind, name, key string, optional *bool, get func() (map[string]string, error)) (string, error) {
+	opt := optional != nil && *optional
+	data, err := get()
+	switch {
+	case apierrors.IsNotFound(err) && opt:
+		return "", nil
+	case apierrors.IsNotFound(err):
+		return "", &waitError{reasonConfigError, fmt.Sprintf("%s %q not found", strings.ToLower(kind), name)}
+	case err != nil:
+		return "", fmt.Errorf("get %s %s: %w", strings.ToLower(kind), name, err)
+	}
+	v, ok := data[key]
+	if !ok && !opt {
+		return "", &waitError{reasonConfigError, fmt.Sprintf("couldn't find key %s in %s %s/%s", key, kind, pod.Namespace, name)}
+	}
+	return v, nil
 }
