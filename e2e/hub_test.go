@@ -352,6 +352,17 @@ func TestJupyterHub(t *testing.T) {
 	t.Run("10 users spawning at once through the hub's REST API", h.manyAtOnce)
 }
 
+// signIn signs user in on the hub's login page (DummyAuthenticator takes
+// any password).
+func (h *hubEnv) signIn(b *tab, user string) {
+	b.t.Helper()
+	b.open(h.hub.URL + "/hub/login")
+	b.set("#username_input", user)
+	b.set("#password_input", "any")
+	b.click("#login_submit")
+	b.waitFor("signed in at the hub", `location.pathname.startsWith('/hub/') && !location.pathname.startsWith('/hub/login')`)
+}
+
 // browserJourney: alice signs in at the hub, picks medium on the hub's
 // spawn page, the hub's progress page shows the broker's words while her
 // pod waits for the node, she lands in the notebook through the hub's
@@ -360,11 +371,7 @@ func TestJupyterHub(t *testing.T) {
 func (h *hubEnv) browserJourney(t *testing.T) {
 	ctx := t.Context()
 	b := newTab(t)
-	b.open(h.hub.URL + "/hub/login")
-	b.set("#username_input", "alice")
-	b.set("#password_input", "any")
-	b.click("#login_submit")
-	b.waitFor("signed in at the hub", `location.pathname.startsWith('/hub/') && !location.pathname.startsWith('/hub/login')`)
+	h.signIn(b, "alice")
 	b.open(h.hub.URL + "/hub/spawn")
 	b.waitFor("the spawn page with the broker's profiles", `document.querySelectorAll('#spawn_form input[name=profile]').length === 2`)
 	if text := eval[string](b, `document.getElementById('spawn_form').innerText`); !strings.Contains(text, "24 GiB GPU memory") {
@@ -452,11 +459,7 @@ func (h *hubEnv) quotaRefusal(t *testing.T) {
 	want := ae.Body.Message
 
 	b := newTab(t)
-	b.open(h.hub.URL + "/hub/login")
-	b.set("#username_input", "carol")
-	b.set("#password_input", "any")
-	b.click("#login_submit")
-	b.waitFor("signed in at the hub", `location.pathname.startsWith('/hub/') && !location.pathname.startsWith('/hub/login')`)
+	h.signIn(b, "carol")
 	b.open(h.hub.URL + "/hub/spawn")
 	b.click(`#spawn_form input[name=profile][value=medium]`)
 	b.click(`#spawn_form input[type=submit]`)
