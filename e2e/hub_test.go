@@ -465,7 +465,7 @@ func (h *hubEnv) quotaRefusal(t *testing.T) {
 	b.click(`#spawn_form input[type=submit]`)
 	b.waitFor("the refusal on the page", `document.body.innerText.includes(`+jsString(want)+`)`)
 	b.shot("hub-quota-refused")
-	if text := b.text(); strings.Contains(text, "Traceback") || strings.Contains(text, "500") {
+	if text := b.text(); strings.Contains(text, "Traceback") || strings.Contains(text, "Internal Server Error") {
 		t.Errorf("the refusal page reads like a crash:\n%s", text)
 	}
 
