@@ -104,6 +104,9 @@ func New(deps Deps, opts ...Option) (*echo.Echo, error) {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
+	if deps.Metrics == nil {
+		deps.Metrics = noMetrics{}
+	}
 	o := options{
 		eventsBlock:    DefaultEventsBlock,
 		readyTimeout:   DefaultReadyTimeout,

@@ -59,6 +59,8 @@ func (a *api) serverEvents(c echo.Context) error {
 	w.Header().Set(echo.HeaderCacheControl, "no-cache")
 	w.Header().Set("X-Accel-Buffering", "no") // no proxy buffering
 	w.WriteHeader(http.StatusOK)
+	a.deps.Metrics.StreamOpened()
+	defer a.deps.Metrics.StreamClosed()
 	out := &sse{w: w, rc: http.NewResponseController(w.Writer)}
 	if err := out.flush(); err != nil {
 		return err
