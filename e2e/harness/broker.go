@@ -29,9 +29,9 @@ type BrokerOptions struct {
 	// --redis-url.
 	RedisSentinelMaster string
 	RedisSentinelAddrs  []string
-	Namespace  string
-	IssuerURL  string
-	Audience   string
+	Namespace           string
+	IssuerURL           string
+	Audience            string
 	// ProfilesYAML is written to Dir and passed as --profiles-file.
 	ProfilesYAML string
 	// HubToken is written to Dir and passed as --hub-token-file; "" leaves the
@@ -85,8 +85,8 @@ func StartBroker(ctx context.Context, o BrokerOptions) (*Broker, error) {
 		URL:        fmt.Sprintf("http://127.0.0.1:%d", port),
 		MetricsURL: fmt.Sprintf("http://127.0.0.1:%d", metricsPort),
 		LogPath:    filepath.Join(o.Dir, "broker.log"),
-		bin:     o.Binary,
-		env:     Environ(),
+		bin:        o.Binary,
+		env:        Environ(),
 	}
 	b.args = []string{"serve",
 		fmt.Sprintf("--listen=127.0.0.1:%d", port),
