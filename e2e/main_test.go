@@ -56,6 +56,14 @@ func TestMain(m *testing.M) {
 
 func runMain(m *testing.M) int {
 	flag.Parse()
+	if job := os.Getenv(rawCreatorEnv); job != "" {
+		// This process is BenchmarkBrokerCost's plain client-go creator.
+		if err := runRawCreator(job); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: plain pod creator: %s\n", err)
+			return 1
+		}
+		return 0
+	}
 	suite.dev.pkg, suite.dev.env = "gpubroker-dev", "E2E_GPUBROKER_DEV_BIN"
 	suite.agent.pkg, suite.agent.env, suite.agent.dir = "gpubroker-agent", "E2E_GPUBROKER_AGENT_BIN", "./limiter/cmd/"
 	if testing.Short() {
