@@ -199,6 +199,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listen
 	g.Go(func() error { return ignoreCanceled(p.spawner.Run(gctx)) })
 	g.Go(func() error { return forwardPodEvents(gctx, p) })
 	g.Go(func() error { return syncInventory(gctx, p.agents, p.store, log, inventoryInterval) })
+	g.Go(func() error { return followEnforcement(gctx, p) })
 	g.Go(func() error {
 		if err := p.spawner.WaitSynced(gctx); err != nil {
 			return ignoreCanceled(err)
@@ -228,6 +229,17 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listen
 	err = g.Wait()
 	log.Info("gpubroker stopped")
 	return err
+}
+
+// followEnforcement tells servers what the node agents did to their
+// processes (audit records, shared between the replicas by a Redis consumer
+// group; this replica's name in it is its host name, the pod's name).
+func followEnforcement(ctx context.Context, p *parts) error {
+	id, err := os.Hostname()
+	if err != nil {
+		return fmt.Errorf("enforcement follower identity: %w", err)
+	}
+	return p.service.FollowEnforcement(ctx, p.agents, id)
 }
 
 // startupCheckDelay is how long after start failing readiness checks are

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"time"
 
@@ -30,6 +31,9 @@ type Config struct {
 	// Kube is the API server, for watching this node's pods; "" kubeconfig
 	// means the in-cluster config.
 	Kube cliconfig.Kube
+	// Namespace is the notebook pods' namespace (the broker's --namespace);
+	// "" watches every namespace.
+	Namespace string
 	// MetricsAddr is where /metrics and /healthz listen; default ":9400".
 	MetricsAddr string
 	// LogLevel is debug, info, warn or error; default info.
@@ -48,8 +52,9 @@ func (c *Config) table() *cliconfig.Table {
 		Summary: `gpubroker-agent is the gpubroker node agent (one per GPU node, as a DaemonSet).
 
 It registers the node's GPUs with a heartbeat, samples per-slice GPU use from
-NVML into Redis, writes live quota files for the in-pod limiter, and reports
-or kills processes that bypass their slice.`,
+NVML into Redis, lays out each new slice and writes its live quota files for
+the in-pod limiter, and stops (or, with --enforce=report, reports) processes
+that bypass their slice.`,
 		EnvPrefix: envPrefix,
 	}
 	add := func(fs ...cliconfig.Flag) { t.Flags = append(t.Flags, fs...) }
@@ -73,6 +78,14 @@ or kills processes that bypass their slice.`,
 		Help: "Path of libnvidia-ml.so.1."})
 	add(c.Kube.Flags(cliconfig.KubeDefaults{Kubeconfig: "none: in-cluster config", QPS: 5, Burst: 10,
 		Source: "client-go's too: the agent lists and watches one node's pods"})...)
+	add(cliconfig.Flag{Name: "namespace", Placeholder: "NAME", Value: cliconfig.String(&c.Namespace), DefaultDoc: "every namespace",
+		Help: "Namespace of the notebook pods (the broker's --namespace), so that a Role there is all the agent needs; empty: every namespace (a ClusterRole).",
+		Check: func() error {
+			if c.Namespace != "" && (len(c.Namespace) > 63 || !dns1123Label.MatchString(c.Namespace)) {
+				return fmt.Errorf("%q is not a Kubernetes namespace name (lowercase letters, digits and '-', at most 63)", c.Namespace)
+			}
+			return nil
+		}})
 	add(nonNegative("sample-interval", &c.Agent.SampleInterval, agent.DefaultSampleInterval,
 		"Time between usage samples; samples are stale after three intervals."))
 	add(nonNegative("heartbeat-interval", &c.Agent.HeartbeatInterval, agent.DefaultHeartbeatInterval,
@@ -81,8 +94,8 @@ or kills processes that bypass their slice.`,
 		Help: "Time between the slice SM use written into the usage regions for the hooks' compute pacing (they see only host pids through NVML); negative turns it off."})
 	add(nonNegative("quota-resync", &c.Agent.QuotaResync, agent.DefaultQuotaResync,
 		"Time between full passes over desired quotas (changes also arrive by pub/sub)."))
-	add(cliconfig.Flag{Name: "enforce", Placeholder: "MODE", Value: cliconfig.String(&c.EnforceMode), Default: string(agent.ModeReport),
-		Help: "What to do with a process over its slice or in no slice: report, kill or off (always audited).",
+	add(cliconfig.Flag{Name: "enforce", Placeholder: "MODE", Value: cliconfig.String(&c.EnforceMode), Default: string(agent.DefaultMode),
+		Help: "What to do with a process over its slice, hidden from the hook, or in a pod of no slice: kill (stop it), report or off (always audited; the host's own processes are only reported).",
 		Check: func() error {
 			if !agent.Mode(c.EnforceMode).Valid() {
 				return fmt.Errorf("must be report, kill or off, got %q", c.EnforceMode)
@@ -127,6 +140,9 @@ or kills processes that bypass their slice.`,
 	return t
 }
 
+// dns1123Label is a Kubernetes namespace name.
+var dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
 // nonNegative is a duration flag that must not be negative.
 func nonNegative(name string, p *time.Duration, def time.Duration, help string) cliconfig.Flag {
 	return cliconfig.Flag{Name: name, Placeholder: "DURATION", Value: cliconfig.Duration(p), Default: def.String(), Help: help,
@@ -136,12 +152,6 @@ func nonNegative(name string, p *time.Duration, def time.Duration, help string) 
 			}
 			return nil
 		}}
-}
-
-// envName is the environment twin of a flag.
-func envName(flagName string) string {
-	var c Config
-	return c.table().EnvName(flagName)
 }
 
 // usage is the --help text: every flag with its env twin and default.
