@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -197,4 +198,21 @@ func (e *env) checkNotOvercommitted(t *testing.T, use map[string]gpuUse) {
 			t.Errorf("GPU %s overcommitted: %d of %d MiB, %d%% compute, %d slices", uuid, u.memoryMiB, g.MemoryMiB, u.computePercent, u.slices)
 		}
 	}
+}
+
+// allocationsMatchPods is a harness.Poll condition: the admin GPU view
+// equals the slices in the pods' annotations on every GPU (and no GPU is
+// overcommitted, which fails t at once).
+func (e *env) allocationsMatchPods(t *testing.T, ctx context.Context) (bool, string, error) {
+	t.Helper()
+	pods, err := e.pods(ctx)
+	if err != nil {
+		return false, err.Error(), nil
+	}
+	fromPods := e.useFromPods(t, pods)
+	e.checkNotOvercommitted(t, fromPods)
+	if diff := cmp.Diff(fromPods, e.allocated(t), cmp.AllowUnexported(gpuUse{})); diff != "" {
+		return false, "allocations differ from pods (-pods +redis): " + diff, nil
+	}
+	return true, "", nil
 }

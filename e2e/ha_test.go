@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
@@ -272,16 +271,7 @@ func rollingRestart(t *testing.T, e *env, replicas []*harness.Broker) {
 			last = fmt.Sprintf("%d problems: %s", len(problems), strings.Join(problems, "; "))
 			return false, last, nil
 		}
-		pods, err := e.pods(ctx)
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		fromPods := e.useFromPods(t, pods)
-		if diff := cmp.Diff(fromPods, e.allocated(t), cmp.AllowUnexported(gpuUse{})); diff != "" {
-			return false, "allocations differ from pods (-pods +redis): " + diff, nil
-		}
-		e.checkNotOvercommitted(t, fromPods)
-		return true, "", nil
+		return e.allocationsMatchPods(t, ctx)
 	})
 	if err != nil {
 		t.Errorf("after the rolling restart: %v", err)

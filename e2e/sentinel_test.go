@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/e2e/harness"
@@ -152,16 +150,7 @@ func TestSentinelFailoverLosesNoPlacement(t *testing.T) {
 			sort.Strings(problems)
 			return false, strings.Join(problems, "; "), nil
 		}
-		pods, err := e.pods(ctx)
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		fromPods := e.useFromPods(t, pods)
-		if diff := cmp.Diff(fromPods, e.allocated(t), cmp.AllowUnexported(gpuUse{})); diff != "" {
-			return false, "allocations differ from pods (-pods +redis): " + diff, nil
-		}
-		e.checkNotOvercommitted(t, fromPods)
-		return true, "", nil
+		return e.allocationsMatchPods(t, ctx)
 	})
 	if err != nil {
 		t.Fatalf("after the failover: %v", err)

@@ -296,30 +296,46 @@ func forwardPodEvents(ctx context.Context, p *parts) error {
 func serveHTTP(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listener, h http.Handler) error {
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
-	srv := &http.Server{
+	srv := newServer(h, log)
+	srv.BaseContext = func(net.Listener) context.Context { return base }
+	return serveUntil(ctx, "http server", srv, ln, cfg.ShutdownTimeout, log, cancelBase)
+}
+
+// newServer returns an http.Server for h with the broker's timeouts,
+// logging its errors to log as warnings.
+func newServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
 		IdleTimeout:       idleTimeout,
-		BaseContext:       func(net.Listener) context.Context { return base },
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+}
+
+// serveUntil serves srv on ln until ctx ends, then calls beforeDrain (nil:
+// none) and shuts srv down, waiting up to timeout for its requests to
+// finish; name names the server in errors and in the warning logged when
+// they did not. A Serve failure before ctx ends is returned.
+func serveUntil(ctx context.Context, name string, srv *http.Server, ln net.Listener, timeout time.Duration, log *slog.Logger, beforeDrain func()) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
-		return fmt.Errorf("http server: %w", err)
+		return fmt.Errorf("%s: %w", name, err)
 	case <-ctx.Done():
 	}
-	cancelBase()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	if beforeDrain != nil {
+		beforeDrain()
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("http shutdown did not drain in time", "err", err)
+		log.Warn(name+" shutdown did not drain in time", "err", err)
 	}
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("http server: %w", err)
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	return nil
 }
