@@ -146,6 +146,9 @@ type parts struct {
 	reclaimer  *reclaim.Reclaimer
 	metrics    *Metrics
 	handler    http.Handler
+	// drain is closed when the HTTP server starts its graceful shutdown:
+	// the event streams end then (httpapi.WithDrain).
+	drain chan struct{}
 	// checkers are the readiness checks (/readyz), also logged shortly
 	// after start so a broker whose dependencies are down says so.
 	checkers []httpapi.Checker
@@ -215,7 +218,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listen
 		return ignoreCanceled(p.reconciler.Run(gctx))
 	})
 	g.Go(func() error { return ignoreCanceled(runReclaimer(gctx, cfg, p)) })
-	g.Go(func() error { return serveHTTP(gctx, cfg, log, ln, p.handler) })
+	g.Go(func() error { return serveHTTP(gctx, cfg, log, ln, p.handler, p.drain) })
 	g.Go(func() error {
 		return watchReadiness(gctx, log, p.checkers, p.metrics.Broker, startupCheckDelay, readinessInterval)
 	})
@@ -291,14 +294,17 @@ func forwardPodEvents(ctx context.Context, p *parts) error {
 	return nil
 }
 
-// serveHTTP serves until ctx ends, then drains within the shutdown timeout.
-// Request contexts are cancelled when shutdown begins, so event streams end.
-func serveHTTP(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listener, h http.Handler) error {
+// serveHTTP serves until ctx ends, then shuts down gracefully: it stops
+// accepting connections, then closes drain (the handler's event streams
+// end) and waits up to the shutdown timeout for the requests in flight to
+// finish; those still running then have their contexts cancelled.
+func serveHTTP(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listener, h http.Handler, drain chan struct{}) error {
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
 	srv := newServer(h, log)
 	srv.BaseContext = func(net.Listener) context.Context { return base }
-	return serveUntil(ctx, "http server", srv, ln, cfg.ShutdownTimeout, log, cancelBase)
+	srv.RegisterOnShutdown(func() { close(drain) }) // run once the listener is closed
+	return serveUntil(ctx, "http server", srv, ln, cfg.ShutdownTimeout, log)
 }
 
 // newServer returns an http.Server for h with the broker's timeouts,
@@ -314,20 +320,17 @@ func newServer(h http.Handler, log *slog.Logger) *http.Server {
 	}
 }
 
-// serveUntil serves srv on ln until ctx ends, then calls beforeDrain (nil:
-// none) and shuts srv down, waiting up to timeout for its requests to
-// finish; name names the server in errors and in the warning logged when
-// they did not. A Serve failure before ctx ends is returned.
-func serveUntil(ctx context.Context, name string, srv *http.Server, ln net.Listener, timeout time.Duration, log *slog.Logger, beforeDrain func()) error {
+// serveUntil serves srv on ln until ctx ends, then shuts srv down, waiting
+// up to timeout for its requests to finish; name names the server in
+// errors and in the warning logged when they did not. A Serve failure
+// before ctx ends is returned.
+func serveUntil(ctx context.Context, name string, srv *http.Server, ln net.Listener, timeout time.Duration, log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("%s: %w", name, err)
 	case <-ctx.Done():
-	}
-	if beforeDrain != nil {
-		beforeDrain()
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
@@ -434,7 +437,7 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 	}.WithDefaults(), log.With("part", "spawner"), spawner.WithResync(cfg.PodResync))
 	m := infra.Metrics
 	p := &parts{log: log, redis: rdb, store: store, kube: kube, spawner: sp, metrics: m,
-		agents: agentstore.New(rdb, cfg.Redis.Prefix)}
+		agents: agentstore.New(rdb, cfg.Redis.Prefix), drain: make(chan struct{})}
 	var rec *reconcile.Reconciler
 	p.service = servers.New(store, sp, cat, log.With("part", "servers"),
 		servers.WithPolicy(fleet.Policy(cfg.PlacementPolicy)),
@@ -469,7 +472,7 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 		Policy: policies, Audit: audit, Reclaim: p.reclaimer,
 		Auth: auth.Chain(authn...), Version: cliconfig.Version(), Mode: mode,
 		Checkers: p.checkers, Metrics: m,
-	}, httpapi.WithEventsBlock(eventsBlock))
+	}, httpapi.WithEventsBlock(eventsBlock), httpapi.WithDrain(p.drain))
 	if err != nil {
 		return nil, fmt.Errorf("http api: %w", err)
 	}

@@ -171,5 +171,5 @@ func serveMetrics(ctx context.Context, addr string, gatherer prometheus.Gatherer
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Handler(gatherer))
 	log.Info("metrics listener started", "metrics_listen", ln.Addr().String())
-	return serveUntil(ctx, "metrics server", newServer(mux, log), ln, timeout, log, nil)
+	return serveUntil(ctx, "metrics server", newServer(mux, log), ln, timeout, log)
 }
