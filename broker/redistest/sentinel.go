@@ -122,8 +122,13 @@ func StartReplica(tb testing.TB, master *Process) *Process {
 	return p
 }
 
-// waitSynced waits until replica is in sync with master, as both see it:
-// the replica's link is up and the master lists it online.
+// waitSynced waits until replica is in sync with master: the replica's
+// link is up, the master lists it online, and it has received a message
+// published on the master after that. The last step matters: after a
+// diskless full sync (Redis 7's default) the master starts streaming
+// writes to the replica only once the replica first acknowledged, which it
+// does once a second, so a WAIT right after "online" could take that
+// long. PUBLISH is replicated and writes no key.
 func waitSynced(ctx context.Context, master, replica *Process) error {
 	if err := waitInfo(ctx, replica.Addr(), "replication", "master_link_status:up", 10*time.Second); err != nil {
 		return fmt.Errorf("replica not in sync: %w", err)
@@ -131,7 +136,41 @@ func waitSynced(ctx context.Context, master, replica *Process) error {
 	if err := waitInfo(ctx, master.Addr(), "replication", fmt.Sprintf("port=%d,state=online", replica.Port()), 10*time.Second); err != nil {
 		return fmt.Errorf("master does not list the replica online: %w", err)
 	}
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr(), ContextTimeoutEnabled: true})
+	defer mc.Close()
+	rc := redis.NewClient(&redis.Options{Addr: replica.Addr(), ContextTimeoutEnabled: true})
+	defer rc.Close()
+	if err := mc.Publish(ctx, "redistest:synced", "").Err(); err != nil {
+		return fmt.Errorf("publish on the master: %w", err)
+	}
+	want, err := replOffset(ctx, mc, "master_repl_offset")
+	if err != nil {
+		return err
+	}
+	if err := poll(ctx, 10*time.Second, func(ctx context.Context) (bool, string) {
+		got, err := replOffset(ctx, rc, "slave_repl_offset")
+		if err != nil {
+			return false, err.Error()
+		}
+		return got >= want, fmt.Sprintf("replica at offset %d", got)
+	}); err != nil {
+		return fmt.Errorf("replica %s does not reach the master's offset %d (%w)", replica.Addr(), want, err)
+	}
 	return nil
+}
+
+// replOffset reads a replication offset field of INFO replication.
+func replOffset(ctx context.Context, c *redis.Client, field string) (int64, error) {
+	info, err := c.Info(ctx, "replication").Result()
+	if err != nil {
+		return 0, fmt.Errorf("%s: INFO replication: %w", c.Options().Addr, err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("%s: INFO replication has no %s", c.Options().Addr, field)
 }
 
 // SentinelAddrs returns the Sentinels' host:port addresses.
@@ -162,27 +201,41 @@ func (f *Failover) MasterAddr(ctx context.Context) (string, error) {
 // other than old and that server answers as a master, and returns its
 // address.
 func (f *Failover) WaitNewMaster(ctx context.Context, old string, timeout time.Duration) (string, error) {
+	var master string
+	err := poll(ctx, timeout, func(ctx context.Context) (bool, string) {
+		addr, err := f.MasterAddr(ctx)
+		switch {
+		case err != nil:
+			return false, err.Error()
+		case addr == old:
+			return false, "still " + old
+		case waitInfo(ctx, addr, "replication", "role:master", 0) != nil:
+			return false, addr + " is not a master yet"
+		}
+		master = addr
+		return true, ""
+	})
+	if err != nil {
+		return "", fmt.Errorf("no new master after %s (%w)", timeout, err)
+	}
+	return master, nil
+}
+
+// poll calls cond every 50 ms until it reports done, for at most timeout.
+// The error names what cond last saw and wraps the context's error.
+func poll(ctx context.Context, timeout time.Duration, cond func(context.Context) (done bool, saw string)) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
-	var last string
 	for {
-		addr, err := f.MasterAddr(ctx)
-		switch {
-		case err != nil:
-			last = err.Error()
-		case addr == old:
-			last = "still " + old
-		default:
-			if err := waitInfo(ctx, addr, "replication", "role:master", 0); err == nil {
-				return addr, nil
-			}
-			last = addr + " is not a master yet"
+		done, saw := cond(ctx)
+		if done {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("no new master after %s (last: %s): %w", timeout, last, ctx.Err())
+			return fmt.Errorf("last: %s: %w", saw, ctx.Err())
 		case <-tick.C:
 		}
 	}
@@ -257,27 +310,18 @@ func runSentinel(ctx context.Context, dir string, port, masterPort int, o Failov
 func (s *sentinel) waitKnows(ctx context.Context, master string, others, replicas int, timeout time.Duration) error {
 	c := redis.NewSentinelClient(&redis.Options{Addr: s.addr, ContextTimeoutEnabled: true})
 	defer c.Close()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	var last string
-	for {
+	err := poll(ctx, timeout, func(ctx context.Context) (bool, string) {
 		m, err := c.Master(ctx, master).Result()
-		if err == nil {
-			if m["num-other-sentinels"] == strconv.Itoa(others) && m["num-slaves"] == strconv.Itoa(replicas) {
-				return nil
-			}
-			last = fmt.Sprintf("%s other sentinels, %s replicas", m["num-other-sentinels"], m["num-slaves"])
-		} else {
-			last = err.Error()
+		if err != nil {
+			return false, err.Error()
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("sentinel %s does not know %d sentinels and %d replicas (last: %s): %w", s.addr, others, replicas, last, ctx.Err())
-		case <-tick.C:
-		}
+		return m["num-other-sentinels"] == strconv.Itoa(others) && m["num-slaves"] == strconv.Itoa(replicas),
+			fmt.Sprintf("%s other sentinels, %s replicas", m["num-other-sentinels"], m["num-slaves"])
+	})
+	if err != nil {
+		return fmt.Errorf("sentinel %s does not know %d sentinels and %d replicas (%w)", s.addr, others, replicas, err)
 	}
+	return nil
 }
 
 func (s *sentinel) stop() {
