@@ -14,6 +14,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/broker/internal/httpapi"
 	"github.com/gpubroker/gpubroker/broker/internal/metrics"
+	"github.com/gpubroker/gpubroker/broker/internal/proxy"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 	"github.com/gpubroker/gpubroker/broker/internal/reconcile"
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
@@ -28,6 +29,7 @@ var (
 	_ reconcile.Metrics = (*metrics.Broker)(nil)
 	_ reclaim.Metrics   = (*metrics.Broker)(nil)
 	_ httpapi.Metrics   = (*metrics.Broker)(nil)
+	_ proxy.Metrics     = (*metrics.Broker)(nil)
 )
 
 // Metrics is the broker's instrumentation with the registry it is

@@ -113,6 +113,10 @@ type Deps struct {
 	// Metrics receives a measurement per answered request and the open
 	// event streams; nil: none.
 	Metrics Metrics
+	// OpenURL gives a server's browser address through the broker's
+	// notebook proxy (v1.Server.OpenURL); nil when the broker serves no
+	// notebooks.
+	OpenURL func(user, name string) string
 }
 
 // Metrics receives the API's measurements (implemented by
@@ -136,7 +140,7 @@ func (noMetrics) StreamOpened()                                           {}
 func (noMetrics) StreamClosed()                                           {}
 
 // DefaultSimulatedNotice is the notice shown in dev mode when Deps.Notice is "".
-const DefaultSimulatedNotice = "dev mode: the Kubernetes cluster and the GPUs are simulated; no real notebook runs"
+const DefaultSimulatedNotice = "dev mode: the Kubernetes cluster and the GPUs are simulated"
 
 // Policy is the reclaim policy (implemented by *reclaim.Policies). It is
 // optional: without it the reclaim-policy routes are not served (404).

@@ -69,6 +69,7 @@ type harnessConfig struct {
 	checkers []Checker
 	metrics  Metrics
 	opts     []Option
+	openURL  func(user, name string) string
 }
 
 var testNow = time.Date(2026, 11, 29, 15, 0, 0, 0, time.UTC)
@@ -102,6 +103,7 @@ func newHarness(t *testing.T, cfgs ...harnessConfig) *harness {
 		Mode:     cfg.mode,
 		Now:      now,
 		Metrics:  cfg.metrics,
+		OpenURL:  cfg.openURL,
 	}, cfg.opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)

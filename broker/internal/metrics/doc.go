@@ -5,7 +5,7 @@
 //
 // The domain and lifecycle packages never import client_golang. Each
 // declares the small interface it reports through (servers.Metrics,
-// reconcile.Metrics, reclaim.Metrics, httpapi.Metrics) and Broker
+// reconcile.Metrics, reclaim.Metrics, httpapi.Metrics, proxy.Metrics) and Broker
 // implements them with plain arguments; the composition root
 // (broker/internal/app) hands Broker in. Redis and Kubernetes call errors
 // are counted at the clients: RedisHook is a go-redis hook, KubeTransport

@@ -308,14 +308,12 @@ func (b *Broker) StreamOpened() { b.streams.Inc() }
 // StreamClosed: see StreamOpened.
 func (b *Broker) StreamClosed() { b.streams.Dec() }
 
-// ProxyConnections is the gauge of open proxied notebook connections, for
-// the notebook proxy to feed: Inc when it opens one, Dec when it closes.
-func (b *Broker) ProxyConnections() interface {
-	Inc()
-	Dec()
-} {
-	return b.proxied
-}
+// ProxyOpened and ProxyClosed count the requests the notebook proxy is
+// forwarding (proxy.Metrics).
+func (b *Broker) ProxyOpened() { b.proxied.Inc() }
+
+// ProxyClosed: see ProxyOpened.
+func (b *Broker) ProxyClosed() { b.proxied.Dec() }
 
 // ---- readiness ----
 

@@ -128,7 +128,7 @@ func TestObservations(t *testing.T) {
 	b.StreamOpened()
 	b.StreamOpened()
 	b.StreamClosed()
-	b.ProxyConnections().Inc()
+	b.ProxyOpened()
 	b.SetLeader(true)
 	b.SetDependencyUp("redis", false)
 	want := `

@@ -71,7 +71,7 @@ func TestCycleReportsDecisionsActionsAndFreedGPUs(t *testing.T) {
 	rec, err := reclaim.New(reclaim.Config{
 		Policies: f.policies, Audit: f.log, States: f.states, Samples: redisstore.AgentSamples{Agents: f.agents},
 		Servers: f.store, Stopper: f.stopper, Shrinker: quotaShrinker(f.agents),
-		Prober: reclaim.NewProber(nil, 0), Interval: interval, Now: f.clock.Now, Metrics: m,
+		Prober: reclaim.NewProber(nil, 0, nil), Interval: interval, Now: f.clock.Now, Metrics: m,
 	})
 	if err != nil {
 		t.Fatal(err)
