@@ -143,6 +143,14 @@ var rules = []rule{
 			"and nothing else of it",
 	},
 	{
+		group: "metrics", pkgs: []string{"broker/internal/metrics"},
+		may:   []string{},
+		never: join(kubeClient, httpServer, identity, gpuDriver, []string{"github.com/alicebob/miniredis/..."}),
+		why: "the broker's Prometheus series (client_golang): implements the Metrics interfaces servers, reconcile, " +
+			"reclaim and httpapi declare with plain arguments, so it imports nothing of the project; go-redis for its " +
+			"command hook, net/http for the Kubernetes transport wrapper and the handler, not client-go",
+	},
+	{
 		group: "config", pkgs: []string{"broker/internal/config"},
 		may:   []string{"broker/internal/fleet", "spawner", "limiter/cliconfig"},
 		never: join(httpServer, identity, gpuDriver, []string{"broker/internal/redisstore"}),

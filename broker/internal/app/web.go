@@ -78,7 +78,7 @@ func newNotebookProxy(cfg config.Config, ws *WebSettings, log *slog.Logger, p *p
 		AdminAccess: cfg.NotebookAdminAccess, HostSessionTTL: cfg.SessionTTL,
 	}, proxy.Deps{
 		Servers: p.store, Pods: p.spawner, Tokens: p.spawner, Sessions: web, Bearer: bearer,
-		Handoffs: nb, Activity: nb, Pages: pages, Log: log.With("part", "proxy"),
+		Handoffs: nb, Activity: nb, Pages: pages, Log: log.With("part", "proxy"), Metrics: p.metrics.Broker,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("notebook proxy: %w", err)

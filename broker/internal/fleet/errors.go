@@ -18,6 +18,10 @@ var (
 	// ErrNotReady means allocations are being rebuilt (for example after
 	// Redis lost its data) and placement must wait for the reconciler.
 	ErrNotReady = errors.New("fleet: allocations are being rebuilt")
+	// ErrUnavailable means the store could not confirm a write as durable
+	// (for example no Redis replica acknowledged a placement in time): it
+	// was undone where possible, and a retry may succeed.
+	ErrUnavailable = errors.New("fleet: store unavailable")
 )
 
 // CapacityError says why no GPU could take a slice. It matches ErrNoCapacity.
@@ -87,7 +91,7 @@ func Message(err error) string {
 		return qe.Error()
 	}
 	msg := err.Error()
-	for _, s := range []error{ErrNotFound, ErrConflict, ErrNoCapacity, ErrQuotaExceeded, ErrInvalid, ErrForbidden, ErrNotReady} {
+	for _, s := range []error{ErrNotFound, ErrConflict, ErrNoCapacity, ErrQuotaExceeded, ErrInvalid, ErrForbidden, ErrNotReady, ErrUnavailable} {
 		msg = strings.ReplaceAll(msg, s.Error()+": ", "")
 	}
 	return msg

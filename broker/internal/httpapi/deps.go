@@ -110,11 +110,34 @@ type Deps struct {
 	Mode Mode
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// Metrics receives a measurement per answered request and the open
+	// event streams; nil: none.
+	Metrics Metrics
 	// OpenURL gives a server's browser address through the broker's
 	// notebook proxy (v1.Server.OpenURL); nil when the broker serves no
 	// notebooks.
 	OpenURL func(user, name string) string
 }
+
+// Metrics receives the API's measurements (implemented by
+// broker/internal/metrics). Its methods must be safe for concurrent use
+// and must not block.
+type Metrics interface {
+	// ObserveRequest records one answered request: method, route template
+	// ("" when no route matched), status code and time to answer; stream
+	// is true for an event stream, whose duration is its client's.
+	ObserveRequest(method, route string, code int, d time.Duration, stream bool)
+	// StreamOpened and StreamClosed bracket each event stream.
+	StreamOpened()
+	StreamClosed()
+}
+
+// noMetrics discards measurements.
+type noMetrics struct{}
+
+func (noMetrics) ObserveRequest(string, string, int, time.Duration, bool) {}
+func (noMetrics) StreamOpened()                                           {}
+func (noMetrics) StreamClosed()                                           {}
 
 // DefaultSimulatedNotice is the notice shown in dev mode when Deps.Notice is "".
 const DefaultSimulatedNotice = "dev mode: the Kubernetes cluster and the GPUs are simulated"

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -147,11 +149,35 @@ var errorTable = []errorRule{
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
 	{
+		match:  is(fleet.ErrUnavailable),
+		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		message: sentinelMessage("the broker's store is unavailable; try again shortly"),
+		headers: map[string]string{echo.HeaderRetryAfter: "2"},
+	},
+	{
 		match:  is(context.DeadlineExceeded),
 		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
 		message: func(error) string { return "the broker timed out; try again" },
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
+	{
+		// After the deadline rule: context.DeadlineExceeded is a net.Error
+		// too. A connection to Redis or the API server refused or cut (a
+		// Redis failover, a restarting API server): retrying soon works.
+		match:  unreachable,
+		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		message: func(error) string {
+			return "the broker cannot reach its store or the cluster right now; try again in a few seconds"
+		},
+		headers: map[string]string{echo.HeaderRetryAfter: "2"},
+	},
+}
+
+// unreachable matches network failures: a connection refused, reset or
+// closed mid-answer.
+func unreachable(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 const notReadyMessage = "the broker is rebuilding its allocations; try again in a few seconds"
@@ -210,7 +236,7 @@ func (a *api) handleError(err error, c echo.Context) {
 // fleetSentinels are the sentinels whose text sentinelMessage removes.
 var fleetSentinels = []error{
 	fleet.ErrNotFound, fleet.ErrConflict, fleet.ErrNoCapacity, fleet.ErrQuotaExceeded,
-	fleet.ErrInvalid, fleet.ErrForbidden, fleet.ErrNotReady,
+	fleet.ErrInvalid, fleet.ErrForbidden, fleet.ErrNotReady, fleet.ErrUnavailable,
 }
 
 // sentinelMessage returns a message builder for errors that wrap a fleet

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -52,6 +54,10 @@ func TestErrorTable(t *testing.T) {
 			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: notReadyMessage}, wantHeader: map[string]string{"Retry-After": "5"}},
 		{name: "store timeout", err: fmt.Errorf("redisstore: create server: %w", context.DeadlineExceeded),
 			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the broker timed out; try again"}, wantHeader: map[string]string{"Retry-After": "5"}},
+		{name: "a store that does not answer asks to retry", err: fmt.Errorf("place slice s1: %w", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}),
+			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the broker cannot reach its store or the cluster right now; try again in a few seconds"}, wantHeader: map[string]string{"Retry-After": "2"}},
+		{name: "a connection cut mid-answer asks to retry", err: fmt.Errorf("transition: %w", io.EOF),
+			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the broker cannot reach its store or the cluster right now; try again in a few seconds"}, wantHeader: map[string]string{"Retry-After": "2"}},
 		{name: "internal failure never shows its text", err: errBoom,
 			wantStatus: 500, want: v1.Error{Code: v1.CodeInternal, Message: "internal error; quote request id req-1 when you report it"}},
 	}

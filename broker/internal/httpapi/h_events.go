@@ -26,9 +26,10 @@ const writeMargin = 10 * time.Second
 // It replays the events after Last-Event-ID (header, or ?lastEventId=),
 // then follows new ones, writing a keepalive comment whenever the events
 // block passes without one. It ends when the server's latest event is
-// terminal (stopped or failed) and nothing follows it, or when the client
-// goes away. Errors before the first byte are JSON answers; errors later
-// end the stream with an `event: error` carrying a v1.Error.
+// terminal (stopped or failed) and nothing follows it, when the client
+// goes away, or when the broker drains (WithDrain). Errors before the
+// first byte are JSON answers; errors later end the stream with an
+// `event: error` carrying a v1.Error.
 func (a *api) serverEvents(c echo.Context) error {
 	k, err := a.visibleKey(c)
 	if err != nil {
@@ -41,7 +42,8 @@ func (a *api) serverEvents(c echo.Context) error {
 	if err := validEventID(after); err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
+	ctx, stop := a.streamContext(c.Request().Context())
+	defer stop()
 	s, err := a.deps.Servers.Get(ctx, k)
 	if errors.Is(err, fleet.ErrNotFound) {
 		return serverNotFound(k)
@@ -59,6 +61,8 @@ func (a *api) serverEvents(c echo.Context) error {
 	w.Header().Set(echo.HeaderCacheControl, "no-cache")
 	w.Header().Set("X-Accel-Buffering", "no") // no proxy buffering
 	w.WriteHeader(http.StatusOK)
+	a.deps.Metrics.StreamOpened()
+	defer a.deps.Metrics.StreamClosed()
 	out := &sse{w: w, rc: http.NewResponseController(w.Writer)}
 	if err := out.flush(); err != nil {
 		return err
@@ -76,7 +80,7 @@ func (a *api) serverEvents(c echo.Context) error {
 			after, terminal = last.ID, fleet.Terminal(last.State)
 			// Read on without waiting: more may be retained (a new spawn).
 			if evs, err = a.deps.Servers.Events(ctx, k, after, 0); err != nil {
-				return a.streamFailed(c, out, err)
+				return a.streamFailed(ctx, c, out, err)
 			}
 			continue
 		}
@@ -85,10 +89,10 @@ func (a *api) serverEvents(c echo.Context) error {
 		}
 		evs, err = a.deps.Servers.Events(ctx, k, after, a.opts.eventsBlock)
 		if ctx.Err() != nil {
-			return nil // the client went away
+			return nil // the client went away, or the broker drains
 		}
 		if err != nil {
-			return a.streamFailed(c, out, err)
+			return a.streamFailed(ctx, c, out, err)
 		}
 		if len(evs) == 0 {
 			if err := out.comment("keepalive"); err != nil {
@@ -99,9 +103,10 @@ func (a *api) serverEvents(c echo.Context) error {
 }
 
 // streamFailed ends a started stream with an error event chosen by the
-// error table, and returns err for the request log.
-func (a *api) streamFailed(c echo.Context, out *sse, err error) error {
-	if c.Request().Context().Err() != nil {
+// error table, and returns err for the request log; a stream whose ctx
+// ended (the client left, the broker drains) just ends.
+func (a *api) streamFailed(ctx context.Context, c echo.Context, out *sse, err error) error {
+	if ctx.Err() != nil {
 		return nil
 	}
 	ans := decide(err, c.Response().Header().Get(echo.HeaderXRequestID))
@@ -111,7 +116,24 @@ func (a *api) streamFailed(c echo.Context, out *sse, err error) error {
 	return err
 }
 
-// clientGone hides write errors caused by the client leaving.
+// streamContext returns parent, also cancelled once the drain channel
+// (WithDrain) is closed; stop releases it.
+func (a *api) streamContext(parent context.Context) (ctx context.Context, stop context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	if a.opts.drain != nil {
+		go func() {
+			select {
+			case <-a.opts.drain:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return ctx, cancel
+}
+
+// clientGone hides write errors caused by the client leaving (or the
+// stream's context ending otherwise: the broker drains).
 func clientGone(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return nil

@@ -67,6 +67,7 @@ type harnessConfig struct {
 	audit    Audit  // nil: the audit route is not served
 	mode     Mode
 	checkers []Checker
+	metrics  Metrics
 	opts     []Option
 	openURL  func(user, name string) string
 }
@@ -101,6 +102,7 @@ func newHarness(t *testing.T, cfgs ...harnessConfig) *harness {
 		Version:  "1.2.3",
 		Mode:     cfg.mode,
 		Now:      now,
+		Metrics:  cfg.metrics,
 		OpenURL:  cfg.openURL,
 	}, cfg.opts...)
 	if err != nil {

@@ -3,12 +3,12 @@ package httpapi
 import "github.com/labstack/echo/v4"
 
 // routes registers every route and middleware. Order of the common
-// middleware: request id → request logger → recover → dev-mode header →
-// body limit. authenticate (and adminOnly) are attached per route, not to
+// middleware: metrics → request id → request logger → recover → dev-mode
+// header → body limit. authenticate (and adminOnly) are attached per route, not to
 // an echo.Group: a group with middleware registers catch-all routes, which
 // would turn 405 (wrong method) into 404.
 func (a *api) routes(e *echo.Echo) {
-	e.Use(requestID, requestLogger(a.deps.Log), recoverPanics)
+	e.Use(measure(a.deps.Metrics), requestID, requestLogger(a.deps.Log), recoverPanics)
 	if a.deps.Mode.Simulated {
 		e.Use(modeHeader)
 	}
@@ -27,7 +27,7 @@ func (a *api) routes(e *echo.Echo) {
 	e.PUT("/api/v1/users/:user/servers/:name", a.createServer, user)
 	e.GET("/api/v1/users/:user/servers/:name", a.getServer, user)
 	e.DELETE("/api/v1/users/:user/servers/:name", a.deleteServer, user)
-	e.GET("/api/v1/users/:user/servers/:name/events", a.serverEvents, user)
+	e.GET(eventsRoute, a.serverEvents, user)
 	if a.deps.Resize != nil {
 		e.PATCH("/api/v1/users/:user/servers/:name/slice", a.resizeServer, user)
 	}

@@ -248,3 +248,53 @@ func TestRunStopsWithItsContext(t *testing.T) {
 		t.Fatal("Run did not return after its context ended")
 	}
 }
+
+// recordingMetrics records ObserveReconcile calls.
+type recordingMetrics struct{ passes []map[string]int }
+
+func (m *recordingMetrics) ObserveReconcile(_ time.Duration, repairs map[string]int, _ bool) {
+	m.passes = append(m.passes, repairs)
+}
+
+// TestResumesARecordThatFellBehindItsPod: after a Redis failover lost the
+// writes that followed a confirmed placement, a running server's record
+// is back at placing while its pod runs. A pass moves it on to running
+// again with its slice, and reports the repair.
+func TestResumesARecordThatFellBehindItsPod(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	want := runningServer(t, f, "alice", "one", "10.0.0.1")
+	rdb := f.Redis.Client(t)
+	keys, err := rdb.Keys(ctx, "*}:srv:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("server record keys %v (err %v), want one", keys, err)
+	}
+	if err := rdb.HSet(ctx, keys[0], "state", string(v1.StatePlacing), "alloc", "", "pod", "", "url", "").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := newReconciler(f)
+	m := &recordingMetrics{}
+	r.SetMetrics(m)
+	rep, err := r.Once(ctx)
+	if err != nil {
+		t.Fatalf("Once: %v", err)
+	}
+	if rep.ResumedServers != 1 {
+		t.Errorf("report %+v, want one resumed server", rep)
+	}
+	got, err := f.Service.Get(ctx, want.ServerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != v1.StateRunning || got.SpawnID != want.SpawnID || got.URL != want.URL ||
+		got.Allocation == nil || got.Allocation.GPUUUID != want.Allocation.GPUUUID {
+		t.Errorf("after the pass %+v, want spawn %s running at %s on %s", got, want.SpawnID, want.URL, want.Allocation.GPUUUID)
+	}
+	if len(m.passes) != 1 || m.passes[0]["resumed_server"] != 1 {
+		t.Errorf("measured passes %v, want one with resumed_server 1", m.passes)
+	}
+	// A second pass has nothing left to do.
+	if rep, err := r.Once(ctx); err != nil || rep.ResumedServers != 0 {
+		t.Errorf("second pass: report %+v, err %v; want nothing resumed", rep, err)
+	}
+}

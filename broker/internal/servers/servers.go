@@ -52,7 +52,65 @@ type Service struct {
 	newID   func() string
 	kick    func()
 	resize  *ResizeConfig // nil: Resize is not configured (WithResize)
+	metrics Metrics
 }
+
+// Metrics receives the lifecycle's measurements (implemented by
+// broker/internal/metrics). Its methods must be safe for concurrent use
+// and must not block.
+type Metrics interface {
+	// ObservePlacement records one placement's duration and, for a
+	// refusal, its reason (Refusal's values); "" for a placement.
+	ObservePlacement(d time.Duration, refusal string)
+	// ObserveSpawn records a spawn that ended: its profile, its outcome
+	// (OutcomeRunning, OutcomeFailed, OutcomeRefused) and the time since
+	// the server's create.
+	ObserveSpawn(profile, outcome string, d time.Duration)
+}
+
+// The outcomes of a spawn, as Metrics receives them.
+const (
+	OutcomeRunning = "running"
+	OutcomeFailed  = "failed"
+	OutcomeRefused = "refused"
+)
+
+// Refusal names a placement refusal for Metrics: capacity, quota,
+// not_ready (allocations being rebuilt), not_durable (the store could not
+// confirm it) or error.
+func Refusal(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, fleet.ErrNoCapacity):
+		return "capacity"
+	case errors.Is(err, fleet.ErrQuotaExceeded):
+		return "quota"
+	case errors.Is(err, fleet.ErrNotReady):
+		return "not_ready"
+	case errors.Is(err, fleet.ErrUnavailable):
+		return "not_durable"
+	default:
+		return "error"
+	}
+}
+
+// outcome names how a spawn that did not reach running ended: refused for
+// the caller's own limits and the broker's refusals, failed otherwise.
+func outcome(cause error) string {
+	for _, refused := range []error{fleet.ErrNoCapacity, fleet.ErrQuotaExceeded, fleet.ErrInvalid, fleet.ErrForbidden, fleet.ErrNotReady, fleet.ErrUnavailable} {
+		if errors.Is(cause, refused) {
+			return OutcomeRefused
+		}
+	}
+	return OutcomeFailed
+}
+
+// noMetrics discards measurements.
+type noMetrics struct{}
+
+func (noMetrics) ObservePlacement(time.Duration, string)     {}
+func (noMetrics) ObserveSpawn(string, string, time.Duration) {}
 
 // Option configures a Service.
 type Option func(*Service)
@@ -65,6 +123,15 @@ func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = 
 
 // WithSpawnIDs sets the spawn id generator; default 16 random hex digits.
 func WithSpawnIDs(f func() string) Option { return func(s *Service) { s.newID = f } }
+
+// WithMetrics sets where measurements go; default nowhere.
+func WithMetrics(m Metrics) Option {
+	return func(s *Service) {
+		if m != nil {
+			s.metrics = m
+		}
+	}
+}
 
 // WithReconcileTrigger sets a function called when placement is refused
 // because allocations are being rebuilt, so the reconciler runs at once.
@@ -79,6 +146,7 @@ func New(store Store, pods Pods, catalog Catalog, log *slog.Logger, opts ...Opti
 		now:     time.Now,
 		newID:   randomID,
 		kick:    func() {},
+		metrics: noMetrics{},
 	}
 	for _, o := range opts {
 		o(s)
@@ -166,10 +234,12 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 		return rec, fmt.Errorf("server %s/%s: %w", rec.User, rec.Name, err)
 	}
 	userQuota, groupQuotas := s.catalog.Quotas().ForUser(rec.User, groups)
+	placeStart := time.Now()
 	alloc, err := s.store.Place(ctx, fleet.PlaceRequest{
 		SliceID: rec.SpawnID, User: rec.User, Slice: prof.Slice, Model: prof.Model,
 		Policy: s.policy, UserQuota: userQuota, GroupQuotas: groupQuotas,
 	})
+	s.metrics.ObservePlacement(time.Since(placeStart), Refusal(err))
 	if err != nil {
 		if errors.Is(err, fleet.ErrNotReady) {
 			s.kick()
@@ -229,6 +299,7 @@ func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, podMa
 		log.WarnContext(ctx, "record failed spawn", "err", err)
 		return rec
 	}
+	s.metrics.ObserveSpawn(out.Profile, outcome(cause), out.UpdatedAt.Sub(out.CreatedAt))
 	return out
 }
 
