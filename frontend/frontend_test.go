@@ -110,11 +110,11 @@ var (
 
 func baseAnswers() map[string]answer {
 	return map[string]answer{
-		"GET /api/v1/users/alice/servers":     {200, []v1.Server{running, creating}},
-		"GET /api/v1/users/root/servers":      {200, []v1.Server{}},
-		"GET /api/v1/profiles":                {200, profiles},
-		"GET /api/v1/users/alice/servers/nb":  {200, running},
-		"GET /api/v1/users/alice/servers/new": {200, creating},
+		"GET /api/v1/users/alice/servers?limit=1000": {200, v1.ServerPage{Servers: []v1.Server{running, creating}}},
+		"GET /api/v1/users/root/servers?limit=1000":  {200, v1.ServerPage{Servers: []v1.Server{}}},
+		"GET /api/v1/profiles":                       {200, profiles},
+		"GET /api/v1/users/alice/servers/nb":         {200, running},
+		"GET /api/v1/users/alice/servers/new":        {200, creating},
 	}
 }
 
@@ -503,7 +503,7 @@ func TestFleetByNode(t *testing.T) {
 		{"uuid": "GPU-1", "node": "node-a", "model": "NVIDIA H200", "memoryMiB": 143771, "smCount": 132, "healthy": true,
 			"allocatedMemoryMiB": 49152, "allocatedComputePercent": 60, "slices": 2},
 	}}
-	a["GET /api/v1/servers?all=true"] = answer{200, []v1.Server{running, creating}}
+	a["GET /api/v1/servers?all=true&limit=1000"] = answer{200, v1.ServerPage{Servers: []v1.Server{running, creating}}}
 	s := newSite(t, fakeSessions{v: root}, a)
 	rec := s.do(t, "GET", "/admin/fleet", nil)
 	golden(t, "fleet.html", rec.Body.String())
@@ -641,7 +641,7 @@ func TestFleetRealUse(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			a["GET /api/v1/servers?all=true"] = answer{200, tc.servers}
+			a["GET /api/v1/servers?all=true&limit=1000"] = answer{200, v1.ServerPage{Servers: tc.servers}}
 			h, err := frontend.New(frontend.Deps{API: &fakeAPI{answers: a}, Sessions: fakeSessions{v: root}, Usage: fakeUsage{spawn: "sp1", samples: sample}})
 			if err != nil {
 				t.Fatal(err)

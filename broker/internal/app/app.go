@@ -331,6 +331,7 @@ func kubeClient(path string) (kubernetes.Interface, error) {
 // /api/ and the probes).
 func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, kube kubernetes.Interface,
 	cat *catalog.Catalog, bearer *auth.Bearer, hub *auth.HubToken, mode httpapi.Mode, ws *webSettings) (*parts, error) {
+	rdb.AddHook(redisstore.OutageHook{}) // an unreachable Redis is a 503 naming it, never a 500
 	store := redisstore.New(rdb, cfg.RedisPrefix)
 	sp := spawner.New(kube, spawner.Config{
 		Namespace: cfg.Namespace, HostRoot: cfg.HostRoot, Exposure: spawner.Exposure(cfg.GPUExposure),
@@ -339,14 +340,15 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 	p := &parts{log: log, redis: rdb, store: store, kube: kube, spawner: sp,
 		agents: agentstore.New(rdb, cfg.RedisPrefix)}
 	var rec *reconcile.Reconciler
+	audit := redisstore.NewAuditLog(rdb, cfg.RedisPrefix, p.agents)
 	p.service = servers.New(store, sp, cat, log.With("part", "servers"),
+		servers.WithAudit(audit),
 		servers.WithPolicy(fleet.Policy(cfg.PlacementPolicy)),
 		servers.WithReconcileTrigger(func() { rec.Trigger() }),
 		servers.WithResize(servers.ResizeConfig{Store: store, Quotas: p.agents, Pods: sp}))
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
 	p.reconciler = rec
 	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.RedisPrefix), nil)
-	audit := redisstore.NewAuditLog(rdb, cfg.RedisPrefix, p.agents)
 	var err error
 	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies, audit); err != nil {
 		return nil, err

@@ -9,8 +9,8 @@ import (
 )
 
 // toServer converts a server record to its wire form. The GPU reference
-// comes from the allocation; fleet.Allocation carries no model, so
-// GPU.Model stays "" until it does.
+// comes from the allocation, and only while the server holds it: a stopped
+// or failed server holds no GPU.
 func toServer(s fleet.Server) v1.Server {
 	out := v1.Server{
 		User:      s.User,
@@ -25,10 +25,15 @@ func toServer(s fleet.Server) v1.Server {
 		CreatedAt: s.CreatedAt,
 		UpdatedAt: s.UpdatedAt,
 	}
-	if s.Allocation != nil && s.Allocation.GPUUUID != "" {
+	if s.Allocation != nil && s.Allocation.GPUUUID != "" && !fleet.Terminal(s.State) {
 		out.GPU = &v1.GPURef{UUID: s.Allocation.GPUUUID, Node: s.Allocation.Node, Model: s.Allocation.Model}
 	}
 	return out
+}
+
+// toAmounts is a quota's amounts in wire form.
+func toAmounts(q fleet.Quota) v1.QuotaAmounts {
+	return v1.QuotaAmounts{Servers: q.Servers, MemoryMiB: q.MemoryMiB, ComputePercent: q.ComputePercent}
 }
 
 // toServers converts a list, keeping its order; never nil.
