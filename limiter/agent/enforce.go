@@ -181,6 +181,7 @@ func (a *Agent) enforce(ctx context.Context, r round) error {
 		}
 		if v.slice != nil {
 			rec.Slice, rec.Pod, rec.Namespace = v.slice.Info.ID, v.slice.Info.Pod, v.slice.Info.Namespace
+			rec.User, rec.Server = v.slice.Info.User, v.slice.Info.Server
 			rec.MemoryUsedMiB = int64(v.slice.UsedBytes / mib)
 			rec.MemoryLimitMiB = int64(v.slice.LimitBytes / mib)
 		} else {

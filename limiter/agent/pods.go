@@ -30,6 +30,10 @@ type SliceInfo struct {
 	PodUID    string
 	Pod       string
 	Namespace string
+	// User and Server are the server's raw names (annotations); "" when
+	// the pod does not say. Audit records carry them, so the broker can
+	// tell the server's owner what the agent did.
+	User, Server string
 	// GPU is the UUID of the slice's GPU.
 	GPU string
 	// Initial is the slice as placed; the pod env carries it to the hook.
@@ -61,6 +65,8 @@ func SliceFromPod(p *corev1.Pod) (SliceInfo, error) {
 		PodUID:    string(p.UID),
 		Pod:       p.Name,
 		Namespace: p.Namespace,
+		User:      a[v1.AnnotationUser],
+		Server:    a[v1.AnnotationServer],
 		GPU:       a[v1.AnnotationGPUUUID],
 		Initial: v1.Slice{
 			MemoryMiB:           num(v1.AnnotationMemoryMiB),

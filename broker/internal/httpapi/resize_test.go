@@ -61,7 +61,7 @@ func newResizeHarness(t *testing.T, r *fakeResizer) *harness {
 	h := &harness{servers: newFakeServers(now), fleet: &fakeFleet{gpus: map[string]fleet.GPU{}}, logs: &syncBuffer{}}
 	r.servers = h.servers
 	e, err := New(Deps{
-		Servers: h.servers, Profiles: testProfiles, Fleet: h.fleet, Resize: r,
+		Servers: h.servers, Profiles: testProfiles, Fleet: h.fleet, Resize: r, Reclaim: &fakeReclaim{},
 		Auth: fakeAuth{tokAlice: alice, tokBob: bob, tokAdmin: root, tokHub: hub},
 		Log:  slog.New(slog.NewJSONHandler(h.logs, nil)), Version: "1.2.3", Now: now,
 	})

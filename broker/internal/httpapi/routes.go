@@ -2,14 +2,15 @@ package httpapi
 
 import "github.com/labstack/echo/v4"
 
-// routes registers every route and middleware. Order of the common
-// middleware: request id → request logger → recover → dev-mode header →
+// routes registers every route and middleware. Before routing: OPTIONS is
+// 405 (noOptions). Order of the common middleware: request id → request logger → recover → dev-mode header →
 // body limit. Per route: query (the query parameters it takes; every route
 // declares them, none if it takes none), then authenticate (and
 // adminOnly), attached per route, not to an echo.Group: a group with
 // middleware registers catch-all routes, which would turn 405 (wrong
 // method) into 404.
 func (a *api) routes(e *echo.Echo) {
+	e.Pre(noOptions)
 	e.Use(requestID, requestLogger(a.deps.Log), recoverPanics)
 	if a.deps.Mode.Simulated {
 		e.Use(modeHeader)

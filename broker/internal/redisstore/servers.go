@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -511,59 +512,65 @@ func decodeEvent(m redis.XMessage) (fleet.Event, error) {
 
 // ServersPage returns up to limit servers (1..1000) of user, or of every
 // user when user is "", after the position after ("" = from the start),
-// ordered by user, then name (as their escaped key ids sort), and the
+// ordered by user, then name (byte order of the raw names), and the
 // position of the next page ("" on the last). Positions are opaque
-// strings (URL-safe base64 of a key id); one that is not a position this
-// method returned wraps fleet.ErrInvalid. Records that expired meanwhile
-// are skipped.
+// strings (URL-safe base64 of the last user and name); one that is not a
+// position this method returned wraps fleet.ErrInvalid. Records that
+// expired meanwhile are skipped.
 func (s *Store) ServersPage(ctx context.Context, user, after string, limit int) ([]fleet.Server, string, error) {
 	if limit < 1 || limit > 1000 {
 		return nil, "", fmt.Errorf("%w: page size %d is not 1..1000", fleet.ErrInvalid, limit)
 	}
-	from := ""
+	var from fleet.ServerKey
 	if after != "" {
 		b, err := base64.RawURLEncoding.DecodeString(after)
-		if err != nil || len(b) == 0 || !strings.Contains(string(b), ":") {
+		u, n, ok := strings.Cut(string(b), "\x00")
+		if err != nil || !ok || u == "" {
 			return nil, "", fmt.Errorf("%w: the cursor %q is not one this list returned", fleet.ErrInvalid, after)
 		}
-		from = string(b)
+		from = fleet.ServerKey{User: u, Name: n}
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	// Each record key is prefix + "srv:" + id; the id orders the list.
-	keyPrefix := s.k.Server("", "")
-	keyPrefix = keyPrefix[:len(keyPrefix)-1] // up to "srv:"
-	var keys []string
+	var keys []fleet.ServerKey
 	if user == "" {
 		members, err := s.rdb.SMembers(ctx, s.k.AllServers()).Result()
 		if err != nil {
 			return nil, "", fmt.Errorf("list servers: %w", err)
 		}
-		keys = members
+		// Each member is prefix + "srv:" + escaped user + ":" + escaped name.
+		keyPrefix := strings.TrimSuffix(s.k.Server("", ""), ":")
+		for _, m := range members {
+			id, ok := strings.CutPrefix(m, keyPrefix)
+			eu, en, ok2 := strings.Cut(id, ":")
+			u, err1 := url.QueryUnescape(eu)
+			n, err2 := url.QueryUnescape(en)
+			if ok && ok2 && err1 == nil && err2 == nil {
+				keys = append(keys, fleet.ServerKey{User: u, Name: n})
+			}
+		}
 	} else {
 		names, err := s.rdb.SMembers(ctx, s.k.UserServers(user)).Result()
 		if err != nil {
 			return nil, "", fmt.Errorf("list servers of %s: %w", user, err)
 		}
 		for _, n := range names {
-			keys = append(keys, s.k.Server(user, n))
+			keys = append(keys, fleet.ServerKey{User: user, Name: n})
 		}
 	}
-	ids := make([]string, 0, len(keys))
-	for _, k := range keys {
-		if id, ok := strings.CutPrefix(k, keyPrefix); ok && id > from {
-			ids = append(ids, id)
-		}
+	order := func(a, b fleet.ServerKey) int { return cmp.Or(cmp.Compare(a.User, b.User), cmp.Compare(a.Name, b.Name)) }
+	if after != "" {
+		keys = slices.DeleteFunc(keys, func(k fleet.ServerKey) bool { return order(k, from) <= 0 })
 	}
-	slices.Sort(ids)
-	out := make([]fleet.Server, 0, min(limit, len(ids)))
-	for len(ids) > 0 && len(out) < limit {
-		batch := ids[:min(len(ids), limit-len(out))]
-		ids = ids[len(batch):]
+	slices.SortFunc(keys, order)
+	out := make([]fleet.Server, 0, min(limit, len(keys)))
+	for len(keys) > 0 && len(out) < limit {
+		batch := keys[:min(len(keys), limit-len(out))]
+		keys = keys[len(batch):]
 		cmds := make([]*redis.MapStringStringCmd, len(batch))
 		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, id := range batch {
-				cmds[i] = p.HGetAll(ctx, keyPrefix+id)
+			for i, k := range batch {
+				cmds[i] = p.HGetAll(ctx, s.k.Server(k.User, k.Name))
 			}
 			return nil
 		}); err != nil {
@@ -578,8 +585,9 @@ func (s *Store) ServersPage(ctx context.Context, user, after string, limit int) 
 				return nil, "", err
 			}
 			out = append(out, srv)
-			if len(out) == limit && (i < len(cmds)-1 || len(ids) > 0) {
-				return out, base64.RawURLEncoding.EncodeToString([]byte(batch[i])), nil
+			if len(out) == limit && (i < len(cmds)-1 || len(keys) > 0) {
+				last := batch[i]
+				return out, base64.RawURLEncoding.EncodeToString([]byte(last.User + "\x00" + last.Name)), nil
 			}
 		}
 	}

@@ -26,6 +26,11 @@ type AuditRecord struct {
 	Slice     string `json:"slice,omitempty"`
 	Pod       string `json:"pod,omitempty"`
 	Namespace string `json:"namespace,omitempty"`
+	// User and Server are the server's raw names from its pod's
+	// annotations ("" for no-slice): the broker shows the record on that
+	// server's events.
+	User      string `json:"user,omitempty"`
+	Server    string `json:"server,omitempty"`
 	Container string `json:"container,omitempty"`
 	PID       uint32 `json:"pid"`
 	GPU       string `json:"gpu"`
