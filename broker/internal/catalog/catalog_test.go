@@ -179,10 +179,10 @@ profiles:
 				`profiles[2] (gpu-large): image "has space" contains whitespace`,
 				`profiles[2] (gpu-large): cpu must be > 0, got "0"`,
 				`profiles[2] (gpu-large): memory is empty`,
-				`profiles[2] (gpu-large): slice computeLimitPercent must be computePercent..100 (30..100), got 20`,
+				`profiles[2] (gpu-large): slice computeLimitPercent must be at least computePercent (30), got 20`,
 				`profiles[3] (ok): name "ok" is already used by profiles[0]`,
 				`profiles[4]: name is empty`,
-				`profiles[4]: slice computeLimitPercent must be computePercent..100 (1..100), got 101`,
+				`profiles[4]: slice computeLimitPercent must be 1..100, got 101`,
 			},
 		},
 		{
