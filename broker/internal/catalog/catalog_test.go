@@ -175,6 +175,7 @@ profiles:
 				`profiles[1] (Bad_Name): memory must be > 0, got "-1Gi"`,
 				`profiles[1] (Bad_Name): slice memoryMiB must be > 0, got 0`,
 				`profiles[1] (Bad_Name): slice computePercent must be 1..100, got 0`,
+				`profiles[1] (Bad_Name): slice computeLimitPercent must be 1..100, got 0`,
 				`profiles[1] (Bad_Name): groups[0] is empty`,
 				`profiles[2] (gpu-large): image "has space" contains whitespace`,
 				`profiles[2] (gpu-large): cpu must be > 0, got "0"`,
