@@ -174,6 +174,17 @@ func (c apiClient) stop(ctx context.Context, r *http.Request, v Viewer, name str
 	return c.call(ctx, r, v, http.MethodDelete, serverPath(v.User, name), nil, nil, nil)
 }
 
+// remove removes a stopped or failed server.
+func (c apiClient) remove(ctx context.Context, r *http.Request, v Viewer, name string) error {
+	return c.call(ctx, r, v, http.MethodDelete, serverPath(v.User, name)+"?remove=true", nil, nil, nil)
+}
+
+// quota reads the viewer's caps and their use.
+func (c apiClient) quota(ctx context.Context, r *http.Request, v Viewer) (v1.Quota, error) {
+	var out v1.Quota
+	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/users/"+url.PathEscape(v.User)+"/quota", nil, nil, &out)
+}
+
 func (c apiClient) gpus(ctx context.Context, r *http.Request, v Viewer) ([]v1.GPUStatus, error) {
 	var out []v1.GPUStatus
 	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/admin/gpus", nil, nil, &out)

@@ -35,6 +35,11 @@ const (
 	csrfHeader = "X-CSRF-Token"
 )
 
+// FragmentHeader asks a page for the content of its main element only
+// (value "main"), rendered from the same template as the whole page: the
+// pages' script fetches it to keep a live page equal to a fresh load.
+const FragmentHeader = "X-Gpubroker-Fragment"
+
 // ErrSignedOut means the request has no live session: the page redirects
 // to the sign-in.
 var ErrSignedOut = errors.New("frontend: not signed in")
@@ -127,10 +132,10 @@ func New(deps Deps) (*Handler, error) {
 	}
 	for _, n := range names {
 		base := strings.TrimSuffix(strings.TrimPrefix(n, "templates/"), ".html")
-		if base == "layout" {
+		if base == "layout" || base == "fields" {
 			continue
 		}
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", n)
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/fields.html", n)
 		if err != nil {
 			return nil, fmt.Errorf("frontend: template %s: %w", n, err)
 		}
@@ -149,6 +154,7 @@ func New(deps Deps) (*Handler, error) {
 	mux.HandleFunc("POST /servers", h.page(false, h.launch))
 	mux.HandleFunc("GET /servers/{name}", h.page(false, h.serverPage))
 	mux.HandleFunc("POST /servers/{name}/stop", h.page(false, h.stop))
+	mux.HandleFunc("POST /servers/{name}/remove", h.page(false, h.remove))
 	mux.HandleFunc("POST /servers/{name}/resize", h.page(false, h.resize))
 	mux.HandleFunc("POST /servers/{name}/extend", h.page(false, h.extend))
 	mux.HandleFunc("GET /admin/reclaim", h.page(true, h.policyPage))
@@ -239,7 +245,15 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, pag
 	}
 	v.Notice = h.deps.Notice
 	var buf bytes.Buffer
-	if err := t.Execute(&buf, v); err != nil {
+	var err error
+	if r.Header.Get(FragmentHeader) == "main" {
+		// The live page's update: the main element's content alone, from
+		// the same template as the whole page.
+		err = t.ExecuteTemplate(&buf, "content", v)
+	} else {
+		err = t.Execute(&buf, v)
+	}
+	if err != nil {
 		h.deps.Log.ErrorContext(r.Context(), "page: render failed", "page", page, "err", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)
 		return
