@@ -293,7 +293,7 @@ func allocationOf(p spawner.ManagedPod) fleet.Allocation {
 func recordOf(p spawner.ManagedPod, a fleet.Allocation, now time.Time) fleet.Server {
 	rec := fleet.Server{
 		ServerKey: fleet.ServerKey{User: p.User, Name: p.Server},
-		Profile:   p.Profile, SpawnID: p.SpawnID, State: v1.StateStarting,
+		Profile:   p.Profile, SpawnID: p.SpawnID, IdempotencyKey: p.IdempotencyKey, State: v1.StateStarting,
 		Message: "restored from its pod after the broker's store lost it",
 		Slice:   p.Slice, Allocation: &a, Pod: p.Name,
 		CreatedAt: p.CreatedAt, UpdatedAt: now,

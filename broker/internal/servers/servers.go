@@ -238,7 +238,7 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 				Image: prof.Image, CPU: prof.CPU, Memory: prof.Memory, Slice: alloc.Slice,
 				GPU:         v1.GPURef{UUID: alloc.GPUUUID, Node: alloc.Node},
 				QuotaGroups: alloc.Groups, Env: plain, SecretEnv: len(secret) > 0,
-				Command: slices.Clone(command), Args: slices.Clone(args),
+				Command: slices.Clone(command), Args: slices.Clone(args), IdempotencyKey: rec.IdempotencyKey,
 			}
 			if perr := s.pods.Create(ctx, spec, secret); perr != nil {
 				switch {
