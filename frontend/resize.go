@@ -190,6 +190,9 @@ func limitText(l v1.Limit) string {
 		}
 		return fmt.Sprintf("%s allows %s; %d %% are in use, and this needs %d %% more.", whose, amount(l.Limit), l.Used, l.Want)
 	case v1.LimitGPU:
+		if l.Scope == v1.LimitScopeServer {
+			return fmt.Sprintf("The GPU this server is on (node %s) has room for at most %s for it; this asks %s.", l.Name, amount(l.Limit), amount(l.Want))
+		}
 		return fmt.Sprintf("No GPU has room for %s: the most any has free is %s (node %s).", amount(l.Want), amount(l.Limit), l.Name)
 	case v1.LimitInUse:
 		return fmt.Sprintf("The notebook uses %s now; memory cannot shrink below that.", amount(l.Limit))

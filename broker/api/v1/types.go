@@ -185,7 +185,9 @@ type Limit struct {
 	// notebook holds now).
 	Kind string `json:"kind"`
 	// Scope and Name say whose quota (kind quota): "user" or "group" and
-	// its name. For kind gpu, Name is the node of that GPU.
+	// its name. For kind gpu, Name is the node of that GPU, and Scope is
+	// LimitScopeServer when it is the GPU the server holds (a resize), ""
+	// for the GPU with the most room (a placement).
 	Scope string `json:"scope,omitempty"`
 	Name  string `json:"name,omitempty"`
 	// Resource is what ran short: "servers", "memoryMiB" or
@@ -201,11 +203,12 @@ type Limit struct {
 	Want int64 `json:"want"`
 }
 
-// The kinds of Limit.
+// The kinds of Limit, and the scope of a gpu limit on the server's own GPU.
 const (
-	LimitQuota = "quota"
-	LimitGPU   = "gpu"
-	LimitInUse = "in-use"
+	LimitQuota       = "quota"
+	LimitGPU         = "gpu"
+	LimitInUse       = "in-use"
+	LimitScopeServer = "server"
 )
 
 // Error codes.

@@ -128,6 +128,25 @@ func (e *QuotaError) Error() string {
 // Is makes errors.Is(err, ErrQuotaExceeded) true.
 func (e *QuotaError) Is(target error) bool { return target == ErrQuotaExceeded }
 
+// RoomError refuses a resize that the GPU the server holds has no room
+// for. It matches ErrNoCapacity.
+type RoomError struct {
+	GPU, Node string
+	// MaxMiB and MaxComputePercent are the most the slice could have on
+	// that GPU now.
+	MaxMiB            int64
+	MaxComputePercent int
+	Want              Slice
+}
+
+func (e *RoomError) Error() string {
+	return fmt.Sprintf("GPU %s on node %s has room for at most %d MiB and %d%% compute for this slice; %d MiB and %d%% were asked",
+		e.GPU, e.Node, e.MaxMiB, e.MaxComputePercent, e.Want.MemoryMiB, e.Want.ComputePercent)
+}
+
+// Is makes errors.Is(err, ErrNoCapacity) true.
+func (e *RoomError) Is(target error) bool { return target == ErrNoCapacity }
+
 // InUseError refuses a memory shrink below what the notebook holds now
 // (the node agent's fresh sample). It matches ErrConflict.
 type InUseError struct {

@@ -172,6 +172,13 @@ var errorTable = []errorRule{
 			return sentinelMessage("no GPU has room for this slice")(err)
 		},
 		limit: func(err error) *v1.Limit {
+			var r *fleet.RoomError
+			if errors.As(err, &r) {
+				if r.Want.MemoryMiB > r.MaxMiB {
+					return &v1.Limit{Kind: v1.LimitGPU, Scope: v1.LimitScopeServer, Name: r.Node, Resource: "memoryMiB", Limit: r.MaxMiB, Want: r.Want.MemoryMiB}
+				}
+				return &v1.Limit{Kind: v1.LimitGPU, Scope: v1.LimitScopeServer, Name: r.Node, Resource: "computePercent", Limit: int64(r.MaxComputePercent), Want: int64(r.Want.ComputePercent)}
+			}
 			var e *fleet.CapacityError
 			if !errors.As(err, &e) || e.Candidates == 0 {
 				return nil

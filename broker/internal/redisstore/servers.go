@@ -558,7 +558,9 @@ func (s *Store) ServersPage(ctx context.Context, user, after string, limit int) 
 			keys = append(keys, fleet.ServerKey{User: user, Name: n})
 		}
 	}
-	order := func(a, b fleet.ServerKey) int { return cmp.Or(cmp.Compare(a.User, b.User), cmp.Compare(a.Name, b.Name)) }
+	order := func(a, b fleet.ServerKey) int {
+		return cmp.Or(cmp.Compare(a.User, b.User), cmp.Compare(a.Name, b.Name))
+	}
 	if after != "" {
 		keys = slices.DeleteFunc(keys, func(k fleet.ServerKey) bool { return order(k, from) <= 0 })
 	}
