@@ -112,6 +112,8 @@ func TestBrowserNewUserMeetsLimits(t *testing.T) {
 	}
 	b.shot("resize-problems")
 	// Growing past the GPU: the API's refusal next to the field, in GiB.
+	b.open(e.public + "/servers/b")
+	b.waitFor("b's page without problems", `document.getElementById('resize') !== null && document.getElementById('memoryGiB-error') === null`)
 	b.set(`#memoryGiB`, "80")
 	b.set(`#computePercent`, "25")
 	b.click(`#resize`)
@@ -161,7 +163,10 @@ func TestBrowserNewUserMeetsLimits(t *testing.T) {
 		t.Error("a is still there after Remove")
 	}
 
-	// The same pages on a phone.
+	// The same pages on a phone, with a long name in the list.
+	if _, _, err := alice.CreateServer(ctx, "alice", "ExperimentWithARatherLongNameForThePhone2026", "k-long", v1.CreateServerRequest{Profile: "small"}); err != nil {
+		t.Fatal(err)
+	}
 	b.viewport(390, 844)
 	if _, err := e.admin.Do(ctx, http.MethodPatch, harness.ServerPath("alice", "b")+"/slice", map[string]int{"computePercent": 20}, nil, nil); err != nil {
 		t.Fatal(err) // so the audit log has an entry of alice's
@@ -177,19 +182,20 @@ func TestBrowserNewUserMeetsLimits(t *testing.T) {
 		}
 		b.fitsPhone(p)
 	}
-	root := newTab(t)
-	root.viewport(390, 844)
-	e.signIn(root, "root", "/admin/fleet")
+	// The admin pages, signed in as root in the same tab.
+	b.click(`.who button[type=submit]`)
+	b.waitFor("signed out", `location.pathname === '/auth/signed-out'`)
+	e.signIn(b, "root", "/admin/fleet")
 	for _, p := range []string{"/admin/fleet", "/admin/audit", "/admin/reclaim"} {
-		root.open(e.public + p)
-		root.fitsPhone(p)
+		b.open(e.public + p)
+		b.fitsPhone(p)
 	}
 }
 
 // fitsPhone checks the page as it is on a phone-sized viewport: nothing is
 // wider than the screen, no control (link, button, field) is cut off by
-// the screen's edge or by a box that hides its overflow, and a UUID takes
-// one line.
+// the screen's edge or by a box that hides its overflow, no button breaks
+// its label inside a word, and a UUID takes one line.
 func (b *tab) fitsPhone(page string) {
 	b.t.Helper()
 	b.waitFor("the page loaded", `document.querySelector('main') !== null`)
@@ -202,6 +208,15 @@ func (b *tab) fitsPhone(page string) {
 			if (r.width === 0 && r.height === 0) { continue; } // not shown
 			const name = c.tagName.toLowerCase() + (c.id ? '#' + c.id : '') + ' "' + (c.innerText || c.value || c.name || '').trim().slice(0, 30) + '"';
 			if (r.left < -0.5 || r.right > W + 0.5) { out.push(name + ' reaches past the screen (' + Math.round(r.left) + '..' + Math.round(r.right) + ')'); continue; }
+			if (c.matches('button, a.button')) {
+				// A label is never broken inside a word: at most one line per word.
+				const s = getComputedStyle(c), lh = parseFloat(s.lineHeight) || 20;
+				const lines = Math.round((c.clientHeight - parseFloat(s.paddingTop) - parseFloat(s.paddingBottom)) / lh);
+				const shown = c.cloneNode(true);
+				shown.querySelectorAll('.sr-only').forEach(e => e.remove()); // read to screen readers only
+				const words = (shown.textContent || '').trim().split(/\s+/).length;
+				if (lines > words) { out.push(name + ' breaks its label over ' + lines + ' lines'); }
+			}
 			for (let p = c.parentElement; p && p !== document.body; p = p.parentElement) {
 				const s = getComputedStyle(p);
 				if (s.overflowX === 'visible' && s.overflowY === 'visible') { continue; }

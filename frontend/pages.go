@@ -186,7 +186,10 @@ type serverData struct {
 	// failed): the page follows the events and renders itself again.
 	Live bool
 	// Page is the page's own path, which the script fetches again.
-	Page   string
+	Page string
+	// UpdatedMS is the record's last change (Unix ms): the stream's events
+	// up to it are already on the page.
+	UpdatedMS int64
 	Events string
 	API    string // the server's API path
 	CSRF   string
@@ -222,6 +225,7 @@ func (h *Handler) renderServer(w http.ResponseWriter, r *http.Request, v Viewer,
 	name := s.Name
 	page := "/servers/" + url.PathEscape(name)
 	d := serverData{S: s, Step: stepOf(s.State), Steps: len(spawnSteps), CSRF: v.CSRF, Live: !terminal(s.State), Page: page,
+		UpdatedMS: s.UpdatedAt.UnixMilli(),
 		Events: serverPath(v.User, name) + "/events", API: serverPath(v.User, name),
 		Resize: resizeInputs(forms.resize, s), ResizeProblem: forms.resize.Problem,
 		Extend: extendInput(forms.extend), ExtendProblem: forms.extend.Problem,

@@ -12,6 +12,23 @@
   // so times and the idle state stay current.
   var REFRESH_MS = 30000;
 
+  // changed reports whether the user changed a form field from what the
+  // page rendered.
+  function changed(el) {
+    switch (el.tagName) {
+      case 'INPUT':
+        if (el.type === 'checkbox' || el.type === 'radio') { return el.checked !== el.defaultChecked; }
+        return el.type !== 'hidden' && el.type !== 'submit' && el.type !== 'button' && el.value !== el.defaultValue;
+      case 'TEXTAREA':
+        return el.value !== el.defaultValue;
+      case 'SELECT':
+        for (var i = 0; i < el.options.length; i++) {
+          if (el.options[i].selected !== el.options[i].defaultSelected) { return true; }
+        }
+    }
+    return false;
+  }
+
   // keptForms returns the forms of main the user is working in (one holds
   // the focus or has unsent changes, or shows problems): an update keeps
   // them as they are.
@@ -21,12 +38,8 @@
     for (var i = 0; i < forms.length; i++) {
       var f = forms[i];
       var busy = f.contains(document.activeElement) || f.querySelector('[aria-invalid="true"], .alert') !== null;
-      var els = f.elements;
-      for (var j = 0; !busy && j < els.length; j++) {
-        var el = els[j];
-        if ((el.type === 'checkbox' || el.type === 'radio') ? el.checked !== el.defaultChecked : el.value !== el.defaultValue) {
-          busy = true;
-        }
+      for (var j = 0; !busy && j < f.elements.length; j++) {
+        busy = changed(f.elements[j]);
       }
       if (busy) { kept[f.id] = f; }
     }
@@ -73,7 +86,16 @@
         });
     }
 
-    es.addEventListener('state', refresh);
+    // The stream replays the server's retained events first; those up to
+    // the record's last change are already on the page.
+    var shown = Number(box.getAttribute('data-updated')) || 0;
+    es.addEventListener('state', function (e) {
+      var ev;
+      try { ev = JSON.parse(e.data); } catch (err) { ev = null; }
+      var at = ev && Date.parse(ev.time);
+      if (at && at <= shown) { return; }
+      refresh();
+    });
     es.addEventListener('error', function (e) {
       if (e.data) { // the API's own error event: the stream ended; show the page as it is
         refresh();

@@ -197,6 +197,17 @@ func (s *Service) Create(ctx context.Context, by audit.Actor, user string, group
 // and discarded, or removed) meanwhile.
 var errUndone = fmt.Errorf("%w: the start was undone meanwhile", fleet.ErrConflict)
 
+// refusal reports whether a placement error refuses the start for a reason
+// the caller can read (and nothing was placed), as opposed to an outage.
+func refusal(err error) bool {
+	for _, s := range []error{fleet.ErrInvalid, fleet.ErrNotReady, fleet.ErrQuotaExceeded, fleet.ErrNoCapacity, fleet.ErrForbidden} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // starting reports whether s is a step of a start before its pod exists.
 func starting(s fleet.State) bool {
 	return s == v1.StatePending || s == v1.StatePlacing || s == v1.StateCreating
@@ -223,7 +234,13 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 				if errors.Is(perr, fleet.ErrNotReady) {
 					s.kick()
 				}
-				return s.refuse(ctx, rec, perr)
+				if refusal(perr) {
+					return s.refuse(ctx, rec, perr)
+				}
+				// An outage, or a reply lost: the slice may be placed. The
+				// same-key retry places again (the same slice id finds it),
+				// or the reconciler settles the record.
+				return rec, unknown(perr, rec.Name+" may or may not have started")
 			}
 			log.InfoContext(ctx, "slice placed", "gpu_uuid", alloc.GPUUUID, "node", alloc.Node, "mem_mib", alloc.Slice.MemoryMiB, "sm_percent", alloc.Slice.ComputePercent)
 			msg := fmt.Sprintf("placed %d MiB and %d%% compute on GPU %s (node %s); creating the pod", alloc.Slice.MemoryMiB, alloc.Slice.ComputePercent, alloc.GPUUUID, alloc.Node)
