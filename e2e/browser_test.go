@@ -10,7 +10,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -29,6 +28,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/devissuer"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/e2e/harness"
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 )
 
@@ -243,12 +243,7 @@ type tab struct {
 // closed when t ends. The test's browser budget starts now.
 func newTab(t *testing.T) *tab {
 	t.Helper()
-	if _, err := exec.LookPath(chromiumPath); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("chromium: %v", err)
-		}
-		t.Skipf("chromium not available: %v", err)
-	}
+	testdeps.Need(t, chromiumPath)
 	start := time.Now()
 	// The browser's own lifetime is the backstop: whatever ignored a
 	// deadline, the browser is gone shortly after the budget, which ends

@@ -15,9 +15,10 @@ import (
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/e2e/harness"
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
 )
 
-// devReadyWithin is the issue's requirement for `gpubroker dev`.
+// devReadyWithin is the issue's requirement for dev mode (gpubroker-dev).
 const devReadyWithin = 10 * time.Second
 
 var (
@@ -25,23 +26,18 @@ var (
 	serverPathRE = regexp.MustCompile(`/api/v1/users/([^/\s']+)/servers/([^/\s']+)$`)
 )
 
-// TestDevModeReadyAndPrintedCommandWorks starts `gpubroker dev` on a free
+// TestDevModeReadyAndPrintedCommandWorks starts gpubroker-dev on a free
 // port, requires /readyz within 10 s, then runs the printed "create a server"
 // curl command through bash and waits for that server to reach running.
-// It needs only the gpubroker binary (and curl), not the cluster tools; the
-// binary is built without -race, as `go tool task dev` runs it.
+// It needs only the gpubroker-dev binary (and curl), not the cluster tools;
+// the binary is built without -race, as `go tool task dev` runs it.
 func TestDevModeReadyAndPrintedCommandWorks(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("e2e tests do not run with -short")
 	}
-	if _, err := exec.LookPath("curl"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("curl: %v", err)
-		}
-		t.Skipf("curl not available: %v", err)
-	}
-	bin := plainBrokerBinary(t)
+	testdeps.Need(t, "curl")
+	bin := devBinary(t)
 	ctx := t.Context()
 	port, err := harness.FreePort()
 	if err != nil {
@@ -50,7 +46,7 @@ func TestDevModeReadyAndPrintedCommandWorks(t *testing.T) {
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	logPath := filepath.Join(t.TempDir(), "dev.log")
 	start := time.Now()
-	p, err := harness.StartProcess("gpubroker dev", logPath, harness.Environ(), bin, "dev", fmt.Sprintf("--listen=127.0.0.1:%d", port))
+	p, err := harness.StartProcess("gpubroker-dev", logPath, harness.Environ(), bin, fmt.Sprintf("--listen=127.0.0.1:%d", port))
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -63,9 +59,9 @@ func TestDevModeReadyAndPrintedCommandWorks(t *testing.T) {
 		}
 	})
 	if err := harness.WaitReady(ctx, base, p, devReadyWithin); err != nil {
-		t.Fatalf("gpubroker dev not ready within %s: %v", devReadyWithin, err)
+		t.Fatalf("gpubroker-dev not ready within %s: %v", devReadyWithin, err)
 	}
-	t.Logf("gpubroker dev ready in %s", time.Since(start).Round(time.Millisecond))
+	t.Logf("gpubroker-dev ready in %s", time.Since(start).Round(time.Millisecond))
 
 	var command string
 	err = harness.Poll(ctx, 50*time.Millisecond, 10*time.Second, func(context.Context) (bool, string, error) {

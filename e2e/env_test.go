@@ -55,7 +55,7 @@ quotas:
 // its own redis-server, OIDC issuer and gpubroker process, and the GPUs it
 // registered.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	cluster *harness.Cluster
 	ns      string
 	nodes   []string
@@ -73,12 +73,16 @@ type env struct {
 type envOptions struct {
 	nodes       int // default 1
 	gpusPerNode int // default 1
+	// profiles replaces testProfiles as the broker's catalog when set.
+	profiles string
+	// brokerArgs are more gpubroker serve flags.
+	brokerArgs []string
 }
 
 // newEnv builds an env for t: namespace, nodes, redis-server, issuer, a
 // running broker (stopped when t ends; its log is printed if t failed) and
 // the GPUs registered through the admin API.
-func newEnv(t *testing.T, o envOptions) *env {
+func newEnv(t testing.TB, o envOptions) *env {
 	t.Helper()
 	c := needCluster(t)
 	if o.nodes == 0 {
@@ -86,6 +90,9 @@ func newEnv(t *testing.T, o envOptions) *env {
 	}
 	if o.gpusPerNode == 0 {
 		o.gpusPerNode = 1
+	}
+	if o.profiles == "" {
+		o.profiles = testProfiles
 	}
 	bin := brokerBinary(t)
 	e := &env{t: t, cluster: c}
@@ -117,10 +124,11 @@ func newEnv(t *testing.T, o envOptions) *env {
 		Namespace:         e.ns,
 		IssuerURL:         e.issuer.URL(),
 		Audience:          audience,
-		ProfilesYAML:      testProfiles,
+		ProfilesYAML:      o.profiles,
 		HubToken:          e.hubToken,
 		ReconcileInterval: time.Second,
 		OrphanGrace:       2 * time.Second,
+		Args:              o.brokerArgs,
 	})
 	if err != nil {
 		t.Fatalf("start broker: %v", err)
@@ -143,7 +151,7 @@ func newEnv(t *testing.T, o envOptions) *env {
 
 // keepLog keeps a log of a failed test in $E2E_ARTIFACTS, because
 // t.TempDir is removed when the test ends.
-func keepLog(t *testing.T, path string) {
+func keepLog(t testing.TB, path string) {
 	if err := keepArtifact(path, harness.UniqueName(t.Name())+"-"+filepath.Base(path)); err != nil {
 		t.Logf("keep log: %v", err)
 	}
@@ -208,7 +216,7 @@ func (e *env) pods(ctx context.Context) ([]corev1.Pod, error) {
 
 // newNamespace creates a namespace for t (with its default ServiceAccount)
 // and deletes its pods, secrets and itself when t ends.
-func newNamespace(t *testing.T, c *harness.Cluster) string {
+func newNamespace(t testing.TB, c *harness.Cluster) string {
 	t.Helper()
 	ns := harness.UniqueName(t.Name())
 	if err := c.CreateNamespace(t.Context(), ns); err != nil {
@@ -225,7 +233,7 @@ func newNamespace(t *testing.T, c *harness.Cluster) string {
 }
 
 // newNodes creates n Ready kwok nodes for t, deleted when t ends.
-func newNodes(t *testing.T, c *harness.Cluster, n int) []string {
+func newNodes(t testing.TB, c *harness.Cluster, n int) []string {
 	t.Helper()
 	base := harness.UniqueName(t.Name())
 	names := make([]string, n)

@@ -6,12 +6,13 @@
 // broker/devissuer.
 //
 // The tools come from `go tool task e2e:tools` (e2e/.bin). Without them, or
-// without redis-server, the tests skip, unless CI=true, where they fail.
-// `go test -short` skips them too.
+// without redis-server, the tests fail naming what is missing and how to get
+// it; `go test -short` skips them.
 //
 // Environment:
 //   - E2E_GPUBROKER_BIN=<path> tests a prebuilt gpubroker binary instead of
-//     building ./broker/cmd/gpubroker.
+//     building ./broker/cmd/gpubroker; E2E_GPUBROKER_DEV_BIN the same for
+//     gpubroker-dev.
 //   - E2E_ARTIFACTS=<dir> receives the logs of failed runs (broker logs of
 //     failed tests, the cluster's logs when the package failed).
 package e2e
@@ -36,7 +37,8 @@ import (
 // suite is the state TestMain sets up once for all tests; read-only while
 // tests run (the broker builds are guarded by their own sync.Once).
 var suite struct {
-	skipReason string // set: tools are missing or -short
+	skipReason string // set: -short
+	missing    error  // set: the tools are missing
 	startErr   error  // set: the cluster failed to start
 	cluster    *harness.Cluster
 	tools      harness.Tools
@@ -44,6 +46,7 @@ var suite struct {
 
 	race  binary // gpubroker built with -race (used when this binary has it)
 	plain binary // gpubroker built without -race
+	dev   binary // gpubroker-dev built without -race, as `go tool task dev` runs it
 }
 
 func TestMain(m *testing.M) {
@@ -52,6 +55,7 @@ func TestMain(m *testing.M) {
 
 func runMain(m *testing.M) int {
 	flag.Parse()
+	suite.dev.pkg, suite.dev.env = "gpubroker-dev", "E2E_GPUBROKER_DEV_BIN"
 	if testing.Short() {
 		suite.skipReason = "e2e tests do not run with -short"
 		return m.Run()
@@ -63,7 +67,7 @@ func runMain(m *testing.M) int {
 	}
 	suite.dir = dir
 	if tools, err := harness.FindTools(".bin"); err != nil {
-		suite.skipReason = err.Error()
+		suite.missing = err
 	} else {
 		suite.tools = tools
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -96,7 +100,7 @@ func runMain(m *testing.M) int {
 		_ = os.RemoveAll(dir)
 	} else {
 		// The etcd data and the binaries are large (about 200 MB); drop them.
-		for _, big := range []string{"etcd-data", "gpubroker", "gpubroker-race"} {
+		for _, big := range []string{"etcd-data", "gpubroker", "gpubroker-race", "gpubroker-dev"} {
 			_ = os.RemoveAll(filepath.Join(dir, big))
 		}
 		fmt.Fprintf(os.Stderr, "e2e: logs kept in %s\n", dir)
@@ -111,16 +115,15 @@ func runMain(m *testing.M) int {
 	return code
 }
 
-// needCluster returns the shared cluster, or skips t when the tools are
-// missing (fails it instead when CI=true) and fails it when the cluster did
-// not start.
-func needCluster(t *testing.T) *harness.Cluster {
+// needCluster returns the shared cluster; it skips t under -short and
+// fails it when the tools are missing or the cluster did not start.
+func needCluster(t testing.TB) *harness.Cluster {
 	t.Helper()
 	if suite.skipReason != "" {
-		if os.Getenv("CI") == "true" && !testing.Short() {
-			t.Fatalf("%s (CI=true: missing tools fail the run)", suite.skipReason)
-		}
 		t.Skipf("%s", suite.skipReason)
+	}
+	if suite.missing != nil {
+		t.Fatalf("%v (`go tool task test` builds the tools and checks the packages first)", suite.missing)
 	}
 	if suite.startErr != nil {
 		t.Fatalf("e2e: cluster did not start: %v", suite.startErr)
@@ -131,7 +134,7 @@ func needCluster(t *testing.T) *harness.Cluster {
 // brokerBinary returns the gpubroker binary the broker tests run: built
 // once per test process from ./broker/cmd/gpubroker, with -race when this
 // test binary has it, so the race detector also watches the broker.
-func brokerBinary(t *testing.T) string {
+func brokerBinary(t testing.TB) string {
 	t.Helper()
 	if !raceEnabled {
 		return plainBrokerBinary(t)
@@ -139,31 +142,43 @@ func brokerBinary(t *testing.T) string {
 	return suite.race.get(t, true)
 }
 
-// plainBrokerBinary returns gpubroker built without -race: what `go tool task
-// dev` runs, for timing requirements (the race detector slows start-up, RSA
-// key generation above all, several-fold).
-func plainBrokerBinary(t *testing.T) string {
+// plainBrokerBinary returns gpubroker built without -race, for timing
+// requirements (the race detector slows start-up, RSA key generation above
+// all, several-fold).
+func plainBrokerBinary(t testing.TB) string {
 	t.Helper()
 	return suite.plain.get(t, false)
 }
 
-// binary is one build of gpubroker, made at most once.
+// devBinary returns gpubroker-dev built without -race: what `go tool task
+// dev` runs (E2E_GPUBROKER_DEV_BIN: a prebuilt one).
+func devBinary(t testing.TB) string {
+	t.Helper()
+	return suite.dev.get(t, false)
+}
+
+// binary is one build of a command under broker/cmd, made at most once.
 type binary struct {
-	once sync.Once
-	path string
-	err  error
+	pkg, env string // the command (default gpubroker) and the variable naming a prebuilt one (default E2E_GPUBROKER_BIN)
+	once     sync.Once
+	path     string
+	err      error
 }
 
 // get builds the binary on first use into the suite's dir, or takes the
-// prebuilt E2E_GPUBROKER_BIN, and fails t if that failed.
-func (b *binary) get(t *testing.T, race bool) string {
+// prebuilt one its variable names, and fails t if that failed.
+func (b *binary) get(t testing.TB, race bool) string {
 	t.Helper()
 	b.once.Do(func() {
-		if bin := os.Getenv("E2E_GPUBROKER_BIN"); bin != "" {
+		pkg, env := b.pkg, b.env
+		if pkg == "" {
+			pkg, env = "gpubroker", "E2E_GPUBROKER_BIN"
+		}
+		if bin := os.Getenv(env); bin != "" {
 			b.path, b.err = filepath.Abs(bin)
 			return
 		}
-		out := filepath.Join(suite.dir, "gpubroker")
+		out := filepath.Join(suite.dir, pkg)
 		args := []string{"build", "-o"}
 		if race {
 			out += "-race"
@@ -171,7 +186,7 @@ func (b *binary) get(t *testing.T, race bool) string {
 		} else {
 			args = append(args, out)
 		}
-		args = append(args, "./broker/cmd/gpubroker")
+		args = append(args, "./broker/cmd/"+pkg)
 		cmd := exec.Command("go", args...)
 		cmd.Dir = ".." // the module root
 		start := time.Now()

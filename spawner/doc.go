@@ -40,8 +40,10 @@
 //     for it are dropped, so a late event never resurrects a pod.
 //   - Time: deadlines (StartTimeout, ErrorGrace) are measured with the
 //     Client's injected clock against the pod's creation and condition
-//     times; Run re-classifies every pod each resync period so they fire
-//     without pod updates. Missing timestamps never trigger a deadline.
+//     times; Run re-classifies every cached pod each resync period
+//     (WithResync, the broker's --pod-resync) so they fire without pod
+//     updates; it reads the cache, and the informer never relists on a
+//     timer. Missing timestamps never trigger a deadline.
 //   - Secrets: credentials go into the server's Secret (envFrom), never into
 //     plain pod env; the quota directory and the hook are mounted read-only
 //     and the container drops all capabilities (invariant 3).

@@ -157,15 +157,11 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 		annotations[v1.AnnotationIdempotencyKey] = s.IdempotencyKey
 	}
 
-	env := []corev1.EnvVar{
-		{Name: v1.EnvSliceID, Value: s.SpawnID},
-		{Name: v1.EnvGPUUUID, Value: s.GPU.UUID},
-		{Name: v1.EnvMemoryLimitMiB, Value: strconv.FormatInt(s.Slice.MemoryMiB, 10)},
-		{Name: v1.EnvComputePercent, Value: strconv.Itoa(s.Slice.ComputePercent)},
-		{Name: v1.EnvComputeLimitPercent, Value: strconv.Itoa(s.Slice.ComputeLimitPercent)},
-		{Name: v1.EnvQuotaFile, Value: v1.PodQuotaFile},
-		{Name: v1.EnvUsageFile, Value: v1.PodUsageFile},
-	}
+	// The slice reaches the limiter only through the read-only quota
+	// mount, never the environment, which the notebook user controls
+	// (ARCHITECTURE.md invariant 3): the node agent writes the first quota
+	// file from the annotations as soon as it sees this pod.
+	var env []corev1.EnvVar
 	var runtimeClass *string
 	switch cfg.Exposure {
 	case ExposureCDI:
@@ -224,6 +220,11 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 					PeriodSeconds:    2,
 					FailureThreshold: 3,
 				},
+				// The quota directory read-only (the hook uses a quota
+				// file only on a read-only mount); the usage directory
+				// read-write for the hooks' shared mapping, but root's and
+				// 0755 on the host (the agent makes it so), so a notebook
+				// user who is not root cannot replace the file in it.
 				VolumeMounts: []corev1.VolumeMount{
 					{Name: volumeHook, MountPath: v1.PodHookDir, ReadOnly: true},
 					{Name: volumePreload, MountPath: v1.PodPreload, ReadOnly: true},
@@ -233,7 +234,10 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 				SecurityContext: &corev1.SecurityContext{
 					AllowPrivilegeEscalation: ptr(false),
 					// No capabilities: a root notebook cannot remount the
-					// read-only quota directory (invariant 3).
+					// read-only quota directory or override the usage
+					// directory's permissions (invariant 3). The pod's
+					// RuntimeDefault seccomp profile refuses new user
+					// namespaces, in which it could mount its own.
 					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 				},
 			}},

@@ -3,7 +3,7 @@
 // serves the discovery document and the JWKS that go-oidc needs, so the
 // broker's bearer-token verification runs unchanged against it.
 //
-// It is for dev mode (`gpubroker dev`) and for tests only, never for
+// It is for dev mode (`gpubroker-dev`) and for tests only, never for
 // production: it authenticates nobody, mints whatever claims it is asked for,
 // and its key lives only in memory.
 //

@@ -4,9 +4,10 @@
 //
 // The binary is /usr/bin/redis-server unless the environment variable
 // GPUBROKER_TEST_REDIS_SERVER names another one. When the binary is missing
-// Start skips the test, or fails it when CI=true. These two environment reads
-// are the only ones in the project outside config; they exist because this
-// package is test support.
+// Start fails the test, naming the Debian package and how to install it
+// (e2e/testdeps); only under `go test -short` does it skip. This environment
+// read is the only one in the project outside the configuration packages; it
+// exists because this package is test support.
 //
 // Tests never use :6379 and never FLUSHDB a server they share: each test
 // takes its own key prefix from Server.Prefix, or starts its own server.
@@ -31,6 +32,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
 )
 
 // DefaultBinary is the redis-server used when GPUBROKER_TEST_REDIS_SERVER is
@@ -268,16 +271,15 @@ type Server struct {
 	tb testing.TB
 }
 
-// Start runs a redis-server for tb and stops it when tb ends. It skips tb
-// when the binary is missing, or fails it when the environment has CI=true.
+// Start runs a redis-server for tb and stops it when tb ends. When the
+// binary is missing it fails tb (skips it under -short) with the package
+// and the command that installs it.
 func Start(tb testing.TB) *Server {
 	tb.Helper()
-	bin := Binary()
-	if _, err := os.Stat(bin); err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatalf("redistest: redis-server %s: %v (install Debian's redis-server)", bin, err)
-		}
-		tb.Skipf("redistest: redis-server %s not available: %v", bin, err)
+	if bin := Binary(); bin == DefaultBinary {
+		testdeps.Need(tb, DefaultBinary)
+	} else if _, err := os.Stat(bin); err != nil {
+		tb.Fatalf("redistest: GPUBROKER_TEST_REDIS_SERVER=%s: %v", bin, err)
 	}
 	p, err := StartProcess(tb.Context(), tb.TempDir())
 	if err != nil {

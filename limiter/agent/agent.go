@@ -137,6 +137,8 @@ type PodIndex interface {
 	// the agent neither samples nor enforces (every process would look like
 	// one in no slice).
 	Synced() bool
+	// Changed receives a value when a slice appeared or changed (nil: never).
+	Changed() <-chan struct{}
 }
 
 // SampleSink receives samples and node reports.
@@ -192,9 +194,10 @@ type Agent struct {
 
 	// Set by Run before its goroutines start.
 	devs *devices
-	// procCache and knownSlices are used by the sampling goroutine only.
+	// procCache, knownSlices and usageIDs are used by the sampling goroutine only.
 	procCache   map[uint32]Process
 	knownSlices map[string]bool
+	usageIDs    map[string]fileID // slice → the usage file first seen
 
 	paceMu     sync.Mutex
 	paceOwners map[uint32]string   // pid → slice id, from the last sampling round
@@ -218,7 +221,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a := &Agent{
 		cfg: cfg, nvml: deps.NVML, has: deps.HasSymbol, samples: deps.Samples, quotas: deps.Quotas,
 		audit: deps.Audit, pods: deps.Pods, proc: deps.Proc, killer: deps.Killer, clock: deps.Clock, wall: deps.Wall, log: deps.Log,
-		enforcer: newEnforcer(cfg.Enforcement), procCache: map[uint32]Process{}, knownSlices: map[string]bool{},
+		enforcer: newEnforcer(cfg.Enforcement), procCache: map[uint32]Process{}, knownSlices: map[string]bool{}, usageIDs: map[string]fileID{},
 		applied: map[string]int64{}, limits: map[string]uint64{},
 	}
 	if a.proc.Root == "" {
@@ -356,6 +359,7 @@ func (a *Agent) SampleOnce(ctx context.Context) {
 	for id := range a.knownSlices {
 		if !live[id] {
 			delete(a.knownSlices, id)
+			delete(a.usageIDs, id)
 			a.quotaMu.Lock()
 			delete(a.limits, id)
 			a.quotaMu.Unlock()
@@ -411,8 +415,8 @@ func (a *Agent) Heartbeat(ctx context.Context) {
 	}
 }
 
-// quotaLoop applies every local slice's desired quota at once and every
-// QuotaResync, until ctx ends.
+// quotaLoop prepares every local slice and applies its desired quota at
+// once, whenever a slice appears, and every QuotaResync, until ctx ends.
 func (a *Agent) quotaLoop(ctx context.Context) error {
 	t := a.clock.NewTicker(a.cfg.QuotaResync)
 	defer t.Stop()
@@ -425,6 +429,7 @@ func (a *Agent) quotaLoop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C():
+		case <-a.pods.Changed():
 		}
 	}
 }

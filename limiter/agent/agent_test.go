@@ -119,6 +119,18 @@ func (f *fakeAudit) AddAudit(_ context.Context, r agentstore.AuditRecord) error 
 	return nil
 }
 
+func (f *fakeAudit) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.records)
+}
+
+func (f *fakeAudit) all() []agentstore.AuditRecord {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]agentstore.AuditRecord(nil), f.records...)
+}
+
 // nullStore is a SampleSink and QuotaStore that keeps nothing, for tests
 // that inspect rounds directly.
 type nullStore struct{}
@@ -218,6 +230,21 @@ func (e *testEnv) agent(t *testing.T, cfg Config, quotas QuotaStore) *Agent {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// runAgent runs a until the returned stop is called; stop waits for Run
+// and fails t if it returned an error.
+func runAgent(t *testing.T, a *Agent) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+}
 
 // samples returns a round's samples by slice id.
 func samples(r round) map[string]agentstore.Sample {
@@ -427,9 +454,11 @@ func TestEnforcement(t *testing.T) {
 		{name: "two rounds over is not enough", mode: ModeKill, grace: time.Second, rounds: 2},
 		{name: "orphans wait for the grace period", mode: ModeKill, rounds: 3,
 			wantKilled: []uint32{100}, wantAudit: []string{"kill over-memory 100"}},
-		{name: "kill after three rounds: largest process of the slice and the orphans", mode: ModeKill, grace: 2 * time.Second, rounds: 3,
-			wantKilled: []uint32{100, 300, 600},
-			wantAudit:  []string{"kill over-memory 100", "kill no-slice 300", "kill no-slice 600"}},
+		{name: "kill after three rounds: largest process of the slice and the pod's orphan; the host's is reported", mode: ModeKill,
+			grace: 2 * time.Second, rounds: 3, wantKilled: []uint32{100, 600},
+			wantAudit: []string{"kill over-memory 100", "report no-slice 300", "kill no-slice 600"}},
+		{name: "the default mode protects", grace: 2 * time.Second, rounds: 3, wantKilled: []uint32{100, 600},
+			wantAudit: []string{"kill over-memory 100", "report no-slice 300", "kill no-slice 600"}},
 		{name: "report does not kill", mode: ModeReport, grace: 2 * time.Second, rounds: 3,
 			wantAudit: []string{"report over-memory 100", "report no-slice 300", "report no-slice 600"}},
 		{name: "a report is not repeated every round", mode: ModeReport, grace: 2 * time.Second, rounds: 5,
@@ -482,7 +511,7 @@ func TestEnforcementWithinToleranceOrUnknownDoesNothing(t *testing.T) {
 
 func TestKillOfAGoneProcessIsAudited(t *testing.T) {
 	e := newEnv(t)
-	e.setProcs(0, []nvml.ProcessInfo{{Pid: 300, UsedGpuMemory: 1 << 20}}, nil)
+	e.setProcs(0, []nvml.ProcessInfo{{Pid: 600, UsedGpuMemory: 1 << 20}}, nil)
 	e.setProcs(1, nil, nil)
 	e.killer.err = ErrNoProcess
 	a := e.agent(t, Config{Enforcement: Policy{Mode: ModeKill, Samples: 1, OrphanGrace: -1}}, nil)

@@ -16,6 +16,14 @@
 //     the pod's annotations (PodWatcher: an informer on this node's
 //     gpubroker pods); the slice's last kernel time comes from its usage
 //     region. One sample per local slice goes to Redis in one pipeline.
+//   - slices: as soon as the pod watcher sees a new pod (PodIndex.Changed),
+//     and at every QuotaResync, each local slice's host directory is laid
+//     out (prepareSlice): <root>/slices/<id>/quota and .../usage at mode
+//     0755 and root's, the usage region created initialized at mode 0666,
+//     and, when no valid quota file is there, the pod's initial slice (its
+//     annotations) written as the first one, with the slice's GPU. The hook
+//     reads nothing else, so this normally happens before the container
+//     starts (the hook waits up to 5 s for it).
 //   - live quotas: each local slice's desired quota (agentstore) is written
 //     into its quota file with a higher generation (region.WriteQuota,
 //     atomic rename) when it differs, and the applied generation is
@@ -24,18 +32,32 @@
 //     SM use, measured through NVML with host pids, into the slice's usage
 //     region (region.WriteAgentSample); inside a pod's pid namespace the
 //     hook cannot match NVML's pids to its own and paces by these samples.
-//   - enforcement: a slice whose NVML memory exceeds its cap by more than
-//     the tolerance for Samples consecutive samples, and a GPU process in no
-//     slice, are reported or killed (Policy), always with an audit record.
+//   - enforcement (Policy; by default ModeKill, which protects the GPU's
+//     other tenants): a slice whose NVML memory exceeds its cap by more than
+//     the tolerance for Samples consecutive samples (its largest process,
+//     "over-memory"), a GPU process of a slice's pod that has no slot in the
+//     slice's usage region (it reached the GPU past the hook, "hidden"), and
+//     a GPU process in a pod of no slice past the orphan grace ("no-slice")
+//     are stopped; the host's own processes are only reported, and so is
+//     a usage region that was replaced or made unusable ("usage-tampered").
+//     Every decision is an audit record (agentstore), which names the
+//     server; the broker tells the server's events and page. ModeReport
+//     only reports.
 //   - Xid events, where the library has the event API: a critical,
 //     non-application Xid marks only its GPU unhealthy.
 //
 // # Invariants
 //
 //   - The agent's NVML view is the authority (ARCHITECTURE.md invariant 3): the
-//     usage region is read for the last kernel time only, and maps pids to
+//     usage region is read for the last kernel time and to tell which of a
+//     pod's GPU processes went through the hook (a slot), and maps pids to
 //     slices only with Config.TrustUsagePIDs, for processes outside any pod
-//     cgroup.
+//     cgroup. The usage file first seen is remembered (device, inode); one
+//     that is not that file any more, or not a regular file of the right
+//     size, is not read, and the reason goes into the slice's samples.
+//   - Every file the agent opens under the host root is opened without
+//     blocking or following a symbolic link (limiter/region); what a tenant
+//     planted there is reported, never used.
 //   - Missing data is missing, never zero (invariant 4): an NVML query that
 //     fails or is not supported leaves the sample's field nil with the reason
 //     in Sample.Missing; a process list that NVML returned empty is a

@@ -16,13 +16,18 @@ type Mode string
 
 // Enforcement modes.
 const (
-	// ModeReport writes an audit record and a log line; the default.
-	ModeReport Mode = "report"
-	// ModeKill also kills the process with SIGKILL.
+	// ModeKill stops the offending process (SIGKILL through a pidfd) and
+	// writes an audit record: the default, which protects the other tenants
+	// of the GPU (ARCHITECTURE.md invariant 3).
 	ModeKill Mode = "kill"
+	// ModeReport only writes the audit record and a log line.
+	ModeReport Mode = "report"
 	// ModeOff does nothing.
 	ModeOff Mode = "off"
 )
+
+// DefaultMode is the mode of a zero Policy: protecting.
+const DefaultMode = ModeKill
 
 // Valid reports whether m is a known mode.
 func (m Mode) Valid() bool { return m == ModeReport || m == ModeKill || m == ModeOff }
@@ -30,7 +35,7 @@ func (m Mode) Valid() bool { return m == ModeReport || m == ModeKill || m == Mod
 // Policy configures bypass enforcement (ARCHITECTURE.md invariant 3: the agent's
 // NVML view is the authority).
 type Policy struct {
-	// Mode is what to do; the zero value means ModeReport.
+	// Mode is what to do; the zero value means DefaultMode (ModeKill).
 	Mode Mode
 	// TolerancePercent is how far above its cap a slice's NVML memory may
 	// go before it counts as over, in percent of the cap, 0..100; NVML
@@ -49,7 +54,7 @@ type Policy struct {
 
 func (p Policy) withDefaults() Policy {
 	if p.Mode == "" {
-		p.Mode = ModeReport
+		p.Mode = DefaultMode
 	}
 	if p.TolerancePercent == 0 {
 		p.TolerancePercent = 5
@@ -86,57 +91,85 @@ type Auditor interface {
 type enforcer struct {
 	policy Policy
 	over   map[string]int // slice id → consecutive over-memory samples
+	hidden map[nsKey]int  // (pid, start) → consecutive samples hidden from the hook
 	orphan map[nsKey]int  // (pid, start) → consecutive samples without a slice
 	since  map[nsKey]time.Time
+	usage  map[string]string // slice id → the usage problem last reported
 }
 
 func newEnforcer(p Policy) *enforcer {
-	return &enforcer{policy: p.withDefaults(), over: map[string]int{}, orphan: map[nsKey]int{}, since: map[nsKey]time.Time{}}
+	return &enforcer{policy: p.withDefaults(), over: map[string]int{}, hidden: map[nsKey]int{}, orphan: map[nsKey]int{},
+		since: map[nsKey]time.Time{}, usage: map[string]string{}}
 }
 
 // verdict is one action the enforcer decided.
 type verdict struct {
-	reason  string // "over-memory" or "no-slice"
-	proc    gpuProcess
-	slice   *sliceRound // nil for no-slice
+	reason  string     // one of agentstore's Reason* constants
+	proc    gpuProcess // zero for agentstore.ReasonUsageTampered
+	slice   *sliceRound
 	samples int
+	stop    bool // the mode allows stopping this process
+	problem string
 }
 
-// judge updates the counts with r and returns the processes to act on. A
-// slice over its cap yields its largest process (one per round, so the
-// next rounds see whether that sufficed); each orphan process yields
-// itself. Counts restart after an action, so a report is not repeated every
-// round and a kill gets Samples rounds to take effect.
+// judge updates the counts with r and returns what to act on. A slice over
+// its cap yields its largest process (one per round, so the next rounds see
+// whether that sufficed); each hidden or orphan process yields itself; a
+// process is named at most once per round. Counts restart after an action,
+// so a report is not repeated every round and a kill gets Samples rounds to
+// take effect.
 func (e *enforcer) judge(r round) []verdict {
 	if e.policy.Mode == ModeOff {
 		return nil
 	}
+	kill := e.policy.Mode == ModeKill
 	var out []verdict
+	named := map[nsKey]bool{}
+	add := func(v verdict) {
+		k := nsKey{pid: v.proc.PID, start: v.proc.StartTimeTicks}
+		if v.proc.PID != 0 && named[k] {
+			return
+		}
+		named[k] = true
+		out = append(out, v)
+	}
 	live := map[string]bool{}
+	seenHidden := map[nsKey]bool{}
 	for _, s := range r.Slices {
 		live[s.Info.ID] = true
-		if !s.MemoryKnown {
-			// Unknown is never a violation (ARCHITECTURE.md invariant 4).
-			delete(e.over, s.Info.ID)
-			continue
+		if s.UsageProblem != e.usage[s.Info.ID] {
+			e.usage[s.Info.ID] = s.UsageProblem
+			if s.UsageProblem != "" {
+				add(verdict{reason: agentstore.ReasonUsageTampered, slice: s, samples: 1, problem: s.UsageProblem})
+			}
 		}
-		allowed := s.LimitBytes + s.LimitBytes*uint64(e.policy.TolerancePercent)/100
-		if s.UsedBytes <= allowed || len(s.Processes) == 0 {
-			delete(e.over, s.Info.ID)
-			continue
-		}
-		e.over[s.Info.ID]++
-		if n := e.over[s.Info.ID]; n >= e.policy.Samples {
-			largest := slices.MaxFunc(s.Processes, func(a, b gpuProcess) int {
-				return int(int64(a.MemoryBytes>>10) - int64(b.MemoryBytes>>10))
-			})
-			out = append(out, verdict{reason: "over-memory", proc: largest, slice: s, samples: n})
-			delete(e.over, s.Info.ID)
+		e.judgeMemory(s, kill, add)
+		for _, p := range s.Processes {
+			if !p.Hidden {
+				continue
+			}
+			k := nsKey{pid: p.PID, start: p.StartTimeTicks}
+			seenHidden[k] = true
+			e.hidden[k]++
+			if n := e.hidden[k]; n >= e.policy.Samples {
+				add(verdict{reason: agentstore.ReasonHidden, proc: p, slice: s, samples: n, stop: kill})
+				delete(e.hidden, k)
+			}
 		}
 	}
 	for id := range e.over {
 		if !live[id] {
 			delete(e.over, id)
+		}
+	}
+	for id := range e.usage {
+		if !live[id] {
+			delete(e.usage, id)
+		}
+	}
+	for k := range e.hidden {
+		if !seenHidden[k] {
+			delete(e.hidden, k)
 		}
 	}
 	seen := map[nsKey]bool{}
@@ -148,7 +181,8 @@ func (e *enforcer) judge(r round) []verdict {
 			e.since[k] = r.At
 		}
 		if n := e.orphan[k]; n >= e.policy.Samples && r.At.Sub(e.since[k]) >= e.policy.OrphanGrace {
-			out = append(out, verdict{reason: "no-slice", proc: p, samples: n})
+			// The host's own processes are not a tenant's: reported, never stopped.
+			add(verdict{reason: agentstore.ReasonNoSlice, proc: p, samples: n, stop: kill && p.PodUID != ""})
 			delete(e.orphan, k)
 			delete(e.since, k)
 		}
@@ -162,34 +196,65 @@ func (e *enforcer) judge(r round) []verdict {
 	return out
 }
 
-// enforce acts on the verdicts of r: audit always, kill in ModeKill.
-// Errors of the audit writes are joined and returned; kill failures are
-// recorded in the audit record itself.
+// judgeMemory counts slice s over its cap and adds its largest process once the count reaches Samples.
+func (e *enforcer) judgeMemory(s *sliceRound, kill bool, add func(verdict)) {
+	if !s.MemoryKnown {
+		// Unknown is never a violation (ARCHITECTURE.md invariant 4).
+		delete(e.over, s.Info.ID)
+		return
+	}
+	allowed := s.LimitBytes + s.LimitBytes*uint64(e.policy.TolerancePercent)/100
+	if s.UsedBytes <= allowed || len(s.Processes) == 0 {
+		delete(e.over, s.Info.ID)
+		return
+	}
+	e.over[s.Info.ID]++
+	if n := e.over[s.Info.ID]; n >= e.policy.Samples {
+		largest := slices.MaxFunc(s.Processes, func(a, b gpuProcess) int {
+			return int(int64(a.MemoryBytes>>10) - int64(b.MemoryBytes>>10))
+		})
+		add(verdict{reason: agentstore.ReasonOverMemory, proc: largest, slice: s, samples: n, stop: kill})
+		delete(e.over, s.Info.ID)
+	}
+}
+
+// enforce acts on the verdicts of r: audit always, stop where the mode and
+// the verdict allow it. Errors of the audit writes are joined and returned;
+// kill failures are recorded in the audit record itself.
 func (a *Agent) enforce(ctx context.Context, r round) error {
 	var errs []error
 	for _, v := range a.enforcer.judge(r) {
 		rec := agentstore.AuditRecord{
 			At:        a.clock.Now(),
 			Node:      a.cfg.Node,
-			Action:    string(a.enforcer.policy.Mode),
+			Action:    agentstore.ActionReport,
 			Reason:    v.reason,
 			Policy:    a.enforcer.policy.String(),
 			PID:       v.proc.PID,
 			GPU:       v.proc.GPU,
 			Container: v.proc.ContainerID,
 			Samples:   v.samples,
+			Error:     v.problem,
 		}
+		if v.proc.MemoryKnown {
+			rec.ProcessMemoryMiB = int64(v.proc.MemoryBytes / mib)
+		}
+		rec.MemoryUsedMiB = rec.ProcessMemoryMiB
 		if v.slice != nil {
 			rec.Slice, rec.Pod, rec.Namespace = v.slice.Info.ID, v.slice.Info.Pod, v.slice.Info.Namespace
 			rec.User, rec.Server = v.slice.Info.User, v.slice.Info.Server
-			rec.MemoryUsedMiB = int64(v.slice.UsedBytes / mib)
 			rec.MemoryLimitMiB = int64(v.slice.LimitBytes / mib)
-		} else {
-			rec.MemoryUsedMiB = int64(v.proc.MemoryBytes / mib)
+			if rec.GPU == "" {
+				rec.GPU = v.slice.Info.GPU
+			}
+			if v.reason == agentstore.ReasonOverMemory {
+				rec.MemoryUsedMiB = int64(v.slice.UsedBytes / mib)
+			}
 		}
-		if a.enforcer.policy.Mode == ModeKill {
+		if v.stop {
+			rec.Action = agentstore.ActionKill
 			if err := a.killer.Kill(v.proc.PID, v.proc.StartTimeTicks); err != nil {
-				rec.Action = "kill-failed"
+				rec.Action = agentstore.ActionKillFailed
 				rec.Error = err.Error()
 				if errors.Is(err, ErrNoProcess) {
 					rec.Error = "process already gone"

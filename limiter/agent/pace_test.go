@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"encoding/binary"
 	"os"
 	"path/filepath"
 	"testing"
@@ -14,25 +13,10 @@ import (
 	"github.com/gpubroker/gpubroker/limiter/region"
 )
 
-// initUsage creates a usage region as a pod's first hook leaves it: the
-// header's magic, layout version, slot and device counts (the first four
-// little-endian uint32 of struct gpulimit_usage), the rest zero. Test-only;
-// the agent itself never initializes a usage region.
+// initUsage creates a usage region as the agent's prepareSlice does.
 func initUsage(t testing.TB, path string) {
 	t.Helper()
-	if err := region.CreateUsage(path, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var h [16]byte
-	for i, v := range []uint32{region.UsageMagic, region.LayoutVersion, region.UsageSlots, region.UsageDevices} {
-		binary.LittleEndian.PutUint32(h[4*i:], v)
-	}
-	if _, err := f.WriteAt(h[:], 0); err != nil {
+	if err := region.CreateUsage(path); err != nil {
 		t.Fatal(err)
 	}
 	if u, err := region.ReadUsage(path); err != nil || len(u.Processes) != 0 {

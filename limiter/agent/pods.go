@@ -36,7 +36,9 @@ type SliceInfo struct {
 	User, Server string
 	// GPU is the UUID of the slice's GPU.
 	GPU string
-	// Initial is the slice as placed; the pod env carries it to the hook.
+	// Initial is the slice as placed (annotations). The agent writes it as
+	// the slice's first quota file when it first sees the pod, before the
+	// broker sets a desired quota (the hook reads nothing else).
 	Initial v1.Slice
 }
 
@@ -100,6 +102,9 @@ func (s StaticPods) Slices() []SliceInfo { return slices.Clone(s) }
 // Synced is always true: the list is complete by construction.
 func (s StaticPods) Synced() bool { return true }
 
+// Changed is nil: the list never changes.
+func (s StaticPods) Changed() <-chan struct{} { return nil }
+
 // ByPodUID returns the slice of the pod with uid.
 func (s StaticPods) ByPodUID(uid string) (SliceInfo, bool) {
 	for _, x := range s {
@@ -112,32 +117,50 @@ func (s StaticPods) ByPodUID(uid string) (SliceInfo, bool) {
 
 // PodWatcher keeps the slices of the gpubroker pods on one node, from a
 // client-go informer restricted to spec.nodeName=<node> and the managed-by
-// label. Its methods are safe for concurrent use; until Run has synced its
-// cache they report no slices.
+// label, in one namespace or in all (WithNamespace). Its methods are safe
+// for concurrent use; until Run has synced its cache they report no slices.
 type PodWatcher struct {
-	client kubernetes.Interface
-	node   string
-	resync time.Duration
-	log    func(err error)
+	client    kubernetes.Interface
+	node      string
+	namespace string // "": every namespace
+	resync    time.Duration
+	log       func(err error)
 
-	mu     sync.RWMutex
-	byUID  map[string]SliceInfo
-	synced bool
+	mu      sync.RWMutex
+	byUID   map[string]SliceInfo
+	synced  bool
+	changed chan struct{} // one pending notice that a slice appeared or changed
+}
+
+// PodWatcherOption configures a PodWatcher.
+type PodWatcherOption func(*PodWatcher)
+
+// WithNamespace watches only the pods of namespace (the broker's notebook
+// namespace), so that the agent needs a Role there and no ClusterRole; ""
+// (the default) watches every namespace.
+func WithNamespace(namespace string) PodWatcherOption {
+	return func(w *PodWatcher) { w.namespace = namespace }
 }
 
 // NewPodWatcher returns a watcher of node's gpubroker pods. bad is called
 // for each pod whose annotations are unusable (nil: ignored). It does no I/O.
-func NewPodWatcher(client kubernetes.Interface, node string, bad func(err error)) *PodWatcher {
+func NewPodWatcher(client kubernetes.Interface, node string, bad func(err error), opts ...PodWatcherOption) *PodWatcher {
 	if bad == nil {
 		bad = func(error) {}
 	}
-	return &PodWatcher{client: client, node: node, resync: 10 * time.Minute, log: bad, byUID: map[string]SliceInfo{}}
+	w := &PodWatcher{client: client, node: node, resync: 10 * time.Minute, log: bad, byUID: map[string]SliceInfo{},
+		changed: make(chan struct{}, 1)}
+	for _, o := range opts {
+		o(w)
+	}
+	return w
 }
 
 // Run runs the informer until ctx ends; it returns an error when the cache
 // cannot sync, and nil after ctx ends.
 func (w *PodWatcher) Run(ctx context.Context) error {
 	f := informers.NewSharedInformerFactoryWithOptions(w.client, w.resync,
+		informers.WithNamespace(w.namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", w.node).String()
 			o.LabelSelector = labels.SelectorFromSet(labels.Set{v1.LabelManagedBy: v1.ManagedByValue}).String()
@@ -190,9 +213,21 @@ func (w *PodWatcher) upsert(obj any) {
 		return
 	}
 	w.mu.Lock()
+	old, had := w.byUID[s.PodUID]
 	w.byUID[s.PodUID] = s
 	w.mu.Unlock()
+	if !had || old != s {
+		select {
+		case w.changed <- struct{}{}:
+		default: // a notice is already pending; the reader sees every slice
+		}
+	}
 }
+
+// Changed receives a value after a slice appeared or changed; one pending
+// notice covers any number of changes. The agent prepares new slices'
+// directories and first quota files on it, before their containers start.
+func (w *PodWatcher) Changed() <-chan struct{} { return w.changed }
 
 func (w *PodWatcher) remove(obj any) {
 	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {

@@ -23,6 +23,7 @@ func notebookPod(name, node, uid, spawn string) *corev1.Pod {
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid),
 			Labels: map[string]string{v1.LabelManagedBy: v1.ManagedByValue},
 			Annotations: map[string]string{v1.AnnotationSpawnID: spawn, v1.AnnotationGPUUUID: "GPU-1",
+				v1.AnnotationUser: "Alice@example.com", v1.AnnotationServer: "lab",
 				v1.AnnotationMemoryMiB: "8192", v1.AnnotationComputePercent: "20", v1.AnnotationComputeLimitPercent: "40"}},
 		Spec:   corev1.PodSpec{NodeName: node},
 		Status: corev1.PodStatus{Phase: corev1.PodRunning},
@@ -37,7 +38,7 @@ func TestSliceFromPod(t *testing.T) {
 		wantErr []string
 	}{
 		{name: "complete pod", edit: func(*corev1.Pod) {},
-			want: SliceInfo{ID: "spawn-1", PodUID: uidA, Pod: "nb", Namespace: "ns", GPU: "GPU-1",
+			want: SliceInfo{ID: "spawn-1", PodUID: uidA, Pod: "nb", Namespace: "ns", User: "Alice@example.com", Server: "lab", GPU: "GPU-1",
 				Initial: v1.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 40}}},
 		{name: "every problem at once", edit: func(p *corev1.Pod) {
 			p.Annotations[v1.AnnotationMemoryMiB] = "lots"
@@ -85,15 +86,7 @@ func TestPodWatcherFollowsThisNodesPods(t *testing.T) {
 		notebookPod("elsewhere", "gpu-2", uidX, "spawn-9"))
 	var bad []error
 	w := NewPodWatcher(client, "gpu-1", func(err error) { bad = append(bad, err) })
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	ctx := runWatcher(t, w)
 	ids := func() []string {
 		var out []string
 		for _, s := range w.Slices() {
@@ -106,9 +99,18 @@ func TestPodWatcherFollowsThisNodesPods(t *testing.T) {
 		t.Error("ByPodUID(a) not found")
 	}
 
+	select { // the notice of spawn-1, if still pending
+	case <-w.Changed():
+	default:
+	}
 	b := notebookPod("b", "gpu-1", uidB, "spawn-2")
 	if _, err := client.CoreV1().Pods("ns").Create(ctx, b, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	select { // the agent prepares a new slice on this notice
+	case <-w.Changed():
+	case <-time.After(20 * time.Second):
+		t.Fatal("no change notice for the new pod within 20 s")
 	}
 	waitUntil(t, "spawn-2 added", func() bool { return cmp.Equal(ids(), []string{"spawn-1", "spawn-2"}) })
 
@@ -122,6 +124,38 @@ func TestPodWatcherFollowsThisNodesPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "deleted spawn-1 removed", func() bool { return len(ids()) == 0 })
+}
+
+func TestPodWatcherWithNamespaceSeesOnlyThatNamespace(t *testing.T) {
+	other := notebookPod("other-ns", "gpu-1", uidB, "spawn-2")
+	other.Namespace = "elsewhere"
+	client := fake.NewClientset(notebookPod("a", "gpu-1", uidA, "spawn-1"), other)
+	w := NewPodWatcher(client, "gpu-1", nil, WithNamespace("ns"))
+	runWatcher(t, w)
+	waitUntil(t, "synced", w.Synced)
+	var ids []string
+	for _, s := range w.Slices() {
+		ids = append(ids, s.ID)
+	}
+	if diff := cmp.Diff([]string{"spawn-1"}, ids); diff != "" {
+		t.Errorf("slices in namespace ns (-want +got):\n%s", diff)
+	}
+}
+
+// runWatcher runs w until t ends, and fails t if Run fails; the context
+// returned ends then too.
+func runWatcher(t *testing.T, w *PodWatcher) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return ctx
 }
 
 // waitUntil polls cond every 5 ms for up to 20 s.
@@ -141,7 +175,7 @@ func TestPidfdKillerKillsOnlyTheSameProcess(t *testing.T) {
 	start := func() *exec.Cmd {
 		cmd := exec.Command("sleep", "60")
 		if err := cmd.Start(); err != nil {
-			t.Skipf("sleep: %v", err)
+			t.Fatalf("sleep: %v", err)
 		}
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 		return cmd

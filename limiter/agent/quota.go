@@ -19,12 +19,72 @@ type QuotaStore interface {
 	WatchQuotaChanges(ctx context.Context, fn func(slice string)) error
 }
 
-// applyQuota brings slice s's quota file to its desired quota, if the
-// broker set one, and records the applied generation. It is level-based
-// and idempotent: a file that already holds the desired values is not
-// rewritten (the hook sees no new generation), but the applied generation
-// is still recorded once. Without a desired quota the pod env's initial
-// values stay in force and nothing is written.
+// prepareSlice lays out slice s's host directory the way the pod contract
+// needs it (ARCHITECTURE.md "Pod contract", "Quota region", "Usage region"):
+// <root>/slices/<id>/quota and .../usage at mode 0755 and root's, the usage
+// file created initialized at mode 0666 (only root can replace it), and, if
+// the quota path holds no valid quota file, the pod's initial slice written
+// as the first one (generation 1 or the next). The agent does this as soon as
+// it sees the pod, so the hook, which reads nothing else, normally finds its
+// quota before its first driver call (it waits up to 5 s for it). Nothing at
+// these paths is followed or blocks: what is not a regular file of the right
+// size is reported, not used; a quota path is replaced by rename. A bad usage
+// path is returned as an error after the quota was taken care of.
+func (a *Agent) prepareSlice(s SliceInfo) error {
+	dir := filepath.Join(a.cfg.HostRoot, v1.HostSlicesSubdir, s.ID)
+	for _, sub := range []string{"quota", "usage"} {
+		d := filepath.Join(dir, sub)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("slice %s: %w", s.ID, err)
+		}
+		// Lchown/Chmod the directory itself (not what a link would point at): 0755, root's.
+		st, err := os.Lstat(d)
+		if err != nil {
+			return fmt.Errorf("slice %s: %w", s.ID, err)
+		}
+		if !st.IsDir() {
+			return fmt.Errorf("slice %s: %s is %s, not a directory", s.ID, d, st.Mode().Type())
+		}
+		if st.Mode().Perm() != 0o755 {
+			if err := os.Chmod(d, 0o755); err != nil {
+				return fmt.Errorf("slice %s: %w", s.ID, err)
+			}
+		}
+	}
+	// A bad usage path (root in the container can plant anything there) is
+	// reported but stops nothing else: the quota must still be applied.
+	usageErr := region.CreateUsage(a.slicePath(s.ID, "usage", v1.UsageFileName))
+	if usageErr != nil {
+		usageErr = fmt.Errorf("slice %s: %w", s.ID, usageErr)
+	}
+	path := a.slicePath(s.ID, "quota", v1.QuotaFileName)
+	if _, err := region.ReadQuota(path); err == nil {
+		return usageErr
+	}
+	q := region.Quota{
+		SliceID:             s.ID,
+		MemoryLimitBytes:    uint64(max(s.Initial.MemoryMiB, 0)) * mib,
+		ComputePercent:      uint32(max(s.Initial.ComputePercent, 0)),
+		ComputeLimitPercent: uint32(max(s.Initial.ComputeLimitPercent, 0)),
+	}
+	if _, err := region.ParseUUID(s.GPU); err == nil {
+		q.GPUUUID = s.GPU
+	}
+	if err := region.WriteQuota(path, q); err != nil {
+		return errors.Join(usageErr, fmt.Errorf("slice %s: initial quota: %w", s.ID, err))
+	}
+	a.quotaMu.Lock()
+	a.limits[s.ID] = q.MemoryLimitBytes
+	a.quotaMu.Unlock()
+	return usageErr
+}
+
+// applyQuota prepares slice s (prepareSlice) and brings its quota file to
+// its desired quota, if the broker set one, and records the applied
+// generation. It is level-based and idempotent: a file that already holds
+// the desired values is not rewritten (the hook sees no new generation), but
+// the applied generation is still recorded once. Without a desired quota the
+// initial quota from the pod's annotations stays in force.
 func (a *Agent) applyQuota(ctx context.Context, s SliceInfo) error {
 	// The resync loop and the notification handler both apply quotas;
 	// region.WriteQuota must not run twice at once on one file, and the
@@ -32,6 +92,15 @@ func (a *Agent) applyQuota(ctx context.Context, s SliceInfo) error {
 	// are serialized.
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
+	prepErr := a.prepareSlice(s)
+	if err := a.applyDesired(ctx, s); err != nil {
+		return errors.Join(prepErr, err)
+	}
+	return prepErr
+}
+
+// applyDesired writes slice s's desired quota, if any (applyMu held).
+func (a *Agent) applyDesired(ctx context.Context, s SliceInfo) error {
 	d, err := a.quotas.DesiredQuota(ctx, s.ID)
 	if errors.Is(err, agentstore.ErrNotFound) {
 		return nil
@@ -49,20 +118,21 @@ func (a *Agent) applyQuota(ctx context.Context, s SliceInfo) error {
 		ComputePercent:      uint32(max(d.ComputePercent, 0)),
 		ComputeLimitPercent: uint32(max(d.ComputeLimitPercent, 0)),
 	}
+	if _, err := region.ParseUUID(s.GPU); err == nil {
+		want.GPUUUID = s.GPU
+	}
 	if err := want.Validate(); err != nil {
 		return fmt.Errorf("slice %s: desired quota generation %d: %w", s.ID, d.Generation, err)
 	}
 	cur, err := region.ReadQuota(path)
 	same := err == nil && cur.SliceID == want.SliceID && cur.MemoryLimitBytes == want.MemoryLimitBytes &&
-		cur.ComputePercent == want.ComputePercent && cur.ComputeLimitPercent == want.ComputeLimitPercent
+		cur.ComputePercent == want.ComputePercent && cur.ComputeLimitPercent == want.ComputeLimitPercent &&
+		cur.GPUUUID == want.GPUUUID
 	if same && done {
 		return nil
 	}
 	fileGen := cur.Generation
 	if !same {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return fmt.Errorf("slice %s: quota dir: %w", s.ID, err)
-		}
 		if err := region.WriteQuota(path, want); err != nil {
 			return fmt.Errorf("slice %s: %w", s.ID, err)
 		}

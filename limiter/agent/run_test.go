@@ -97,15 +97,7 @@ func TestRunReportsXidAtOnceAndKeepsOtherGPUs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	defer runAgent(t, a)()
 
 	sink.waitFor(t, "first report", func(r *recordingSink) bool { return len(r.reports) == 1 })
 	xid <- nvml.EventData{Device: e.lib.Devices[3], EventType: nvml.EventTypeXidCriticalError, EventData: 79}

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"io/fs"
 	"math"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -31,6 +34,11 @@ type gpuProcess struct {
 	SMPercent int
 	// Slice is the process's slice; nil when it belongs to none.
 	Slice *SliceInfo
+	// Hidden: the process is in its slice's pod (by cgroup) but has no slot
+	// in the slice's usage region, which every process that goes through
+	// the hook claims at cuInit: it reaches the GPU past the hook. Only set
+	// when the region was read.
+	Hidden bool
 }
 
 // sliceRound is one slice's figures in one sampling round.
@@ -44,6 +52,10 @@ type sliceRound struct {
 	MemoryKnown bool
 	Processes   []gpuProcess
 	Sample      agentstore.Sample
+	// UsageProblem says why the slice's usage region could not be used
+	// (replaced, not a regular file, corrupt); "" when it was read or does
+	// not exist yet.
+	UsageProblem string
 }
 
 // round is the result of one sampling pass over every device.
@@ -104,7 +116,8 @@ func (a *Agent) sampleRound(ctx context.Context) round {
 
 	for i := range local {
 		s := &local[i]
-		sr := &sliceRound{Info: *s, LimitBytes: a.limitBytes(*s)}
+		sr := &sliceRound{Info: *s, LimitBytes: a.limitBytes(*s), UsageProblem: usage[s.ID].err}
+		u := usage[s.ID]
 		sample := agentstore.Sample{
 			Slice:          s.ID,
 			At:             now,
@@ -124,6 +137,7 @@ func (a *Agent) sampleRound(ctx context.Context) round {
 			if p.Slice == nil || p.Slice.ID != s.ID {
 				continue
 			}
+			p.Hidden = u.read && p.PodUID != "" && !slices.Contains(u.pids, nsKey{pid: p.NSPid, start: p.StartTimeTicks})
 			sr.Processes = append(sr.Processes, p)
 			sm += p.SMPercent
 			if p.MemoryKnown {
@@ -146,7 +160,6 @@ func (a *Agent) sampleRound(ctx context.Context) round {
 				missing = append(missing, "process memory not available")
 			}
 		}
-		u := usage[s.ID]
 		if u.err != "" {
 			missing = append(missing, u.err)
 		} else {
@@ -319,24 +332,49 @@ type nsKey struct {
 type usageView struct {
 	lastKernel time.Time // zero: no launch recorded
 	pids       []nsKey
-	err        string // why the region could not be read; "" when it could
+	read       bool   // the region was read (pids are the slots)
+	err        string // why the region could not be used; "" when it was read or does not exist yet
 }
+
+// fileID names a file across renames: device and inode.
+type fileID struct{ dev, ino uint64 }
 
 func (a *Agent) slicePath(id, sub, file string) string {
 	return filepath.Join(a.cfg.HostRoot, v1.HostSlicesSubdir, id, sub, file)
 }
 
 // readUsage reads slice id's usage region. A missing file means no hooked
-// process has started yet: no launch recorded.
+// process has started yet (the agent creates it): no launch recorded. The
+// first file seen is remembered (device, inode); a file that is not that one
+// any more (replaced, possible for root in the container) is not read, and
+// the reason is reported: the hooks that still map the first one fail
+// closed, and the processes that account elsewhere are not believed.
+// Called from the sampling goroutine only.
 func (a *Agent) readUsage(id string) usageView {
-	u, err := region.ReadUsage(a.slicePath(id, "usage", v1.UsageFileName))
+	path := a.slicePath(id, "usage", v1.UsageFileName)
+	st, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) {
+		delete(a.usageIDs, id)
 		return usageView{}
 	}
-	if err != nil {
-		return usageView{err: "usage region unreadable"}
+	if err == nil && !st.Mode().IsRegular() {
+		return usageView{err: "usage region unusable: not a regular file"}
 	}
-	var v usageView
+	if err == nil {
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			cur := fileID{dev: uint64(sys.Dev), ino: sys.Ino}
+			if first, seen := a.usageIDs[id]; !seen {
+				a.usageIDs[id] = cur
+			} else if first != cur {
+				return usageView{err: "usage region replaced: it is not the file the agent created"}
+			}
+		}
+	}
+	u, err := region.ReadUsage(path)
+	if err != nil {
+		return usageView{err: "usage region unusable: " + usageReason(err)}
+	}
+	v := usageView{read: true}
 	for _, p := range u.Processes {
 		if p.LastLaunch.After(v.lastKernel) {
 			v.lastKernel = p.LastLaunch
@@ -366,4 +404,15 @@ func (a *Agent) limitBytes(s SliceInfo) uint64 {
 	a.limits[s.ID] = l
 	a.quotaMu.Unlock()
 	return l
+}
+
+// usageReason is err without the path: what the sample and the audit say.
+func usageReason(err error) string {
+	switch {
+	case errors.Is(err, region.ErrNotRegular):
+		return "not a regular file"
+	case errors.Is(err, region.ErrCorrupt):
+		return "corrupt (wrong size or header)"
+	}
+	return err.Error()
 }

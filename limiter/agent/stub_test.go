@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -70,7 +69,11 @@ func readStub(t *testing.T, env []string) stubState {
 
 // TestAgentOnStubDriver runs the agent with the real go-nvml bindings on
 // the stub libnvidia-ml.so.1 while a hooked program allocates and launches
-// on the stub libcuda.so.1, with a real redis-server.
+// on the stub libcuda.so.1, with a real redis-server. The agent prepares the
+// slice (directories, usage region, first quota from the pod) before the
+// program starts, as it does when it sees a new pod; a process in no pod
+// (the host's) is reported, never stopped; a process of the slice that
+// allocates past the hook is stopped by the default policy.
 func TestAgentOnStubDriver(t *testing.T) {
 	stubtest.Need(t)
 	dir := t.TempDir()
@@ -81,40 +84,21 @@ func TestAgentOnStubDriver(t *testing.T) {
 	root := filepath.Join(dir, "host")
 	const id = "spawn-7f3a"
 	sliceDir := filepath.Join(root, v1.HostSlicesSubdir, id)
-	for _, sub := range []string{"quota", "usage"} {
-		if err := os.MkdirAll(filepath.Join(sliceDir, sub), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
 	quotaFile := filepath.Join(sliceDir, "quota", v1.QuotaFileName)
 	env := append(stubtest.Environ(), stubEnv, "LD_LIBRARY_PATH="+stubtest.StubDir())
-	progEnv := append(append([]string{}, env...),
-		"LD_PRELOAD="+stubtest.HookLibrary(),
-		v1.EnvSliceID+"="+id, v1.EnvGPUUUID+"="+stubtest.DeviceUUID,
-		v1.EnvQuotaFile+"="+quotaFile, v1.EnvUsageFile+"="+filepath.Join(sliceDir, "usage", v1.UsageFileName),
-		v1.EnvMemoryLimitMiB+"=1024", v1.EnvComputePercent+"=50", v1.EnvComputeLimitPercent+"=50")
 
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	store := agentstore.New(rdb, srv.Prefix(t))
 	clock := &fakeClock{now: time.Now()}
-	pods := StaticPods{{ID: id, PodUID: uidA, Pod: "nb", Namespace: "ns", GPU: stubtest.DeviceUUID,
+	pods := StaticPods{{ID: id, PodUID: uidA, Pod: "nb", Namespace: "ns", User: "alice", Server: "lab", GPU: stubtest.DeviceUUID,
 		Initial: v1.Slice{MemoryMiB: 1024, ComputePercent: 50, ComputeLimitPercent: 50}}}
-	// Kill mode with the real pidfd killer: the hooked program stays within
-	// its slice; an unhooked one started later belongs to no slice.
-	a, err := New(Config{Node: "gpu-1", HostRoot: root, TrustUsagePIDs: true, Enforcement: Policy{Mode: ModeKill, Samples: 2, OrphanGrace: time.Second}},
+	// The default policy (stop) with the real pidfd killer.
+	a, err := New(Config{Node: "gpu-1", HostRoot: root, TrustUsagePIDs: true, Enforcement: Policy{Samples: 2, OrphanGrace: time.Second}},
 		Deps{NVML: nvml.New(nvml.WithLibraryPath(filepath.Join(stubtest.StubDir(), "libnvidia-ml.so.1"))),
 			Samples: store, Quotas: store, Audit: store, Pods: pods, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
-	}
-
-	prog := stubtest.Start(t, progEnv)
-	if res, _ := prog.Do("alloc linear 268435456"); res != 0 {
-		t.Fatalf("alloc 256 MiB: CUresult %d", res)
-	}
-	if res, _ := prog.Do("saturate busy_100us 264 300"); res != 0 {
-		t.Fatalf("saturate: CUresult %d", res)
 	}
 
 	ctx, cancel := context.WithCancel(t.Context())
@@ -131,6 +115,20 @@ func TestAgentOnStubDriver(t *testing.T) {
 		}
 	}
 	t.Cleanup(stop)
+
+	// The agent prepares the slice at once: its first quota is the pod's.
+	stubtest.Eventually(t, "the slice's first quota file", func() (bool, string) {
+		q, err := region.ReadQuota(quotaFile)
+		return err == nil && q.MemoryLimitBytes == 1024*mib && q.Generation == 1 && q.GPUUUID == stubtest.DeviceUUID, fmt.Sprintf("%+v %v", q, err)
+	})
+	quotaDir, usageDir := filepath.Join(sliceDir, "quota"), filepath.Join(sliceDir, "usage")
+	prog := stubtest.StartInSlice(t, env, quotaDir, usageDir)
+	if res, _ := prog.Do("alloc linear 268435456"); res != 0 {
+		t.Fatalf("alloc 256 MiB: CUresult %d", res)
+	}
+	if res, _ := prog.Do("saturate busy_100us 264 300"); res != 0 {
+		t.Fatalf("saturate: CUresult %d", res)
+	}
 
 	// Inventory: the heartbeat registers the stub GPU as NVML describes it.
 	stubtest.Eventually(t, "node report", func() (bool, string) {
@@ -149,12 +147,28 @@ func TestAgentOnStubDriver(t *testing.T) {
 		t.Fatalf("stub processes %+v, want cudaprog's pid %d only", st.Procs, prog.Pid())
 	}
 	wantMiB := int64((st.Procs[0].MemBytes + mib - 1) / mib)
-	clock.fire(t.Context(), time.Second)
+	// NVML's utilization sample covers the time since the previous query
+	// (the hook's own pace controller queries too): on a loaded machine the
+	// agent's round may find a window after the launches ended. Saturate
+	// again before each of up to five rounds until one measures the work.
 	var s agentstore.Sample
-	stubtest.Eventually(t, "first sample", func() (bool, string) {
-		s, err = store.LatestSample(t.Context(), id)
-		return err == nil, fmt.Sprint(err)
-	})
+	for try := 0; ; try++ {
+		if try > 0 {
+			if res, _ := prog.Do("saturate busy_100us 264 300"); res != 0 {
+				t.Fatalf("saturate: CUresult %d", res)
+			}
+		}
+		clock.Advance(time.Second)
+		clock.fire(t.Context(), time.Second)
+		want := clock.Now().Truncate(time.Millisecond)
+		stubtest.Eventually(t, "the round's sample", func() (bool, string) {
+			s, err = store.LatestSample(t.Context(), id)
+			return err == nil && s.At.Equal(want), fmt.Sprint(s.At, err)
+		})
+		if (s.SMPercent != nil && *s.SMPercent > 0) || try == 4 {
+			break
+		}
+	}
 	t.Logf("stub: %+v; sample: sm %v mem %v np %v lk %v", st.Procs, deref(s.SMPercent), deref(s.MemoryUsedMiB), deref(s.Processes), s.LastKernel)
 	if s.MemoryUsedMiB == nil || *s.MemoryUsedMiB != wantMiB || wantMiB < 256 {
 		t.Errorf("sample memory %v MiB, want the stub's %d MiB (>= 256)", s.MemoryUsedMiB, wantMiB)
@@ -191,8 +205,8 @@ func TestAgentOnStubDriver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if q.MemoryLimitBytes != 512*mib || q.SliceID != id || q.Generation != 1 {
-		t.Errorf("quota file %+v, want 512 MiB for %s at generation 1", q, id)
+	if q.MemoryLimitBytes != 512*mib || q.SliceID != id || q.Generation != 2 {
+		t.Errorf("quota file %+v, want 512 MiB for %s at generation 2 (after the initial 1)", q, id)
 	}
 	if res, vals := prog.Do("waitoom 314572800 5000"); res != 2 {
 		t.Errorf("300 MiB more under the new 512 MiB cap: CUresult %d (%v), want 2 (out of memory)", res, vals)
@@ -203,12 +217,18 @@ func TestAgentOnStubDriver(t *testing.T) {
 		return err == nil && s.MemoryLimitMiB == 512, fmt.Sprintf("%+v %v", s, err)
 	})
 
-	// Bypass: a program without the hook, in no slice, is killed after two
-	// samples a second apart (the orphan grace), with an audit record; the
-	// hooked program is untouched.
-	rogue := stubtest.Start(t, env)
-	if res, _ := rogue.Do("alloc linear 2147483648"); res != 0 {
-		t.Fatalf("unhooked alloc of 2 GiB: CUresult %d", res)
+	// A program of the host (no pod, no hook) using the GPU is reported
+	// after two samples a second apart (the orphan grace), and left alone.
+	// A second process of the slice allocates 2 GiB from the driver's own
+	// symbol table, past the hook: the slice is over its cap, and its
+	// largest process, that one, is stopped.
+	host := stubtest.Start(t, env)
+	if res, _ := host.Do("alloc linear 67108864"); res != 0 {
+		t.Fatalf("unhooked host alloc of 64 MiB: CUresult %d", res)
+	}
+	bypass := stubtest.StartInSlice(t, env, quotaDir, usageDir)
+	if res, _ := bypass.Do("rawalloc 2147483648"); res != 0 {
+		t.Fatalf("2 GiB past the hook: CUresult %d", res)
 	}
 	for range 2 {
 		clock.Advance(time.Second)
@@ -222,24 +242,32 @@ func TestAgentOnStubDriver(t *testing.T) {
 		})
 	}
 	select {
-	case <-rogue.Exited():
-		if err := rogue.WaitErr(); err == nil || !strings.Contains(err.Error(), "killed") {
-			t.Errorf("unhooked program ended with %v, want killed", err)
+	case <-bypass.Exited():
+		if err := bypass.WaitErr(); err == nil || !strings.Contains(err.Error(), "killed") {
+			t.Errorf("the process past the hook ended with %v, want killed", err)
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatal("unhooked program not killed within 20 s")
+		t.Fatal("the process past the hook was not stopped within 20 s")
 	}
-	stubtest.Eventually(t, "audit record", func() (bool, string) {
+	stubtest.Eventually(t, "audit records", func() (bool, string) {
 		recs, err := store.RecentAudit(t.Context(), 10)
-		if err != nil || len(recs) != 1 {
+		if err != nil || len(recs) != 2 {
 			return false, fmt.Sprintf("%+v %v", recs, err)
 		}
-		r := recs[0]
-		return r.Action == "kill" && r.Reason == "no-slice" && r.PID == uint32(rogue.Pid()) &&
-			r.GPU == stubtest.DeviceUUID && r.MemoryUsedMiB == 2048, fmt.Sprintf("%+v", r)
+		byReason := map[string]agentstore.AuditRecord{}
+		for _, r := range recs {
+			byReason[r.Reason] = r
+		}
+		o, h := byReason[agentstore.ReasonOverMemory], byReason[agentstore.ReasonNoSlice]
+		return o.Action == agentstore.ActionKill && o.PID == uint32(bypass.Pid()) && o.Slice == id && o.User == "alice" && o.Server == "lab" &&
+				o.MemoryLimitMiB == 512 && o.MemoryUsedMiB >= 2048 && o.ProcessMemoryMiB >= 2048 &&
+				h.Action == agentstore.ActionReport && h.PID == uint32(host.Pid()) && h.MemoryUsedMiB == 64,
+			fmt.Sprintf("%+v", recs)
 	})
-	if res, _ := prog.Do("meminfo"); res != 0 {
-		t.Errorf("hooked program after the kill: CUresult %d, want it alive and well", res)
+	for name, p := range map[string]*stubtest.Prog{"the hooked program": prog, "the host's program": host} {
+		if res, _ := p.Do("meminfo"); res != 0 {
+			t.Errorf("%s after the kill: CUresult %d, want it alive and well", name, res)
+		}
 	}
 
 	// The agent stops: its last sample is stale within three intervals.
@@ -254,6 +282,89 @@ func TestAgentOnStubDriver(t *testing.T) {
 	if !last.Stale(clock.Now().Add(3*time.Second + time.Millisecond)) {
 		t.Error("last sample not stale after three intervals without samples")
 	}
+}
+
+// TestAgentStopsAnUnhookedProcessOfASlice: a process of a slice's pod (its
+// cgroup names the pod) that runs without the hook and holds 2 GiB of a
+// 1 GiB slice is, by default, stopped within the configured samples and
+// audited; in report mode it is only reported.
+func TestAgentStopsAnUnhookedProcessOfASlice(t *testing.T) {
+	stubtest.Need(t)
+	for _, mode := range []Mode{"", ModeReport} {
+		t.Run("mode "+string(or(mode, "default")), func(t *testing.T) {
+			dir := t.TempDir()
+			t.Setenv("GPUBROKER_STUB_STATE", filepath.Join(dir, "stub.state"))
+			env := append(stubtest.Environ(), "GPUBROKER_STUB_STATE="+filepath.Join(dir, "stub.state"), "LD_LIBRARY_PATH="+stubtest.StubDir())
+			rogue := stubtest.Start(t, env)
+			if res, _ := rogue.Do("alloc linear 2147483648"); res != 0 {
+				t.Fatalf("unhooked alloc of 2 GiB: CUresult %d", res)
+			}
+			pid := uint32(rogue.Pid())
+			start, err := ProcFS{Root: "/proc"}.StartTime(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			proc := newFakeProc(t)
+			proc.add(pid, pid, start, uidA, testCID) // in the slice's pod
+
+			audit := &fakeAudit{}
+			clock := &fakeClock{now: time.Now()}
+			const samples = 3
+			pods := StaticPods{{ID: "spawn-u", PodUID: uidA, Pod: "nb", Namespace: "ns", User: "alice", Server: "lab", GPU: stubtest.DeviceUUID,
+				Initial: v1.Slice{MemoryMiB: 1024, ComputePercent: 50, ComputeLimitPercent: 50}}}
+			a, err := New(Config{Node: "gpu-1", HostRoot: filepath.Join(dir, "host"), Enforcement: Policy{Mode: mode, Samples: samples}},
+				Deps{NVML: nvml.New(nvml.WithLibraryPath(filepath.Join(stubtest.StubDir(), "libnvidia-ml.so.1"))),
+					Samples: nullStore{}, Quotas: nullStore{}, Audit: audit, Pods: pods, Proc: ProcFS{Root: proc.root}, Clock: clock})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer runAgent(t, a)()
+			usage := filepath.Join(dir, "host", v1.HostSlicesSubdir, "spawn-u", "usage", v1.UsageFileName)
+			stubtest.Eventually(t, "the slice's usage region", func() (bool, string) {
+				_, err := region.ReadUsage(usage)
+				return err == nil, fmt.Sprint(err)
+			})
+			for i := range samples {
+				clock.fire(t.Context(), time.Second)
+				stubtest.Eventually(t, "the round's enforcement", func() (bool, string) {
+					n := audit.count()
+					return i < samples-1 || n > 0, fmt.Sprint(n)
+				})
+			}
+			recs := audit.all()
+			if len(recs) != 1 {
+				t.Fatalf("audit %+v, want one record", recs)
+			}
+			r := recs[0]
+			wantAction := agentstore.ActionKill
+			if mode == ModeReport {
+				wantAction = agentstore.ActionReport
+			}
+			if r.Action != wantAction || r.Reason != agentstore.ReasonOverMemory || r.PID != pid || r.User != "alice" || r.Server != "lab" ||
+				r.MemoryUsedMiB != 2048 || r.MemoryLimitMiB != 1024 || r.Samples != samples {
+				t.Errorf("audit record %+v, want %s over-memory of pid %d: 2048 of 1024 MiB after %d samples", r, wantAction, pid, samples)
+			}
+			if mode == ModeReport {
+				if res, _ := rogue.Do("meminfo"); res != 0 {
+					t.Errorf("reported process: CUresult %d, want it alive", res)
+				}
+				return
+			}
+			select {
+			case <-rogue.Exited():
+			case <-time.After(20 * time.Second):
+				t.Fatal("the unhooked process was not stopped within 20 s")
+			}
+		})
+	}
+}
+
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
 }
 
 // waitSubscribed polls PUBSUB NUMSUB until channel has a subscriber.
@@ -294,23 +405,27 @@ func TestPaceFeedSteersASliceWhosePidsTheHookCannotSee(t *testing.T) {
 	root := filepath.Join(dir, "host")
 	const id = "spawn-pace"
 	sliceDir := filepath.Join(root, v1.HostSlicesSubdir, id)
-	for _, sub := range []string{"quota", "usage"} {
-		if err := os.MkdirAll(filepath.Join(sliceDir, sub), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
 	env := append(stubtest.Environ(), "GPUBROKER_STUB_STATE="+filepath.Join(dir, "stub.state"),
 		"GPUBROKER_STUB_NVML_PID_OFFSET="+strconv.Itoa(offset),
 		"LD_LIBRARY_PATH="+stubtest.StubDir())
 	usageFile := filepath.Join(sliceDir, "usage", v1.UsageFileName)
-	progEnv := append(append([]string{}, env...),
-		"LD_PRELOAD="+stubtest.HookLibrary(),
-		v1.EnvSliceID+"="+id, v1.EnvGPUUUID+"="+stubtest.DeviceUUID,
-		v1.EnvQuotaFile+"="+filepath.Join(sliceDir, "quota", v1.QuotaFileName), v1.EnvUsageFile+"="+usageFile,
-		v1.EnvMemoryLimitMiB+"=4096", v1.EnvComputePercent+"=25", v1.EnvComputeLimitPercent+"=25")
-
+	pods := StaticPods{{ID: id, PodUID: uidA, Pod: "nb", Namespace: "ns", GPU: stubtest.DeviceUUID,
+		Initial: v1.Slice{MemoryMiB: 4096, ComputePercent: 25, ComputeLimitPercent: 25}}}
+	srv := redistest.Start(t)
+	store := agentstore.New(srv.Client(t), srv.Prefix(t))
+	proc := newFakeProc(t)
 	lib := nvml.New(nvml.WithLibraryPath(filepath.Join(stubtest.StubDir(), "libnvidia-ml.so.1")))
-	prog := stubtest.Start(t, progEnv)
+	a, err := New(Config{Node: "gpu-1", HostRoot: root, SampleInterval: 200 * time.Millisecond, PaceInterval: 50 * time.Millisecond,
+		Enforcement: Policy{Mode: ModeOff}},
+		Deps{NVML: lib, Samples: store, Quotas: store, Audit: store, Pods: pods, Proc: ProcFS{Root: proc.root}, Killer: &fakeKiller{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As when the agent sees the pod: the slice is ready before its first process.
+	if err := a.prepareSlice(pods[0]); err != nil {
+		t.Fatal(err)
+	}
+	prog := stubtest.StartInSlice(t, env, filepath.Join(sliceDir, "quota"), filepath.Join(sliceDir, "usage"))
 	if res, _ := prog.Do("alloc linear 1048576"); res != 0 { // creates the context: NVML lists the process
 		t.Fatalf("alloc: CUresult %d", res)
 	}
@@ -319,28 +434,9 @@ func TestPaceFeedSteersASliceWhosePidsTheHookCannotSee(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proc := newFakeProc(t)
 	proc.add(pid+offset, pid, start, uidA, testCID)
 
-	srv := redistest.Start(t)
-	store := agentstore.New(srv.Client(t), srv.Prefix(t))
-	pods := StaticPods{{ID: id, PodUID: uidA, Pod: "nb", Namespace: "ns", GPU: stubtest.DeviceUUID,
-		Initial: v1.Slice{MemoryMiB: 4096, ComputePercent: 25, ComputeLimitPercent: 25}}}
-	a, err := New(Config{Node: "gpu-1", HostRoot: root, SampleInterval: 200 * time.Millisecond, PaceInterval: 50 * time.Millisecond,
-		Enforcement: Policy{Mode: ModeOff}},
-		Deps{NVML: lib, Samples: store, Quotas: store, Audit: store, Pods: pods, Proc: ProcFS{Root: proc.root}, Killer: &fakeKiller{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	defer runAgent(t, a)()
 
 	// Kernels of 300 µs blocks: the hook's start rate assumes 100 µs, so
 	// without measurements the slice would run at about 75 %. Warm up while

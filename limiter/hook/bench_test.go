@@ -18,8 +18,9 @@ func BenchmarkHookOverhead(b *testing.B) {
 	for range b.N {
 		dev := newDevice(b)
 		f := dev.newSlice("s")
-		cmd := exec.Command(filepath.Join(buildDir(), "bench"))
-		cmd.Env = dev.env(f, slice{MemoryMiB: 1024, ComputePercent: 50, ComputeLimitPercent: 50}, true)
+		dev.initialQuota(f, slice{MemoryMiB: 1024, ComputePercent: 50, ComputeLimitPercent: 50})
+		cmd := exec.Command(filepath.Join(buildDir(), "podrun"), "-q", f.QuotaDir, "-u", f.UsageDir, filepath.Join(buildDir(), "bench"))
+		cmd.Env = dev.env(true, nil)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			b.Fatalf("bench: %v\n%s", err, out)

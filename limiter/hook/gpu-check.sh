@@ -5,8 +5,11 @@
 #   limiter/hook/gpu-check.sh            # from the repository root or anywhere
 #
 # Needs: an NVIDIA GPU and driver (libcuda.so.1, libnvidia-ml.so.1,
-# nvidia-smi), nvcc (CUDA 12.x), gcc and make. Optional: python3 with torch
-# for the torch.cuda.mem_get_info check.
+# nvidia-smi), nvcc (CUDA 12.x), gcc and make, and root (or unprivileged user
+# namespaces): the production hook reads its slice only at the fixed in-pod
+# paths, so each hooked run goes through build/podrun, which mounts a slice
+# laid out by build/regionctl there (quota read-only), as in a pod. Optional:
+# python3 with torch for the torch.cuda.mem_get_info check.
 #
 # It prints, in order:
 #   1. the memory cap under cudaMalloc, cudaMallocAsync and cudaMalloc3DArray,
@@ -16,6 +19,11 @@
 #      hook divided by the throughput without it       (RUN_SECONDS each, default 10)
 #   4. launch overhead: host ns per empty launch, native and hooked (50 % slice,
 #      under its share), the difference and the ratio
+#   5. the hostile-tenant checks on the real driver: the hook's old variables
+#      set wider change nothing, dlmopen of the driver is refused, the driver
+#      opened by its absolute path stays capped, and (shown, not a failure)
+#      what a program that reads the driver's symbol table itself gets past
+#      the hook: the node agent's NVML view catches that
 # and exits 1 if a cap is broken or a share misses its target by more than
 # 5 points. Run it on an otherwise idle GPU (other work skews the shares) and
 # outside a container: without the node agent, the hook's compute feedback
@@ -43,24 +51,27 @@ require() {
 
 build() {
 	section "build"
-	make -C "$here" -s build/libgpulimit.so
+	make -C "$here" -s build/libgpulimit.so build/podrun build/regionctl
+	# cudaprog against the real driver (cuda_subset.h is the driver's ABI).
+	gcc -std=c11 -O2 -I"$here/include" -I"$here/src" -o "$work/cudaprog" "$here/tests/cudaprog.c" "$here/src/elf.c" \
+		-lcuda -lnvidia-ml -ldl -lpthread
 	local arch
 	arch=$(nvidia-smi -i "$GPU_INDEX" --query-gpu=compute_cap --format=csv,noheader | tr -d '.')
 	nvcc -O2 -arch="sm_${arch}" -o "$work/gpu_check" "$here/tests/gpu_check.cu"
 	nvidia-smi -i "$GPU_INDEX" --query-gpu=name,uuid,memory.total,driver_version --format=csv,noheader
 }
 
-# hooked PERCENT LIMIT_PERCENT CMD...: run CMD with the hook and a fresh slice.
+# hooked PERCENT LIMIT_PERCENT CMD...: run CMD with the hook in a fresh
+# slice of MEM_MIB, mounted at the fixed in-pod paths (extra environment in
+# HOOKED_ENV, e.g. a tenant's own variables).
 hooked() {
 	local pct=$1 lim=$2
 	shift 2
 	local slice="$work/slice-$pct-$lim-$RANDOM"
-	mkdir -p "$slice"
-	env CUDA_VISIBLE_DEVICES="$GPU_INDEX" \
-		GPUBROKER_SLICE_ID=gpu-check GPUBROKER_GPU_UUID="$GPU_UUID" \
-		GPUBROKER_MEMORY_LIMIT_MIB="$MEM_MIB" GPUBROKER_COMPUTE_PERCENT="$pct" GPUBROKER_COMPUTE_LIMIT_PERCENT="$lim" \
-		GPUBROKER_QUOTA_FILE="$slice/quota.bin" GPUBROKER_USAGE_FILE="$slice/usage.bin" \
-		GPUBROKER_LIMITER_LOG=warn LD_PRELOAD="$here/build/libgpulimit.so" "$@"
+	"$here/build/regionctl" "$slice" "$MEM_MIB" "$pct" "$lim" "$GPU_UUID"
+	env CUDA_VISIBLE_DEVICES="$GPU_INDEX" GPUBROKER_LIMITER_LOG=warn ${HOOKED_ENV:-} \
+		"$here/build/podrun" -q "$slice/quota" -u "$slice/usage" \
+		env LD_PRELOAD="$here/build/libgpulimit.so" "$@"
 }
 
 native() {
@@ -115,14 +126,39 @@ check_launch() {
 	awk -v n="$nat" -v h="$hk" 'BEGIN { printf "native %.1f ns, hooked %.1f ns, added %.1f ns, ratio %.2f\n", n, h, h - n, h / n }'
 }
 
+# reply CMD: the CUresult of cudaprog's reply to CMD (its second word).
+reply() {
+	awk -v c="$1" '$1 == c { print $2; exit }'
+}
+
+check_tenant() {
+	section "5. hostile tenant (real driver, slice ${MEM_MIB} MiB)"
+	local bytes=$(((MEM_MIB + 1024) * 1024 * 1024)) out
+	out=$(HOOKED_ENV="GPUBROKER_MEMORY_LIMIT_MIB=$((MEM_MIB * 16)) GPUBROKER_QUOTA_FILE=/tmp/none" \
+		hooked 100 100 "$work/cudaprog" alloc linear "$bytes" , meminfo)
+	echo "$out"
+	[ "$(echo "$out" | reply alloc)" = 2 ] || fail "wider variables let ${bytes} bytes through a ${MEM_MIB} MiB slice"
+	out=$(hooked 100 100 "$work/cudaprog" dlmopen libcuda.so.1 "$bytes" 2>&1)
+	echo "$out"
+	echo "$out" | grep -q '^dlmopen 800 0' || fail "dlmopen of the driver was not refused"
+	local lib
+	lib=$(ldconfig -p | awk '/libcuda\.so\.1 / { print $NF; exit }')
+	out=$(hooked 100 100 "$work/cudaprog" -a "$lib" alloc linear "$bytes")
+	echo "$out (driver by its path $lib)"
+	[ "$(echo "$out" | reply alloc)" = 2 ] || fail "the driver opened by its path let ${bytes} bytes through"
+	out=$(hooked 100 100 "$work/cudaprog" rawalloc "$bytes")
+	echo "$out (the driver's table read by hand: past the hook; the node agent stops it)"
+}
+
 main() {
-	require nvidia-smi nvcc make gcc awk
+	require nvidia-smi nvcc make gcc awk ldconfig
 	GPU_UUID=$(nvidia-smi -i "$GPU_INDEX" --query-gpu=uuid --format=csv,noheader)
 	build
 	check_memory
 	check_torch
 	check_share
 	check_launch
+	check_tenant
 	section "result"
 	if [ "$failed" -ne 0 ]; then
 		echo "FAILED"

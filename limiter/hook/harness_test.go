@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,9 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
+	"github.com/gpubroker/gpubroker/limiter/region"
 )
 
 // CUresult values the tests compare against.
@@ -24,6 +28,8 @@ const (
 	cudaSuccess      = 0
 	cudaInvalidValue = 1
 	cudaOutOfMemory  = 2
+	cudaNotPermitted = 800
+	cudaNotSupported = 801
 )
 
 const mib = 1 << 20
@@ -46,16 +52,12 @@ func hookDir() string {
 func buildDir() string { return filepath.Join(hookDir(), "build") }
 
 // needBuild builds the C artifacts once per test binary (make is a no-op when
-// they are up to date). Without gcc or make it skips, or fails when CI=true.
+// they are up to date). Without gcc, the C headers or make it fails, naming
+// the package to install (skips under -short).
 func needBuild(t testing.TB) {
 	t.Helper()
-	for _, tool := range []string{"gcc", "make"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is required in CI: %v", tool, err)
-			}
-			t.Skipf("%s not found: %v", tool, err)
-		}
+	for _, tool := range []string{"gcc", "/usr/include/stdio.h", "make"} {
+		testdeps.Need(t, tool)
 	}
 	buildOnce.Do(func() {
 		out, err := exec.Command("make", "-C", hookDir(), "-j2").CombinedOutput()
@@ -68,11 +70,22 @@ func needBuild(t testing.TB) {
 	}
 }
 
-// slice describes one slice's hook configuration: the pod env.
+// slice is the quota the node agent writes first for a slice (generation 1),
+// from its pod's annotations. The zero value writes no quota file.
 type slice struct {
-	MemoryMiB           uint64 // GPUBROKER_MEMORY_LIMIT_MIB; 0 = unset
-	ComputePercent      int    // GPUBROKER_COMPUTE_PERCENT; 0 = unset
-	ComputeLimitPercent int    // GPUBROKER_COMPUTE_LIMIT_PERCENT; 0 = unset
+	MemoryMiB           uint64 // memory cap per device, MiB
+	ComputePercent      int    // guaranteed SM share, 1..100; 0 with MemoryMiB 0: no file
+	ComputeLimitPercent int    // burst ceiling; 0 = ComputePercent
+}
+
+// quota is s as a quota region value.
+func (s slice) quota() region.Quota {
+	lim := s.ComputeLimitPercent
+	if lim == 0 {
+		lim = s.ComputePercent
+	}
+	return region.Quota{SliceID: "test-slice", MemoryLimitBytes: s.MemoryMiB * mib,
+		ComputePercent: uint32(s.ComputePercent), ComputeLimitPercent: uint32(lim)}
 }
 
 // device is one simulated GPU (one stub state file) shared by the processes a test starts.
@@ -81,31 +94,88 @@ type device struct {
 	dir   string
 	state string
 	extra []string // additional env for every process, e.g. stub settings
+
+	mu      sync.Mutex
+	procs   []*proc
+	expired bool // within's deadline passed: every process was killed
+}
+
+// within gives the test a deadline: when it passes, every process of the
+// device is killed, so whatever the test waits for fails at once with the
+// processes' stderr instead of hanging.
+func (d *device) within(limit time.Duration) {
+	timer := time.AfterFunc(limit, func() {
+		d.mu.Lock()
+		d.expired = true
+		procs := slices.Clone(d.procs)
+		d.mu.Unlock()
+		for _, p := range procs {
+			_ = p.cmd.Process.Kill()
+		}
+	})
+	d.t.Cleanup(func() {
+		timer.Stop()
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.expired {
+			d.t.Errorf("the test passed its %v deadline: its processes were killed", limit)
+		}
+	})
 }
 
 func newDevice(t testing.TB, extra ...string) *device {
 	t.Helper()
 	needBuild(t)
+	needPodrun(t)
 	dir := t.TempDir()
 	return &device{t: t, dir: dir, state: filepath.Join(dir, "stub.state"), extra: extra}
 }
 
-// sliceFiles are one slice's quota and usage files.
+// sliceFiles are one slice's directories and files on the host, laid out as
+// the node agent lays them out (<slice>/quota, <slice>/usage, both 0755; the
+// usage file initialized at 0666). podrun mounts the two directories at the
+// fixed in-pod paths, the quota one read-only.
 type sliceFiles struct {
-	Quota, Usage string
+	QuotaDir, UsageDir string
+	Quota, Usage       string
 }
 
-// newSlice returns fresh quota and usage paths (the files do not exist yet).
+// newSlice lays out a fresh slice directory with its usage file and no quota file.
 func (d *device) newSlice(name string) sliceFiles {
+	d.t.Helper()
 	dir := filepath.Join(d.dir, name)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	f := sliceFiles{QuotaDir: filepath.Join(dir, "quota"), UsageDir: filepath.Join(dir, "usage")}
+	f.Quota, f.Usage = filepath.Join(f.QuotaDir, "quota.bin"), filepath.Join(f.UsageDir, "usage.bin")
+	for _, sub := range []string{dir, f.QuotaDir, f.UsageDir} {
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			d.t.Fatal(err)
+		}
+		if err := os.Chmod(sub, 0o755); err != nil {
+			d.t.Fatal(err)
+		}
+	}
+	if err := region.CreateUsage(f.Usage); err != nil {
 		d.t.Fatal(err)
 	}
-	return sliceFiles{Quota: filepath.Join(dir, "quota.bin"), Usage: filepath.Join(dir, "usage.bin")}
+	return f
 }
 
-// env builds the environment of a hooked process of slice s.
-func (d *device) env(f sliceFiles, s slice, hooked bool) []string {
+// initialQuota writes s as the slice's first quota file unless one exists.
+func (d *device) initialQuota(f sliceFiles, s slice) {
+	d.t.Helper()
+	if s == (slice{}) {
+		return
+	}
+	if _, err := os.Lstat(f.Quota); err == nil {
+		return
+	}
+	if err := region.WriteQuota(f.Quota, s.quota()); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// env builds the environment of a process: the stub driver, and the hook if hooked.
+func (d *device) env(hooked bool, extra []string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "GPUBROKER_") && !strings.HasPrefix(kv, "LD_PRELOAD=") && !strings.HasPrefix(kv, "LD_LIBRARY_PATH=") {
@@ -115,23 +185,99 @@ func (d *device) env(f sliceFiles, s slice, hooked bool) []string {
 	env = append(env,
 		"LD_LIBRARY_PATH="+filepath.Join(buildDir(), "stub"),
 		"GPUBROKER_STUB_STATE="+d.state,
-		"GPUBROKER_QUOTA_FILE="+f.Quota,
-		"GPUBROKER_USAGE_FILE="+f.Usage,
-		"GPUBROKER_SLICE_ID=test-slice",
 	)
 	if hooked {
 		env = append(env, "LD_PRELOAD="+filepath.Join(buildDir(), "libgpulimit.so"))
 	}
-	if s.MemoryMiB != 0 {
-		env = append(env, fmt.Sprintf("GPUBROKER_MEMORY_LIMIT_MIB=%d", s.MemoryMiB))
+	env = append(env, d.extra...)
+	return append(env, extra...)
+}
+
+// procOpts are the less common ways to start a process.
+type procOpts struct {
+	env []string // more environment, after the harness's (the tenant's own variables)
+	uid int      // > 0: run as this uid (a tenant that is not root); needs root
+	// before is a shell script the tenant runs inside the pod's mounts
+	// just before the program, in the same mount namespace (so changes to
+	// the pod's own paths are seen by the program).
+	before string
+}
+
+// command builds the command line of cudaprog for slice f: under podrun
+// (the slice mounted at the fixed paths, no capabilities) when hooked.
+func (d *device) command(ctx context.Context, hooked bool, f sliceFiles, o procOpts, args ...string) *exec.Cmd {
+	prog := filepath.Join(buildDir(), "cudaprog")
+	var cmd *exec.Cmd
+	if hooked {
+		pr := []string{"-q", f.QuotaDir, "-u", f.UsageDir}
+		if o.uid > 0 {
+			d.shareWith(o.uid)
+			pr = append(pr, "-U", fmt.Sprint(o.uid))
+		}
+		if o.before != "" {
+			pr = append(pr, "/bin/sh", "-c", o.before+"\nexec \"$0\" \"$@\"")
+		}
+		cmd = exec.CommandContext(ctx, filepath.Join(buildDir(), "podrun"), append(append(pr, prog), args...)...)
+	} else {
+		cmd = exec.CommandContext(ctx, prog, args...)
 	}
-	if s.ComputePercent != 0 {
-		env = append(env, fmt.Sprintf("GPUBROKER_COMPUTE_PERCENT=%d", s.ComputePercent))
+	cmd.Env = d.env(hooked, o.env)
+	return cmd
+}
+
+// shareWith lets uid reach the device's files: the test directories are
+// root's and 0700 by default.
+func (d *device) shareWith(uid int) {
+	d.t.Helper()
+	for dir := d.dir; dir != "/" && dir != os.TempDir(); dir = filepath.Dir(dir) {
+		if err := os.Chmod(dir, 0o755); err != nil {
+			d.t.Fatal(err)
+		}
 	}
-	if s.ComputeLimitPercent != 0 {
-		env = append(env, fmt.Sprintf("GPUBROKER_COMPUTE_LIMIT_PERCENT=%d", s.ComputeLimitPercent))
+	if _, err := os.Stat(d.state); err != nil {
+		if err := os.WriteFile(d.state, nil, 0o666); err != nil {
+			d.t.Fatal(err)
+		}
 	}
-	return append(env, d.extra...)
+	if err := os.Chmod(d.state, 0o666); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+var (
+	podrunOnce sync.Once
+	podrunErr  error
+)
+
+// needPodrun checks once that podrun can set up a mount namespace here (root,
+// or unprivileged user namespaces). Without it the hook tests fail, saying
+// so (they skip under -short).
+func needPodrun(t testing.TB) {
+	t.Helper()
+	podrunOnce.Do(func() {
+		out, err := exec.Command(filepath.Join(buildDir(), "podrun"), "/bin/true").CombinedOutput()
+		if err != nil {
+			podrunErr = fmt.Errorf("podrun cannot set up a mount namespace (root or unprivileged user namespaces needed): %w\n%s", err, out)
+		}
+	})
+	if podrunErr != nil {
+		if testing.Short() {
+			t.Skip(podrunErr)
+		}
+		t.Fatal(podrunErr)
+	}
+}
+
+// needRoot fails (skips under -short) a test that runs processes as another
+// uid: that needs root (CI runs as root).
+func needRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if testing.Short() {
+			t.Skip("running a tenant as another uid needs root")
+		}
+		t.Fatal("running a tenant as another uid needs root (CI runs as root)")
+	}
 }
 
 // reply is one line of cudaprog output: command, CUresult, values.
@@ -161,10 +307,12 @@ func parseReply(line string) (reply, error) {
 	return r, nil
 }
 
-// run runs cudaprog with the commands (joined with ",") and returns its
+// run runs cudaprog under the hook in slice f (writing s as its first quota
+// unless one exists) with the commands (joined with ",") and returns its
 // replies and stderr. It fails the test if the program fails or hangs.
 func (d *device) run(f sliceFiles, s slice, procAddr bool, cmds ...string) ([]reply, string) {
 	d.t.Helper()
+	d.initialQuota(f, s)
 	ctx, cancel := context.WithTimeout(d.t.Context(), 60*time.Second)
 	defer cancel()
 	args := []string{}
@@ -177,8 +325,7 @@ func (d *device) run(f sliceFiles, s slice, procAddr bool, cmds ...string) ([]re
 		}
 		args = append(args, strings.Fields(c)...)
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(buildDir(), "cudaprog"), args...)
-	cmd.Env = d.env(f, s, true)
+	cmd := d.command(ctx, true, f, procOpts{}, args...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -206,26 +353,66 @@ type proc struct {
 	stdin   io.WriteCloser
 	lines   chan string
 	stderr  *strings.Builder
+	errw    *lockedWriter
 	done    chan struct{}
 	waitErr error
 }
 
-// start launches an interactive cudaprog with the hook; it is killed and reaped at cleanup.
+// errText is what the process wrote to stderr so far; safe while it runs.
+func (p *proc) errText() string {
+	p.errw.mu.Lock()
+	defer p.errw.mu.Unlock()
+	return p.stderr.String()
+}
+
+// start launches an interactive cudaprog with the hook in slice f, writing s
+// as the slice's first quota unless one exists (as the node agent does when
+// it sees the pod); it is killed and reaped at cleanup.
 func (d *device) start(f sliceFiles, s slice, args ...string) *proc {
 	d.t.Helper()
-	return d.startProc(true, f, s, args...)
+	d.initialQuota(f, s)
+	return d.startProc(true, f, procOpts{}, args...)
 }
 
 // startBare launches an interactive cudaprog on the stub without the hook.
 func (d *device) startBare(args ...string) *proc {
 	d.t.Helper()
-	return d.startProc(false, sliceFiles{}, slice{}, args...)
+	return d.startProc(false, sliceFiles{}, procOpts{}, args...)
 }
 
-func (d *device) startProc(hooked bool, f sliceFiles, s slice, args ...string) *proc {
+// startAs launches an interactive cudaprog with the hook in slice f the way o
+// says (more environment, another uid), without writing a quota.
+func (d *device) startAs(f sliceFiles, o procOpts, args ...string) *proc {
 	d.t.Helper()
-	cmd := exec.Command(filepath.Join(buildDir(), "cudaprog"), append([]string{"-i"}, args...)...)
-	cmd.Env = d.env(f, s, hooked)
+	return d.startProc(true, f, o, args...)
+}
+
+// tenant runs a shell script as the notebook user would, inside the pod's
+// mounts (podrun, no capabilities; uid 0 unless uid > 0), and returns its
+// combined output and error. Scripts must touch only the pod's paths
+// (/var/run/gpubroker) and the test's own directories: the rest of the
+// filesystem is the host's.
+func (d *device) tenant(f sliceFiles, uid int, script string) (string, error) {
+	d.t.Helper()
+	args := []string{"-q", f.QuotaDir, "-u", f.UsageDir}
+	if uid > 0 {
+		d.shareWith(uid)
+		args = append(args, "-U", fmt.Sprint(uid))
+	}
+	ctx, cancel := context.WithTimeout(d.t.Context(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(buildDir(), "podrun"), append(args, "/bin/sh", "-c", script)...)
+	cmd.Env = d.env(true, nil)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		d.t.Fatalf("tenant script did not finish within 30 s: %s\n%s", script, out)
+	}
+	return string(out), err
+}
+
+func (d *device) startProc(hooked bool, f sliceFiles, o procOpts, args ...string) *proc {
+	d.t.Helper()
+	cmd := d.command(context.Background(), hooked, f, o, append([]string{"-i"}, args...)...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		d.t.Fatal(err)
@@ -235,7 +422,8 @@ func (d *device) startProc(hooked bool, f sliceFiles, s slice, args ...string) *
 		d.t.Fatal(err)
 	}
 	p := &proc{t: d.t, cmd: cmd, stdin: stdin, lines: make(chan string, 64), stderr: &strings.Builder{}, done: make(chan struct{})}
-	cmd.Stderr = &lockedWriter{b: p.stderr}
+	p.errw = &lockedWriter{b: p.stderr}
+	cmd.Stderr = p.errw
 	if err := cmd.Start(); err != nil {
 		d.t.Fatal(err)
 	}
@@ -251,6 +439,9 @@ func (d *device) startProc(hooked bool, f sliceFiles, s slice, args ...string) *
 		close(p.done)
 	}()
 	d.t.Cleanup(func() { p.kill() })
+	d.mu.Lock()
+	d.procs = append(d.procs, p)
+	d.mu.Unlock()
 	return p
 }
 

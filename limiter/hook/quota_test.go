@@ -41,10 +41,10 @@ func TestQuotaChangeAppliesLiveBothWays(t *testing.T) {
 	f := dev.newSlice("s")
 	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 100})
 	if r := p.do(fmt.Sprintf("alloc linear %d", 128*mib)); r.Res != cudaOutOfMemory {
-		t.Fatalf("128 MiB under the 64 MiB env limit: CUresult %d, want OOM", r.Res)
+		t.Fatalf("128 MiB under the initial 64 MiB quota: CUresult %d, want OOM", r.Res)
 	}
 
-	writeQuota(t, f.Quota, 256) // generation 1 beats the env's 0
+	writeQuota(t, f.Quota, 256) // generation 2 beats the initial 1
 	if d := waitFor(t, p, "waitalloc", 128*mib, cudaSuccess); d > applyWithin {
 		t.Errorf("raise took %v to apply, want <= %v", d, applyWithin)
 	}
@@ -81,7 +81,7 @@ func TestQuotaFileOlderGenerationIgnored(t *testing.T) {
 	}
 	p := dev.start(f, slice{MemoryMiB: 8, ComputePercent: 100})
 	if r := p.do(fmt.Sprintf("alloc linear %d", 32*mib)); r.Res != cudaSuccess {
-		t.Fatalf("file generation 5 (64 MiB) should beat env (8 MiB): CUresult %d", r.Res)
+		t.Fatalf("the quota file's generation 5 (64 MiB) is in force: CUresult %d", r.Res)
 	}
 	// Replace the file by hand with generation 3 and a tiny limit: ignored.
 	b, err := region.EncodeQuota(region.Quota{Generation: 3, SliceID: "test-slice", MemoryLimitBytes: mib, ComputePercent: 100, ComputeLimitPercent: 100})
@@ -117,11 +117,10 @@ func TestInvalidQuotaFileFailsClosed(t *testing.T) {
 		content func(t *testing.T) []byte
 		why     string // expected in the stderr message
 	}{
-		{name: "not a quota region", content: func(*testing.T) []byte { return []byte("this is not a quota region") }, why: "wrong size"},
-		{name: "empty file", content: func(*testing.T) []byte { return nil }, why: "wrong size"},
+		{name: "not a quota region", content: func(*testing.T) []byte { return []byte("this is not a quota region") }, why: "has 26 bytes, not 128"},
+		{name: "empty file", content: func(*testing.T) []byte { return nil }, why: "has 0 bytes, not 128"},
 		{name: "flipped bit", content: func(t *testing.T) []byte { b := valid(t, "test-slice"); b[81] ^= 0x40; return b }, why: "checksum mismatch"},
 		{name: "future layout", content: func(t *testing.T) []byte { b := valid(t, "test-slice"); b[4] = 9; return b }, why: "unknown layout version"},
-		{name: "another slice's quota", content: func(t *testing.T) []byte { return valid(t, "other-slice") }, why: "is for slice other-slice"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

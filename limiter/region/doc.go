@@ -11,7 +11,17 @@
 // Invariants:
 //   - A quota file is replaced only by rename(2) of a complete temporary file
 //     in the same directory, with a generation higher than the file it
-//     replaces; readers never see a torn file.
+//     replaces; readers never see a torn file. Whatever stands at the path
+//     (a FIFO, a symbolic link) is replaced, never opened.
+//   - Nothing at a region path blocks or redirects the caller: every open is
+//     O_NONBLOCK | O_NOFOLLOW | O_NOCTTY after an lstat (a FIFO, socket or
+//     device is not even opened), and a file is used only if it is regular
+//     and of exactly the region's size; anything else is an error wrapping
+//     ErrNotRegular or ErrCorrupt. The agent runs as root over directories a
+//     root tenant can write into (ARCHITECTURE.md invariant 3).
+//   - CreateUsage creates the usage region initialized (the hook refuses an
+//     uninitialized one), mode UsageMode (0666) whatever the umask, and never
+//     replaces an existing file (hooks may have it mapped).
 //   - Decoders never panic: any byte slice yields a value or an error wrapping
 //     ErrCorrupt.
 //   - The usage region is advisory (ARCHITECTURE.md invariant 3). ReadUsage reports

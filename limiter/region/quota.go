@@ -37,16 +37,18 @@ var (
 	ErrStaleGeneration = errors.New("region: generation not higher than current")
 	// ErrInvalidQuota means a Quota value is out of range and was not written.
 	ErrInvalidQuota = errors.New("region: invalid quota")
-	// ErrNotRegular means a region path names a symbolic link, a FIFO or
-	// anything else that is not a regular file; it is never followed or read.
+	// ErrNotRegular means a region path names a symbolic link, a FIFO, a
+	// socket, a device, a directory or anything else that is not a regular
+	// file; it is never followed, read or written, and opening it never
+	// blocks.
 	ErrNotRegular = errors.New("region: not a regular file")
 )
 
 // Quota is the content of a slice's quota region. The zero value is not valid.
 type Quota struct {
-	// Generation orders quota versions; higher wins. Files hold >= 1; the
-	// pod environment counts as generation 0. In WriteQuota, 0 means "one
-	// more than the file's current generation (or 1)".
+	// Generation orders quota versions; higher wins. Files hold >= 1. In
+	// WriteQuota, 0 means "one more than the file's current generation (or
+	// 1)".
 	Generation uint64
 	// SliceID names the slice; at most SliceIDLen-1 bytes, no NUL.
 	SliceID string
@@ -57,6 +59,9 @@ type Quota struct {
 	ComputePercent uint32
 	// ComputeLimitPercent is the burst ceiling, ComputePercent..100.
 	ComputeLimitPercent uint32
+	// GPUUUID is the slice's GPU in NVML form ("GPU-xxxxxxxx-..."), or ""
+	// when not stated. The hook warns about (and still caps) other devices.
+	GPUUUID string
 }
 
 // quotaRaw mirrors struct gpulimit_quota byte for byte.
@@ -68,7 +73,8 @@ type quotaRaw struct {
 	MemoryLimitBytes    uint64           `c:"memory_limit_bytes"`
 	ComputePercent      uint32           `c:"compute_percent"`
 	ComputeLimitPercent uint32           `c:"compute_limit_percent"`
-	Reserved            [28]byte         `c:"reserved"`
+	GPUUUID             [UUIDBytes]byte  `c:"gpu_uuid"`
+	Reserved            [12]byte         `c:"reserved"`
 	Checksum            uint32           `c:"checksum"`
 }
 
@@ -86,6 +92,11 @@ func (q Quota) Validate() error {
 	}
 	if q.ComputeLimitPercent < q.ComputePercent || q.ComputeLimitPercent > 100 {
 		errs = append(errs, fmt.Errorf("compute limit percent must be %d..100, got %d", q.ComputePercent, q.ComputeLimitPercent))
+	}
+	if q.GPUUUID != "" {
+		if _, err := ParseUUID(q.GPUUUID); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidQuota, err)
@@ -111,6 +122,9 @@ func EncodeQuota(q Quota) ([]byte, error) {
 		ComputeLimitPercent: q.ComputeLimitPercent,
 	}
 	copy(raw.SliceID[:], q.SliceID)
+	if q.GPUUUID != "" {
+		raw.GPUUUID, _ = ParseUUID(q.GPUUUID) // checked by Validate
+	}
 	var buf bytes.Buffer
 	buf.Grow(QuotaSize)
 	if err := binary.Write(&buf, binary.LittleEndian, &raw); err != nil {
@@ -152,6 +166,9 @@ func DecodeQuota(b []byte) (Quota, error) {
 		ComputePercent:      raw.ComputePercent,
 		ComputeLimitPercent: raw.ComputeLimitPercent,
 	}
+	if raw.GPUUUID != ([UUIDBytes]byte{}) {
+		q.GPUUUID = FormatUUID(raw.GPUUUID)
+	}
 	if err := q.Validate(); err != nil {
 		return Quota{}, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
@@ -159,9 +176,11 @@ func DecodeQuota(b []byte) (Quota, error) {
 }
 
 // ReadQuota reads and decodes the quota file at path. A missing file yields
-// an error wrapping fs.ErrNotExist; a bad one an error wrapping ErrCorrupt.
+// an error wrapping fs.ErrNotExist; anything but a regular file one wrapping
+// ErrNotRegular (never blocking); a file of another size or content one
+// wrapping ErrCorrupt.
 func ReadQuota(path string) (Quota, error) {
-	b, err := readLimited(path, QuotaSize+1)
+	b, err := readExact(path, QuotaSize)
 	if err != nil {
 		return Quota{}, fmt.Errorf("read quota: %w", err)
 	}
@@ -189,7 +208,9 @@ func WriteQuota(path string, q Quota) error {
 		} else if q.Generation <= cur.Generation {
 			return fmt.Errorf("write quota %s: generation %d, current %d: %w", path, q.Generation, cur.Generation, ErrStaleGeneration)
 		}
-	case errors.Is(err, fs.ErrNotExist), errors.Is(err, ErrCorrupt):
+	case errors.Is(err, fs.ErrNotExist), errors.Is(err, ErrCorrupt), errors.Is(err, ErrNotRegular):
+		// Nothing valid to continue from: whatever is at path (a FIFO or a
+		// symbolic link included) is replaced by the rename, never opened.
 		if q.Generation == 0 {
 			q.Generation = 1
 		}
@@ -212,19 +233,28 @@ func checksum(b []byte) uint32 {
 	return h.Sum32()
 }
 
-// openRegular opens path with flag, refusing to follow a symbolic link in its
-// last component and anything but a regular file. Usage files live in a
-// directory the tenant can write, and the agent that reads and writes them
-// runs as root: a planted link or FIFO must not redirect or block it.
-// O_NONBLOCK keeps a FIFO from blocking the open; it changes nothing for
-// regular files.
-func openRegular(path string, flag int) (*os.File, error) {
-	f, err := os.OpenFile(path, flag|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+// openRegular opens path with flag and returns it only if it is a regular
+// file of exactly size bytes (size < 0: any size). It never follows a
+// symbolic link in the last component (O_NOFOLLOW), never blocks on a FIFO
+// or device (O_NONBLOCK; lstat first, so a FIFO, socket or device is not
+// even opened), and never lets the file become a controlling terminal.
+// Region files may be tampered with by whoever can write their directory,
+// and the agent that reads and writes them runs as root: a planted link or
+// FIFO must not redirect or block it.
+func openRegular(path string, flag int, size int64) (*os.File, error) {
+	pre, err := os.Lstat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !pre.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: %w: it is %s", path, ErrNotRegular, fileKind(pre.Mode()))
+	}
+	f, err := os.OpenFile(path, flag|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	switch {
 	case errors.Is(err, syscall.ELOOP):
 		return nil, fmt.Errorf("%s: %w: it is a symbolic link", path, ErrNotRegular)
 	case errors.Is(err, syscall.ENXIO):
-		return nil, fmt.Errorf("%s: %w: it is a FIFO or device without a peer", path, ErrNotRegular)
+		return nil, fmt.Errorf("%s: %w: it is a FIFO or socket", path, ErrNotRegular)
 	}
 	if err != nil {
 		return nil, err
@@ -236,23 +266,44 @@ func openRegular(path string, flag int) (*os.File, error) {
 	}
 	if !st.Mode().IsRegular() {
 		f.Close()
-		return nil, fmt.Errorf("%s: %w: mode %s", path, ErrNotRegular, st.Mode().Type())
+		return nil, fmt.Errorf("%s: %w: it is %s", path, ErrNotRegular, fileKind(st.Mode()))
+	}
+	if size >= 0 && st.Size() != size {
+		f.Close()
+		return nil, fmt.Errorf("%w: %s has %d bytes, want %d", ErrCorrupt, path, st.Size(), size)
 	}
 	return f, nil
 }
 
-// readLimited reads at most max bytes of the regular file at path.
-func readLimited(path string, max int64) ([]byte, error) {
-	f, err := openRegular(path, os.O_RDONLY)
+// fileKind names the type of a file mode for messages.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeSymlink != 0:
+		return "a symbolic link"
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	}
+	return "not a regular file (" + m.Type().String() + ")"
+}
+
+// readExact reads the regular file at path, which must have exactly size bytes.
+func readExact(path string, size int64) ([]byte, error) {
+	f, err := openRegular(path, os.O_RDONLY, size)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(io.LimitReader(f, max)); err != nil {
+	b := make([]byte, size)
+	if _, err := io.ReadFull(f, b); err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	return buf.Bytes(), nil
+	return b, nil
 }
 
 // replaceFile writes b to a temporary file next to path and renames it over path.

@@ -23,6 +23,8 @@ func TestQuotaRoundTrip(t *testing.T) {
 		{name: "typical slice", q: validQuota()},
 		{name: "longest slice id", q: Quota{Generation: 1, SliceID: "x123456789012345678901234567890123456789012345678901234567890ab", MemoryLimitBytes: 1, ComputePercent: 1, ComputeLimitPercent: 1}},
 		{name: "zero memory refuses all", q: Quota{Generation: 1 << 62, SliceID: "s", ComputePercent: 100, ComputeLimitPercent: 100}},
+		{name: "with the slice's GPU", q: Quota{Generation: 2, SliceID: "s", MemoryLimitBytes: 1 << 30, ComputePercent: 10, ComputeLimitPercent: 20,
+			GPUUUID: "GPU-5bd3a1e2-7c4f-4e8a-9b1d-2f6e8c0a4d17"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

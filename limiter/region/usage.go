@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"syscall"
 	"time"
 )
 
@@ -188,9 +189,12 @@ func DecodeUsage(b []byte) (Usage, error) {
 // ReadUsage reads and decodes the usage file at path. The file is read with
 // plain reads while hooks may be writing it; every field is read once, so a
 // snapshot can mix old and new values of different slots but never a torn
-// 8-byte field (aligned 8-byte stores are atomic on supported hosts).
+// 8-byte field (aligned 8-byte stores are atomic on supported hosts). Like
+// ReadQuota it never follows a symbolic link or blocks: anything but a
+// regular file of UsageSize bytes is an error wrapping ErrNotRegular or
+// ErrCorrupt.
 func ReadUsage(path string) (Usage, error) {
-	b, err := readLimited(path, UsageSize+1)
+	b, err := readExact(path, UsageSize)
 	if err != nil {
 		return Usage{}, fmt.Errorf("read usage: %w", err)
 	}
@@ -201,23 +205,48 @@ func ReadUsage(path string) (Usage, error) {
 	return u, nil
 }
 
-// CreateUsage creates an empty (all-zero) usage file at path with mode perm
-// if none exists; the first hook initializes it. An existing file is left
-// as it is, because hooks may have it mapped: replacing it would split the
-// slice's accounting between two files.
-func CreateUsage(path string, perm os.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+// UsageMode is the mode of a usage file: every hooked process of the slice
+// maps it read-write, whatever its uid. Its directory is 0755 and root's, so
+// only root can delete, rename or replace the file (ARCHITECTURE.md "Usage
+// region").
+const UsageMode os.FileMode = 0o666
+
+// CreateUsage creates the usage file at path, initialized (header set, no
+// process), with mode UsageMode whatever the umask, if nothing is there. It
+// never follows a symbolic link (O_EXCL). An existing regular file of
+// UsageSize bytes is left as it is, because hooks may have it mapped:
+// replacing it would split the slice's accounting between two files. Anything
+// else at path is an error wrapping ErrNotRegular or ErrCorrupt, and is left
+// for the caller to report: hooks refuse it and fail closed.
+func CreateUsage(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, UsageMode)
 	if errors.Is(err, fs.ErrExist) {
-		return nil
+		g, err := openRegular(path, os.O_RDONLY, UsageSize)
+		if err != nil {
+			return fmt.Errorf("create usage: %w", err)
+		}
+		return g.Close()
 	}
 	if err != nil {
 		return fmt.Errorf("create usage: %w", err)
 	}
-	if err := f.Truncate(UsageSize); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("create usage %s: %w", path, err)
+	img := make([]byte, UsageSize)
+	binary.LittleEndian.PutUint32(img[0:], UsageMagic)
+	binary.LittleEndian.PutUint32(img[4:], LayoutVersion)
+	binary.LittleEndian.PutUint32(img[8:], UsageSlots)
+	binary.LittleEndian.PutUint32(img[12:], UsageDevices)
+	_, err = f.Write(img)
+	if err == nil {
+		err = f.Chmod(UsageMode)
 	}
-	if err := f.Close(); err != nil {
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(path) // a half-written region would be refused by every hook; the next call retries
 		return fmt.Errorf("create usage %s: %w", path, err)
 	}
 	return nil
@@ -282,20 +311,15 @@ const (
 // reads the stamp before and after the values never mixes two samples'
 // stamps. Utilizations above 1000 are clamped. The file must exist with
 // UsageSize bytes (CreateUsage); a missing file yields an error wrapping
-// fs.ErrNotExist. Not safe for concurrent use on the same path.
+// fs.ErrNotExist; anything but a regular file of UsageSize bytes is refused
+// (ErrNotRegular, ErrCorrupt) without blocking. Not safe for concurrent use
+// on the same path.
 func WriteAgentSample(path string, s AgentSample) error {
-	f, err := openRegular(path, os.O_WRONLY)
+	f, err := openRegular(path, os.O_WRONLY, UsageSize)
 	if err != nil {
 		return fmt.Errorf("write agent sample: %w", err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("write agent sample: %w", err)
-	}
-	if st.Size() != UsageSize {
-		return fmt.Errorf("write agent sample %s: %w: %d bytes, want %d", path, ErrCorrupt, st.Size(), UsageSize)
-	}
 	var util [8]byte
 	binary.LittleEndian.PutUint32(util[0:], min(s.SliceUtilPermille, 1000))
 	binary.LittleEndian.PutUint32(util[4:], min(s.DeviceUtilPermille, 1000))

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -83,10 +84,27 @@ func TestDecodeUsageRejectsCorrupt(t *testing.T) {
 	}
 }
 
-func TestCreateUsageKeepsExisting(t *testing.T) {
+// TestCreateUsageInitializesAndKeepsExisting: a new usage file has an
+// initialized header (the hook refuses an uninitialized one) and mode 0666
+// whatever the umask; an existing one is never replaced.
+func TestCreateUsageInitializesAndKeepsExisting(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "usage.bin")
-	if err := CreateUsage(path, 0o666); err != nil {
+	old := syscall.Umask(0o077)
+	err := CreateUsage(path)
+	syscall.Umask(old)
+	if err != nil {
 		t.Fatalf("CreateUsage: %v", err)
+	}
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm() != UsageMode || st.Size() != UsageSize {
+		t.Fatalf("fresh usage file %v, %v; want mode %v and %d bytes", st.Mode(), err, UsageMode, UsageSize)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, v := binary.LittleEndian.Uint32(b[0:]), binary.LittleEndian.Uint32(b[4:]); m != UsageMagic || v != LayoutVersion {
+		t.Errorf("fresh header magic %#x version %d, want %#x %d", m, v, UsageMagic, LayoutVersion)
 	}
 	u, err := ReadUsage(path)
 	if err != nil || len(u.Processes) != 0 {
@@ -96,7 +114,7 @@ func TestCreateUsageKeepsExisting(t *testing.T) {
 	if err := os.WriteFile(path, img, 0o666); err != nil {
 		t.Fatal(err)
 	}
-	if err := CreateUsage(path, 0o666); err != nil {
+	if err := CreateUsage(path); err != nil {
 		t.Fatalf("CreateUsage on existing: %v", err)
 	}
 	after, err := os.ReadFile(path)

@@ -7,7 +7,7 @@
 // Unschedulable. Deleting a pod removes it at once (the fake has no grace
 // period).
 //
-// It exists so that `gpubroker dev` runs the whole spawn path in one process;
+// It exists so that gpubroker-dev runs the whole spawn path in one process;
 // tests of the real path use a real kube-apiserver (e2e).
 package devcluster
 
@@ -131,7 +131,7 @@ func node(name string) *corev1.Node {
 			Allocatable: capacity,
 			Conditions: []corev1.NodeCondition{{
 				Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-				Message: "simulated by gpubroker dev", LastTransitionTime: metav1.Now(),
+				Message: "simulated by gpubroker-dev", LastTransitionTime: metav1.Now(),
 			}},
 		},
 	}

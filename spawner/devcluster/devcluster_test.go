@@ -145,7 +145,7 @@ func TestPrefilledObjects(t *testing.T) {
 }
 
 // TestWithSpawnerClient runs the spawner against the simulated cluster, as
-// `gpubroker dev` does, and checks that a created server reaches running
+// gpubroker-dev does, and checks that a created server reaches running
 // with its URL and is gone after Delete.
 func TestWithSpawnerClient(t *testing.T) {
 	c := New([]string{"gpu-1"}, discard(), WithStepDelay(5*time.Millisecond))

@@ -58,7 +58,9 @@ const HashTag = "{gpubroker}"
 //	agent:s:<slice>                  stream  SampleTTL, refreshed   usage samples, MAXLEN ~ MaxLen
 //	agent:qd:<slice>                 hash    QuotaTTL               broker: desired quota; gen by HINCRBY
 //	agent:qa:<slice>                 hash    QuotaTTL, refreshed    applied quota generation
-//	agent:audit                      stream  none (MAXLEN ~ 10000)  enforcement audit records
+//	agent:audit                      stream  none (MAXLEN ~ 10000)  enforcement audit records; the broker
+//	                                                                follows it with the consumer group
+//	                                                                broker-events (agentstore.FollowAudit)
 //	agent:quota-changed              channel —                      broker publishes a slice id after
 //	                                                                changing its desired quota
 //

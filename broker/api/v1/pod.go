@@ -28,27 +28,22 @@ const (
 	AnnotationIdempotencyKey = "gpubroker.io/idempotency-key"
 )
 
-// Environment the pod gives the limiter hook. The hook uses these initial
-// values until the agent writes the quota region; a higher generation there wins.
-const (
-	EnvSliceID             = "GPUBROKER_SLICE_ID"
-	EnvGPUUUID             = "GPUBROKER_GPU_UUID"
-	EnvMemoryLimitMiB      = "GPUBROKER_MEMORY_LIMIT_MIB"
-	EnvComputePercent      = "GPUBROKER_COMPUTE_PERCENT"
-	EnvComputeLimitPercent = "GPUBROKER_COMPUTE_LIMIT_PERCENT"
-	EnvQuotaFile           = "GPUBROKER_QUOTA_FILE"
-	EnvUsageFile           = "GPUBROKER_USAGE_FILE"
-	EnvLogLevel            = "GPUBROKER_LIMITER_LOG" // error|warn|info|debug; default warn
-)
+// EnvLogLevel is the one variable the limiter hook reads: how much it says
+// on stderr (error|warn|info|debug; default warn). Nothing in the
+// environment sets a limit or names a file: the environment belongs to the
+// notebook user (ARCHITECTURE.md invariant 3), and the hook reads its slice
+// only from PodQuotaFile and PodUsageFile.
+const EnvLogLevel = "GPUBROKER_LIMITER_LOG"
 
-// Paths inside the notebook pod.
+// Paths inside the notebook pod; the hook's fixed paths are PodQuotaFile
+// and PodUsageFile (equal to limiter/hook/include/gpulimit_region.h, tested).
 const (
 	PodHookDir   = "/usr/local/lib/gpubroker" // read-only, holds libgpulimit.so
 	PodHookLib   = "/usr/local/lib/gpubroker/libgpulimit.so"
 	PodPreload   = "/etc/ld.so.preload"       // read-only, names PodHookLib
-	PodQuotaDir  = "/var/run/gpubroker/quota" // read-only
+	PodQuotaDir  = "/var/run/gpubroker/quota" // read-only: the hook uses a quota file only on a read-only mount
 	PodQuotaFile = "/var/run/gpubroker/quota/quota.bin"
-	PodUsageDir  = "/var/run/gpubroker/usage" // read-write
+	PodUsageDir  = "/var/run/gpubroker/usage" // read-write (mapped by the hooks); the host directory is root's, 0755
 	PodUsageFile = "/var/run/gpubroker/usage/usage.bin"
 )
 

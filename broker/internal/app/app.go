@@ -1,31 +1,33 @@
 // Package app is the broker's composition root: the only package that sees
-// every concrete type. Run builds the parts from a validated config, runs
-// them under one errgroup and shuts them down in order when its context ends.
+// every concrete type. Serve builds the outside parts (Infra: Redis, the
+// Kubernetes client, the profiles, the OIDC verifier) from a validated serve
+// config; Run builds the broker's own parts over an Infra, runs them under
+// one errgroup and shuts them down in order when its context ends.
 //
-// In dev mode (config.ModeDev) the parts that a cluster would provide are
-// replaced by embedded ones, each only where the config leaves it unset: an
-// embedded Redis (miniredis), an in-process OIDC issuer with a dev user, a
-// simulated cluster (spawner/devcluster) and the GPUs of a simulated DGX
-// H200 (go-nvml's mock/dgxh200). Every simulated part is named in the log
-// and in the API's answers.
+// Nothing here simulates anything: the production binary (gpubroker serve)
+// links no embedded Redis, fake clientset, NVML mock or token minting. Dev
+// mode is its own composition root, broker/internal/app/dev, built into its
+// own binary (gpubroker-dev): it makes an Infra of embedded and simulated
+// parts and hands it to Run.
 package app
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"runtime/debug"
+	"os"
+	"slices"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/redis/go-redis/v9"
@@ -40,6 +42,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig"
 	"github.com/gpubroker/gpubroker/spawner"
 )
 
@@ -57,35 +60,73 @@ const (
 	eventsBlock = 3 * time.Second
 )
 
-// Version is the module version the binary was built from, or "devel".
-func Version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return "devel"
-}
-
 // CheckConfig loads the files a config names (profiles, hub token,
-// kubeconfig or the in-cluster service account), reporting every problem at
-// once, without contacting anything; it is what --check-config adds to
-// Validate.
+// kubeconfig or, in serve mode, the in-cluster service account), reporting
+// every problem at once, without contacting anything; it is what
+// --check-config adds to Validate.
 func CheckConfig(cfg config.Config) error {
+	// A file that is not there is one problem, which Validate reports;
+	// only files that are there are read here.
+	there := func(path string) bool { return path != "" && cliconfig.CheckFile(path) == nil }
 	var errs []error
-	if cfg.ProfilesFile != "" {
-		if _, err := catalog.Load(cfg.ProfilesFile); err != nil {
-			errs = append(errs, err) // catalog names the file in each problem
+	if there(cfg.ProfilesFile) {
+		// One line per problem of the file, each naming the flag and file.
+		flag := "--profiles-file (" + config.EnvName("profiles-file") + ") " + cfg.ProfilesFile
+		if data, err := os.ReadFile(cfg.ProfilesFile); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", flag, err))
+		} else if _, err := catalog.Parse(data); err != nil {
+			for _, e := range cliconfig.Split(err) {
+				errs = append(errs, fmt.Errorf("%s: %w", flag, e))
+			}
 		}
 	}
-	if _, err := cfg.HubToken(); err != nil {
-		errs = append(errs, err)
+	if there(cfg.HubTokenFile) {
+		if _, err := cfg.HubToken(); err != nil {
+			errs = append(errs, fmt.Errorf("--hub-token-file (%s): %w", config.EnvName("hub-token-file"), err))
+		}
 	}
-	if cfg.Mode == config.ModeServe || cfg.Kubeconfig != "" {
+	if (cfg.Mode == config.ModeServe && cfg.Kube.Kubeconfig == "") || there(cfg.Kube.Kubeconfig) {
 		// Builds the client config only; nothing is contacted.
-		if _, err := kubeClient(cfg.Kubeconfig); err != nil {
-			errs = append(errs, err)
+		if _, err := KubeClient(cfg.Kube); err != nil {
+			errs = append(errs, fmt.Errorf("--kubeconfig (%s): %w", config.EnvName("kubeconfig"), err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Infra are the outside parts the broker runs on. Serve builds them from
+// the configuration; gpubroker-dev embeds or simulates some of them. Run
+// takes them over: it calls Closers when it returns, even on error.
+type Infra struct {
+	// Redis is the broker's Redis; Kube its Kubernetes client.
+	Redis redis.UniversalClient
+	Kube  kubernetes.Interface
+	// Streams is a client of the same Redis for the event streams' blocking
+	// reads, with a pool of its own so that waiting streams never take the
+	// connections placement needs; nil means Redis.
+	Streams redis.UniversalClient
+	// Catalog is the profiles and quotas.
+	Catalog *catalog.Catalog
+	// Bearer verifies API tokens; Hub the JupyterHub service token.
+	Bearer *auth.Bearer
+	Hub    *auth.HubToken
+	// Mode marks the API's answers (dev mode's simulation notice).
+	Mode httpapi.Mode
+	// Web turns the web login and pages on; nil leaves them off.
+	Web *WebSettings
+	// Background runs embedded parts next to the broker until ctx ends.
+	Background []func(ctx context.Context) error
+	// Started, if set, runs once the first reconcile pass is done.
+	Started func()
+	// Closers run after everything has stopped, in reverse order.
+	Closers []func()
+}
+
+// close runs the closers in reverse order.
+func (in Infra) close() {
+	for i := len(in.Closers) - 1; i >= 0; i-- {
+		in.Closers[i]()
+	}
 }
 
 // parts are the built components that Run starts.
@@ -100,52 +141,48 @@ type parts struct {
 	reconciler *reconcile.Reconciler
 	reclaimer  *reclaim.Reclaimer
 	handler    http.Handler
-	// background runs simulated or embedded parts (dev mode); nil in serve.
-	background []func(ctx context.Context) error
-	// started, if set, runs once the first reconcile pass is done.
-	started func()
 	// checkers are the readiness checks (/readyz), also logged shortly
 	// after start so a broker whose dependencies are down says so.
 	checkers []httpapi.Checker
-	// closers run after everything has stopped, in reverse order.
-	closers []func()
 }
 
-func (p *parts) close() {
-	for i := len(p.closers) - 1; i >= 0; i-- {
-		p.closers[i]()
-	}
-}
-
-// Run runs the broker until ctx ends, then shuts down gracefully within
-// cfg.ShutdownTimeout. stdout receives dev mode's banner; logs go to stderr.
-func Run(ctx context.Context, cfg config.Config, stdout, stderr io.Writer) error {
+// Serve runs gpubroker serve: it builds the Infra from cfg (a validated
+// serve config) and runs the broker on cfg.Listen until ctx ends. Logs go
+// to stderr.
+func Serve(ctx context.Context, cfg config.Config, stderr io.Writer) error {
 	log := cfg.Logger(stderr)
 	klog.SetSlogLogger(log)
-
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	var p *parts
-	if cfg.Mode == config.ModeDev {
-		p, err = buildDev(ctx, cfg, log, ln, stdout)
-	} else {
-		p, err = buildServe(ctx, cfg, log)
-	}
+	infra, err := buildServe(ctx, cfg, log)
 	if err != nil {
 		ln.Close()
 		return err
 	}
-	defer p.close()
+	return Run(ctx, cfg, log, ln, infra)
+}
+
+// Run runs the broker on ln over infra until ctx ends, then shuts down
+// gracefully within cfg.ShutdownTimeout. It owns ln and infra: both are
+// closed when it returns.
+func Run(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listener, infra Infra) error {
+	defer infra.close()
+	p, err := assemble(cfg, log, infra)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	for _, run := range p.background {
+	for _, run := range infra.Background {
 		g.Go(func() error { return ignoreCanceled(run(gctx)) })
 	}
 	g.Go(func() error { return ignoreCanceled(p.spawner.Run(gctx)) })
 	g.Go(func() error { return forwardPodEvents(gctx, p) })
 	g.Go(func() error { return syncInventory(gctx, p.agents, p.store, log, inventoryInterval) })
+	g.Go(func() error { return followEnforcement(gctx, p) })
 	g.Go(func() error {
 		if err := p.spawner.WaitSynced(gctx); err != nil {
 			return ignoreCanceled(err)
@@ -155,18 +192,29 @@ func Run(ctx context.Context, cfg config.Config, stdout, stderr io.Writer) error
 		if _, err := p.reconciler.Once(gctx); err != nil {
 			log.Warn("first reconcile pass failed; retrying on schedule", "err", err)
 		}
-		if p.started != nil {
-			p.started()
+		if infra.Started != nil {
+			infra.Started()
 		}
 		return ignoreCanceled(p.reconciler.Run(gctx))
 	})
 	g.Go(func() error { return ignoreCanceled(runReclaimer(gctx, cfg, p)) })
 	g.Go(func() error { return serveHTTP(gctx, cfg, log, ln, p.handler) })
 	g.Go(func() error { return warnIfNotReady(gctx, log, p.checkers, startupCheckDelay) })
-	log.Info("gpubroker started", "listen", ln.Addr().String(), "mode", string(cfg.Mode), "version", Version())
+	log.Info("gpubroker started", "listen", ln.Addr().String(), "mode", string(cfg.Mode), "version", cliconfig.Version())
 	err = g.Wait()
 	log.Info("gpubroker stopped")
 	return err
+}
+
+// followEnforcement tells servers what the node agents did to their
+// processes (audit records, shared between the replicas by a Redis consumer
+// group; this replica's name in it is its host name, the pod's name).
+func followEnforcement(ctx context.Context, p *parts) error {
+	id, err := os.Hostname()
+	if err != nil {
+		return fmt.Errorf("enforcement follower identity: %w", err)
+	}
+	return p.service.FollowEnforcement(ctx, p.agents, id)
 }
 
 // startupCheckDelay is how long after start the readiness checks are run
@@ -195,29 +243,48 @@ func warnIfNotReady(ctx context.Context, log *slog.Logger, checks []httpapi.Chec
 	return nil
 }
 
+// podEventWorkers is how many pod events are applied at once. Events of
+// one pod always go to the same worker, so they stay in order; events of
+// different pods (different spawns) are applied side by side, each a few
+// Redis round trips, instead of queueing behind one another.
+const podEventWorkers = 16
+
 // forwardPodEvents hands every pod observation to the lifecycle. The
-// spawner's dispatcher must not block, so events pass through a buffer; if
-// it overflows, the reconciler is asked for a pass, which replays every
-// pod's current phase. A storage failure is logged and left to that pass too.
+// spawner's dispatcher must not block, so events pass through a buffer per
+// worker; if one overflows, the reconciler is asked for a pass, which
+// replays every pod's current phase. A storage failure is logged and left
+// to that pass too.
 func forwardPodEvents(ctx context.Context, p *parts) error {
-	events := make(chan spawner.PodEvent, 1024)
+	queues := make([]chan spawner.PodEvent, podEventWorkers)
+	for i := range queues {
+		queues[i] = make(chan spawner.PodEvent, 256)
+	}
 	p.spawner.Subscribe(ctx, func(ev spawner.PodEvent) {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(ev.Pod)) // hash.Hash.Write never fails
 		select {
-		case events <- ev:
+		case queues[h.Sum32()%podEventWorkers] <- ev:
 		default:
 			p.reconciler.Trigger()
 		}
 	})
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev := <-events:
-			if err := p.service.HandlePodEvent(ctx, ev); err != nil && ctx.Err() == nil {
-				p.log.WarnContext(ctx, "pod event not applied; the reconciler will retry", "pod", ev.Pod, "err", err)
+	var wg sync.WaitGroup
+	for _, q := range queues {
+		wg.Go(func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case ev := <-q:
+					if err := p.service.HandlePodEvent(ctx, ev); err != nil && ctx.Err() == nil {
+						p.log.WarnContext(ctx, "pod event not applied; the reconciler will retry", "pod", ev.Pod, "err", err)
+					}
+				}
 			}
-		}
+		})
 	}
+	wg.Wait()
+	return nil
 }
 
 // serveHTTP serves until ctx ends, then drains within the shutdown timeout.
@@ -260,87 +327,88 @@ func ignoreCanceled(err error) error {
 	return err
 }
 
-// buildServe wires the parts against a real Redis and cluster.
-func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (*parts, error) {
+// buildServe builds the outside parts of a serve config: a real Redis,
+// cluster and OIDC issuer, the profiles file, the web login's settings.
+func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (Infra, error) {
 	cat, err := catalog.Load(cfg.ProfilesFile)
 	if err != nil {
-		return nil, fmt.Errorf("profiles file %s: %w", cfg.ProfilesFile, err)
+		return Infra{}, fmt.Errorf("profiles file %s: %w", cfg.ProfilesFile, err)
 	}
-	ropts, err := cfg.RedisOptions()
+	rdb, streams, err := RedisClients(cfg)
 	if err != nil {
-		return nil, err
+		return Infra{}, err
 	}
-	rdb := redis.NewUniversalClient(ropts)
-	kube, err := kubeClient(cfg.Kubeconfig)
-	if err != nil {
-		rdb.Close()
-		return nil, err
+	in := Infra{Redis: rdb, Streams: streams, Catalog: cat, Closers: []func(){func() { rdb.Close() }, func() { streams.Close() }}}
+	fail := func(err error) (Infra, error) {
+		in.close()
+		return Infra{}, err
 	}
-	bearer, err := auth.NewBearer(ctx, auth.BearerConfig{
-		IssuerURL: cfg.OIDCIssuer, Audience: cfg.OIDCAudience,
-		UsernameClaim: cfg.OIDCUsernameClaim, GroupsClaim: cfg.OIDCGroupsClaim, AdminGroup: cfg.AdminGroup,
-	})
-	if err != nil {
-		rdb.Close()
-		return nil, err
+	if in.Kube, err = KubeClient(cfg.Kube); err != nil {
+		return fail(err)
+	}
+	if in.Bearer, err = NewBearer(ctx, cfg, cfg.OIDCIssuer, cfg.OIDCAudience); err != nil {
+		return fail(err)
 	}
 	hub, err := cfg.HubToken()
 	if err != nil {
-		rdb.Close()
-		return nil, err
+		return fail(err)
 	}
-	ws, err := serveWebSettings(cfg, log)
-	if err != nil {
-		rdb.Close()
-		return nil, err
+	in.Hub = auth.NewHubToken(hub.Reveal())
+	if in.Web, err = serveWebSettings(cfg, log); err != nil {
+		return fail(err)
 	}
-	p, err := assemble(cfg, log, rdb, kube, cat, bearer, auth.NewHubToken(hub.Reveal()), httpapi.Mode{}, ws)
-	if err != nil {
-		rdb.Close()
-		return nil, err
-	}
-	p.closers = append(p.closers, func() { rdb.Close() })
-	return p, nil
+	return in, nil
 }
 
-// kubeClient builds a clientset from a kubeconfig file, or from the pod's
-// service account when path is empty.
-func kubeClient(path string) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if path == "" {
-		rc, err = rest.InClusterConfig()
-	} else {
-		rc, err = clientcmd.BuildConfigFromFlags("", path)
-	}
+// RedisClients returns two clients of the configured Redis: rdb for every
+// operation and streams, with a pool of cfg.RedisStreamConnections, for the
+// event streams' blocking reads (Infra.Streams). The caller closes both.
+func RedisClients(cfg config.Config) (rdb, streams redis.UniversalClient, err error) {
+	opts, err := cfg.Redis.Options()
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client config: %w", err)
+		return nil, nil, err
 	}
-	rc.UserAgent = "gpubroker/" + Version()
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	return cs, nil
+	streamOpts := *opts
+	streamOpts.PoolSize = cfg.RedisStreamConnections
+	return redis.NewUniversalClient(opts), redis.NewUniversalClient(&streamOpts), nil
 }
 
-// assemble builds the parts every mode shares. Callers of the API are
+// NewBearer builds the API token verifier for issuer and audience with the
+// claims cfg names.
+func NewBearer(ctx context.Context, cfg config.Config, issuer, audience string) (*auth.Bearer, error) {
+	return auth.NewBearer(ctx, auth.BearerConfig{
+		IssuerURL: issuer, Audience: audience,
+		UsernameClaim: cfg.OIDCUsernameClaim, GroupsClaim: cfg.OIDCGroupsClaim, AdminGroup: cfg.AdminGroup,
+	})
+}
+
+// KubeClient builds the broker's clientset from its Kubernetes settings; it
+// contacts nothing.
+func KubeClient(k cliconfig.Kube) (kubernetes.Interface, error) {
+	return k.Clientset("gpubroker/" + cliconfig.Version())
+}
+
+// assemble builds the broker's parts over infra. Callers of the API are
 // authenticated by the hub token first (when one is set), then by bearer,
-// then (with ws) by the web login's session cookie. With ws the handler
-// also serves the web login (/auth/) and the pages (everything outside
-// /api/ and the probes).
-func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, kube kubernetes.Interface,
-	cat *catalog.Catalog, bearer *auth.Bearer, hub *auth.HubToken, mode httpapi.Mode, ws *webSettings) (*parts, error) {
-	rdb.AddHook(redisstore.OutageHook{}) // an unreachable Redis is a 503 naming it, never a 500
-	store := redisstore.New(rdb, cfg.RedisPrefix)
+// then (with infra.Web) by the web login's session cookie. With infra.Web
+// the handler also serves the web login (/auth/) and the pages (everything
+// outside /api/ and the probes).
+func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) {
+	rdb, kube, cat, mode, ws := infra.Redis, infra.Kube, infra.Catalog, infra.Mode, infra.Web
+	// An unreachable Redis is a 503 naming it, never a 500.
+	rdb.AddHook(redisstore.OutageHook{})
+	if infra.Streams != nil && infra.Streams != rdb {
+		infra.Streams.AddHook(redisstore.OutageHook{})
+	}
+	store := redisstore.New(rdb, cfg.Redis.Prefix, redisstore.WithBlockingClient(infra.Streams))
 	sp := spawner.New(kube, spawner.Config{
 		Namespace: cfg.Namespace, HostRoot: cfg.HostRoot, Exposure: spawner.Exposure(cfg.GPUExposure),
 		RuntimeClassName: cfg.RuntimeClass, StartTimeout: cfg.StartTimeout,
-	}.WithDefaults(), log.With("part", "spawner"))
+	}.WithDefaults(), log.With("part", "spawner"), spawner.WithResync(cfg.PodResync))
 	p := &parts{log: log, redis: rdb, store: store, kube: kube, spawner: sp,
-		agents: agentstore.New(rdb, cfg.RedisPrefix)}
+		agents: agentstore.New(rdb, cfg.Redis.Prefix)}
 	var rec *reconcile.Reconciler
-	audit := redisstore.NewAuditLog(rdb, cfg.RedisPrefix, p.agents)
+	audit := redisstore.NewAuditLog(rdb, cfg.Redis.Prefix, p.agents)
 	p.service = servers.New(store, sp, cat, log.With("part", "servers"),
 		servers.WithAudit(audit),
 		servers.WithPolicy(fleet.Policy(cfg.PlacementPolicy)),
@@ -348,12 +416,12 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 		servers.WithResize(servers.ResizeConfig{Store: store, Quotas: p.agents, Pods: sp}))
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
 	p.reconciler = rec
-	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.RedisPrefix), nil)
+	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.Redis.Prefix), nil)
 	var err error
 	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies, audit); err != nil {
 		return nil, err
 	}
-	authn := []auth.Authenticator{hub, bearer}
+	authn := []auth.Authenticator{infra.Hub, infra.Bearer}
 	var web *auth.Web
 	proxy := &pagesProxy{}
 	if ws != nil {
@@ -365,12 +433,12 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 	p.checkers = []httpapi.Checker{
 		checker{"redis", store.Ping},
 		checker{"kubernetes", func(ctx context.Context) error { return kubeReady(ctx, kube, cfg.Namespace, sp) }},
-		checker{"oidc", bearer.Ready},
+		checker{"oidc", infra.Bearer.Ready},
 	}
 	h, err := httpapi.New(httpapi.Deps{
 		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
 		Policy: policies, Audit: audit, Reclaim: p.reclaimer,
-		Auth: auth.Chain(authn...), Version: Version(), Mode: mode,
+		Auth: auth.Chain(authn...), Version: cliconfig.Version(), Mode: mode,
 		Checkers: p.checkers,
 	}, httpapi.WithEventsBlock(eventsBlock))
 	if err != nil {
@@ -381,7 +449,7 @@ func assemble(cfg config.Config, log *slog.Logger, rdb redis.UniversalClient, ku
 		if p.handler, err = mountPages(h, web, proxy, agentUsage{agents: p.agents}, log, mode.Notice); err != nil {
 			return nil, err
 		}
-		log.Info("web pages on", "public_url", ws.publicURL, "issuer", redirectHost(ws.issuerURL))
+		log.Info("web pages on", "public_url", ws.PublicURL, "issuer", redirectHost(ws.IssuerURL))
 	}
 	return p, nil
 }
@@ -405,4 +473,38 @@ func kubeReady(ctx context.Context, kube kubernetes.Interface, namespace string,
 		return fmt.Errorf("api server: %w", err)
 	}
 	return nil
+}
+
+// Dependencies are the outside parts --connect contacts: Redis (PING), the
+// OIDC issuer (discovery and its keys) and the Kubernetes API server (one
+// pod listed in the notebooks' namespace, which the broker's RBAC allows).
+// embedded names the ones dev mode embeds instead ("redis", "oidc",
+// "kubernetes"), which are listed without a check.
+func Dependencies(cfg config.Config, embedded ...string) []cliconfig.Dependency {
+	deps := []cliconfig.Dependency{
+		cfg.Redis.Dependency(),
+		{Name: "oidc", Where: cfg.OIDCIssuer, Check: func(ctx context.Context) error {
+			b, err := NewBearer(ctx, cfg, cfg.OIDCIssuer, cfg.OIDCAudience)
+			if err != nil {
+				return err
+			}
+			return b.Ready(ctx)
+		}},
+		{Name: "kubernetes", Where: cfg.Kube.Where() + ", namespace " + cfg.Namespace, Check: func(ctx context.Context) error {
+			kube, err := KubeClient(cfg.Kube)
+			if err != nil {
+				return err
+			}
+			if _, err := kube.CoreV1().Pods(cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+				return fmt.Errorf("list pods: %w", err)
+			}
+			return nil
+		}},
+	}
+	for i := range deps {
+		if slices.Contains(embedded, deps[i].Name) {
+			deps[i].Where, deps[i].Check = "embedded", nil
+		}
+	}
+	return deps
 }

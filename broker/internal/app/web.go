@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -20,18 +19,23 @@ import (
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 )
 
-// webSettings turn the web login and pages on; nil leaves them off (serve
+// WebSettings turn the web login and pages on; nil leaves them off (serve
 // mode without --public-url).
-type webSettings struct {
-	issuerURL    string
-	clientID     string
-	clientSecret string
-	publicURL    string
+type WebSettings struct {
+	// IssuerURL is the OIDC issuer of the web login; ClientID and
+	// ClientSecret ("" for a public client, PKCE only) the broker's client
+	// there.
+	IssuerURL    string
+	ClientID     string
+	ClientSecret string
+	// PublicURL is the broker's external base URL; the login's redirect URI
+	// is PublicURL + auth.CallbackPath.
+	PublicURL string
 }
 
 // serveWebSettings reads the web login's settings of a serve config: off
 // without a public URL.
-func serveWebSettings(cfg config.Config, log *slog.Logger) (*webSettings, error) {
+func serveWebSettings(cfg config.Config, log *slog.Logger) (*WebSettings, error) {
 	if cfg.PublicURL == "" {
 		log.Info("web pages are off: set --public-url to serve them (the web login's redirect URI is <public-url>/auth/callback)")
 		return nil, nil
@@ -40,23 +44,7 @@ func serveWebSettings(cfg config.Config, log *slog.Logger) (*webSettings, error)
 	if err != nil {
 		return nil, err
 	}
-	return &webSettings{issuerURL: cfg.OIDCIssuer, clientID: cfg.ClientID(), clientSecret: secret.Reveal(), publicURL: cfg.PublicURL}, nil
-}
-
-// devPublicURL is dev mode's public URL: the configured one, else the
-// listener's address (with "localhost" for an unspecified host).
-func devPublicURL(cfg config.Config, ln net.Listener) string {
-	if cfg.PublicURL != "" {
-		return cfg.PublicURL
-	}
-	host, port, err := net.SplitHostPort(ln.Addr().String())
-	if err != nil {
-		return "http://" + ln.Addr().String()
-	}
-	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
-		host = "localhost"
-	}
-	return "http://" + net.JoinHostPort(host, port)
+	return &WebSettings{IssuerURL: cfg.OIDCIssuer, ClientID: cfg.ClientID(), ClientSecret: secret.Reveal(), PublicURL: cfg.PublicURL}, nil
 }
 
 // pagesProxy lets the web login render with the frontend built after it.
@@ -71,12 +59,12 @@ func (p *pagesProxy) SignedOut(w http.ResponseWriter, r *http.Request) { p.h.Sig
 var _ auth.SessionStore = (*redisstore.Sessions)(nil)
 
 // newWebLogin builds the web login over rdb; pages render through proxy.
-func newWebLogin(cfg config.Config, ws *webSettings, rdb redis.UniversalClient, log *slog.Logger, proxy *pagesProxy) (*auth.Web, error) {
+func newWebLogin(cfg config.Config, ws *WebSettings, rdb redis.UniversalClient, log *slog.Logger, proxy *pagesProxy) (*auth.Web, error) {
 	w, err := auth.NewWeb(auth.WebConfig{
-		IssuerURL: ws.issuerURL, ClientID: ws.clientID, ClientSecret: ws.clientSecret, PublicURL: ws.publicURL,
+		IssuerURL: ws.IssuerURL, ClientID: ws.ClientID, ClientSecret: ws.ClientSecret, PublicURL: ws.PublicURL,
 		UsernameClaim: cfg.OIDCUsernameClaim, GroupsClaim: cfg.OIDCGroupsClaim, AdminGroup: cfg.AdminGroup,
 		SessionTTL: cfg.SessionTTL,
-	}, redisstore.NewSessions(rdb, cfg.RedisPrefix), auth.WithPages(proxy), auth.WithWebLogger(log.With("part", "weblogin")))
+	}, redisstore.NewSessions(rdb, cfg.Redis.Prefix), auth.WithPages(proxy), auth.WithWebLogger(log.With("part", "weblogin")))
 	if err != nil {
 		return nil, fmt.Errorf("web login: %w", err)
 	}

@@ -1,13 +1,11 @@
 package app
 
 import (
-	"net"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/frontend"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
@@ -57,28 +55,5 @@ func TestAgentUsageFeedsCharts(t *testing.T) {
 		if err != nil || ok != tc.wantOK || (ok && s.SMPercent != 99) {
 			t.Errorf("%s: Current = %+v, %v, %v; want ok %v", tc.name, s, ok, err, tc.wantOK)
 		}
-	}
-}
-
-func TestDevPublicURL(t *testing.T) {
-	tests := []struct {
-		name, public, listen, want string
-	}{
-		{"configured wins", "https://gpu.example", "127.0.0.1:0", "https://gpu.example"},
-		{"loopback listener", "", "127.0.0.1:0", "http://127.0.0.1:"},
-		{"unspecified host becomes localhost", "", ":0", "http://localhost:"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", tc.listen)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			got := devPublicURL(config.Config{PublicURL: tc.public}, ln)
-			if len(got) < len(tc.want) || got[:len(tc.want)] != tc.want {
-				t.Errorf("devPublicURL = %q, want prefix %q", got, tc.want)
-			}
-		})
 	}
 }

@@ -3,8 +3,6 @@ package config_test
 import (
 	"bytes"
 	"errors"
-	"flag"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -14,14 +12,38 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig/cliconfigtest"
 )
 
-func env(m map[string]string) func(string) string {
-	return func(k string) string { return m[k] }
+// serveBasics are what serve mode requires (a Redis, an issuer and its
+// audience, a profiles file that exists), as variables, for tests about
+// other settings; withBasics sets the same on a Config.
+func serveBasics(profiles string) map[string]string {
+	return map[string]string{
+		"GPUBROKER_REDIS_URL": "redis://127.0.0.1:6390/0", "GPUBROKER_OIDC_ISSUER": "https://idp.example",
+		"GPUBROKER_OIDC_AUDIENCE": "gpubroker", "GPUBROKER_PROFILES_FILE": profiles,
+	}
+}
+
+func withBasics(c config.Config, profiles string) config.Config {
+	c.Redis.URL, c.OIDCIssuer, c.OIDCAudience, c.ProfilesFile = "redis://127.0.0.1:6390/0", "https://idp.example", "gpubroker", profiles
+	return c
+}
+
+// merge returns base with over's entries on top.
+func merge(base, over map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range over {
+		out[k] = v
+	}
+	return out
 }
 
 func writeFile(t *testing.T, name, content string) string {
@@ -35,27 +57,29 @@ func writeFile(t *testing.T, name, content string) string {
 
 func defaults(mode config.Mode) config.Config {
 	c := config.Config{
-		Mode:              mode,
-		Listen:            ":8080",
-		RedisPrefix:       "gpubroker:",
-		Namespace:         "gpubroker-notebooks",
-		OIDCUsernameClaim: "preferred_username",
-		OIDCGroupsClaim:   "groups",
-		AdminGroup:        "gpubroker-admins",
-		PlacementPolicy:   fleet.PolicyBinpack,
-		HostRoot:          "/var/lib/gpubroker",
-		GPUExposure:       config.ExposureNVIDIARuntime,
-		RuntimeClass:      "nvidia",
-		ReconcileInterval: 30 * time.Second,
-		OrphanGrace:       2 * time.Minute,
-		StartTimeout:      5 * time.Minute,
-		ShutdownTimeout:   20 * time.Second,
-		SessionTTL:        12 * time.Hour,
-		ReclaimInterval:   30 * time.Second,
-		LeaseName:         "gpubroker-reclaimer",
-		LogLevel:          "info",
-		LogFormat:         "json",
-		DevGPUs:           8,
+		Mode:                   mode,
+		Listen:                 ":8080",
+		Redis:                  cliconfig.Redis{Prefix: "gpubroker:"},
+		Kube:                   cliconfig.Kube{QPS: 50, Burst: 100},
+		RedisStreamConnections: 1000,
+		PodResync:              5 * time.Second,
+		Namespace:              "gpubroker-notebooks",
+		OIDCUsernameClaim:      "preferred_username",
+		OIDCGroupsClaim:        "groups",
+		AdminGroup:             "gpubroker-admins",
+		PlacementPolicy:        fleet.PolicyBinpack,
+		HostRoot:               "/var/lib/gpubroker",
+		GPUExposure:            config.ExposureNVIDIARuntime,
+		RuntimeClass:           "nvidia",
+		ReconcileInterval:      30 * time.Second,
+		OrphanGrace:            2 * time.Minute,
+		StartTimeout:           5 * time.Minute,
+		ShutdownTimeout:        20 * time.Second,
+		SessionTTL:             12 * time.Hour,
+		ReclaimInterval:        30 * time.Second,
+		LeaseName:              "gpubroker-reclaimer",
+		LogLevel:               "info",
+		LogFormat:              "json",
 	}
 	if mode == config.ModeDev {
 		c.LogFormat = "text"
@@ -64,6 +88,10 @@ func defaults(mode config.Mode) config.Config {
 }
 
 func TestLoadPrecedence(t *testing.T) {
+	files := map[string]string{}
+	for _, name := range []string{"pw", "kc", "hub", "pf"} {
+		files[name] = writeFile(t, name, "x\n")
+	}
 	tests := []struct {
 		name string
 		mode config.Mode // "" means serve
@@ -79,25 +107,40 @@ func TestLoadPrecedence(t *testing.T) {
 			name: "env beats default",
 			env: map[string]string{
 				"GPUBROKER_LISTEN": ":9090", "GPUBROKER_RECONCILE_INTERVAL": "1m", "GPUBROKER_CHECK_CONFIG": "true",
-				"GPUBROKER_REDIS_SENTINEL_ADDRS": "s1:26379, s2:26379,", "GPUBROKER_DEV_GPUS": "2",
-				"GPUBROKER_PLACEMENT_POLICY": "spread", "GPUBROKER_LOG_FORMAT": "text",
+				"GPUBROKER_REDIS_URL": "", "GPUBROKER_REDIS_SENTINEL_MASTER": "m",
+				"GPUBROKER_REDIS_SENTINEL_ADDRS": "s1:26379, s2:26379,",
+				"GPUBROKER_PLACEMENT_POLICY":     "spread", "GPUBROKER_LOG_FORMAT": "text",
 			},
 			want: func(c *config.Config) {
 				c.Listen, c.ReconcileInterval, c.CheckConfig = ":9090", time.Minute, true
-				c.RedisSentinelAddrs, c.DevGPUs = []string{"s1:26379", "s2:26379"}, 2
+				c.Redis.URL, c.Redis.SentinelMaster, c.Redis.SentinelAddrs = "", "m", []string{"s1:26379", "s2:26379"}
 				c.PlacementPolicy, c.LogFormat = fleet.PolicySpread, "text"
 			},
 		},
 		{
 			name: "flag beats env",
-			args: []string{"--listen=:7070", "-reconcile-interval", "5s", "--redis-sentinel-addrs=x:1", "--check-config=false", "--log-format", "json"},
+			args: []string{"--listen=:7070", "-reconcile-interval", "5s", "--redis-url=redis://r:1/0", "--check-config=false", "--log-format", "json"},
 			env: map[string]string{
 				"GPUBROKER_LISTEN": ":9090", "GPUBROKER_RECONCILE_INTERVAL": "1m", "GPUBROKER_CHECK_CONFIG": "true",
-				"GPUBROKER_REDIS_SENTINEL_ADDRS": "s1:26379", "GPUBROKER_LOG_FORMAT": "text",
+				"GPUBROKER_REDIS_URL": "redis://s1:26379", "GPUBROKER_LOG_FORMAT": "text",
 			},
 			want: func(c *config.Config) {
-				c.Listen, c.ReconcileInterval, c.RedisSentinelAddrs = ":7070", 5*time.Second, []string{"x:1"}
+				c.Listen, c.ReconcileInterval, c.Redis.URL = ":7070", 5*time.Second, "redis://r:1/0"
 			},
+		},
+		{
+			name: "a flag over a bad variable wins quietly",
+			args: []string{"--orphan-grace=1m", "--check-config"},
+			env:  map[string]string{"GPUBROKER_ORPHAN_GRACE": "soon", "GPUBROKER_CHECK_CONFIG": "perhaps"},
+			want: func(c *config.Config) {
+				c.OrphanGrace, c.CheckConfig = time.Minute, true
+			},
+		},
+		{
+			name: "other programs' variables are not warned about",
+			env: map[string]string{"GPUBROKER_AGENT_NODE": "n1", "GPUBROKER_TEST_REDIS_SERVER": "/r", "GPUBROKER_STUB_STATE": "/s",
+				"GPUBROKER_QUOTA_FILE": "/q", "NOT_GPUBROKER_X": "1"},
+			want: func(*config.Config) {},
 		},
 		{
 			name: "empty env is unset",
@@ -107,20 +150,27 @@ func TestLoadPrecedence(t *testing.T) {
 		{
 			name: "every string flag",
 			args: []string{
-				"--public-url=https://gpu.example", "--redis-url=redis://r:6379/1", "--redis-sentinel-master=m",
-				"--redis-password-file=/p", "--redis-prefix=gb:", "--kubeconfig=/k", "--namespace=nb",
+				"--public-url=https://gpu.example", "--redis-url=redis://r:6379/1",
+				"--redis-prefix=gb:", "--namespace=nb",
 				"--oidc-issuer=https://idp", "--oidc-audience=aud", "--oidc-username-claim=email",
-				"--oidc-groups-claim=roles", "--admin-group=root", "--hub-token-file=/h", "--profiles-file=/pf",
+				"--oidc-groups-claim=roles", "--admin-group=root",
 				"--host-root=/hr", "--gpu-exposure=cdi", "--runtime-class=", "--orphan-grace=1m",
 				"--start-timeout=1m", "--shutdown-timeout=1s", "--log-level=debug",
 			},
 			want: func(c *config.Config) {
-				c.PublicURL, c.RedisURL, c.RedisSentinelMaster = "https://gpu.example", "redis://r:6379/1", "m"
-				c.RedisPasswordFile, c.RedisPrefix, c.Kubeconfig, c.Namespace = "/p", "gb:", "/k", "nb"
+				c.PublicURL, c.Redis.URL = "https://gpu.example", "redis://r:6379/1"
+				c.Redis.Prefix, c.Namespace = "gb:", "nb"
 				c.OIDCIssuer, c.OIDCAudience, c.OIDCUsernameClaim = "https://idp", "aud", "email"
-				c.OIDCGroupsClaim, c.AdminGroup, c.HubTokenFile, c.ProfilesFile = "roles", "root", "/h", "/pf"
+				c.OIDCGroupsClaim, c.AdminGroup = "roles", "root"
 				c.HostRoot, c.GPUExposure, c.RuntimeClass = "/hr", config.ExposureCDI, ""
 				c.OrphanGrace, c.StartTimeout, c.ShutdownTimeout, c.LogLevel = time.Minute, time.Minute, time.Second, "debug"
+			},
+		},
+		{
+			name: "every file flag",
+			args: []string{"--redis-password-file=" + files["pw"], "--kubeconfig=" + files["kc"], "--hub-token-file=" + files["hub"], "--profiles-file=" + files["pf"]},
+			want: func(c *config.Config) {
+				c.Redis.PasswordFile, c.Kube.Kubeconfig, c.HubTokenFile, c.ProfilesFile = files["pw"], files["kc"], files["hub"], files["pf"]
 			},
 		},
 	}
@@ -130,11 +180,16 @@ func TestLoadPrecedence(t *testing.T) {
 			if mode == "" {
 				mode = config.ModeServe
 			}
-			got, err := config.Load(mode, tc.args, env(tc.env), nil)
-			if err != nil {
-				t.Fatalf("Load: %v", err)
+			profiles := writeFile(t, "profiles.yaml", "profiles: []\n")
+			env := tc.env
+			if mode == config.ModeServe {
+				env = merge(serveBasics(profiles), tc.env)
 			}
-			want := defaults(config.ModeServe)
+			got, warnings, err := config.Load(mode, tc.args, cliconfigtest.Environ(env))
+			if err != nil || len(warnings) > 0 {
+				t.Fatalf("Load: %v (warnings %q)", err, warnings)
+			}
+			want := withBasics(defaults(config.ModeServe), profiles)
 			tc.want(&want)
 			if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
 				t.Errorf("config (-want +got):\n%s", diff)
@@ -143,68 +198,83 @@ func TestLoadPrecedence(t *testing.T) {
 	}
 }
 
-func TestLoadErrors(t *testing.T) {
+// TestLoadReportsEveryProblemAtOnce gives many problems of every kind in
+// one run (unknown flags, values that do not parse in flags and variables, a
+// flag without its value, stray arguments, failed checks, misspelled
+// variables): each is reported once, in the user's terms, flags written
+// with --, variables naming the form they want.
+func TestLoadReportsEveryProblemAtOnce(t *testing.T) {
 	tests := []struct {
-		name string
-		mode config.Mode
-		args []string
-		env  map[string]string
-		want []string
+		name         string
+		mode         config.Mode
+		args         []string
+		env          map[string]string
+		want         []string
+		wantWarnings []string
 	}{
-		{name: "unknown mode", mode: "serverless", want: []string{`config: unknown mode "serverless": want "serve" or "dev"`}},
+		{name: "unknown mode", mode: "serverless", want: []string{`unknown mode "serverless": want "serve" or "dev"`}},
 		{
-			name: "bad env values and an unknown flag, all at once",
+			name: "everything at once",
 			mode: config.ModeServe,
-			args: []string{"--nope"},
-			env:  map[string]string{"GPUBROKER_ORPHAN_GRACE": "soon", "GPUBROKER_DEV_GPUS": "many"},
+			args: []string{"--nope", "--redis-ulr=redis://x", "--start-timeout=5", "-reconcile-interval", "10ms",
+				"--check-config=maybe", "--namespace=Notebooks", "extra", "--", "--listen=:1"},
+			env: map[string]string{
+				"GPUBROKER_ORPHAN_GRACE": "soon", "GPUBROKER_SHUTDOWN_TIMEOUT": "1 minute", "GPUBROKER_LOG_LEVEL": "loud",
+				"GPUBROKER_REDIS_PREFX": "gb:", "GPUBROKER_FOO": "1",
+			},
 			want: []string{
-				`config: GPUBROKER_DEV_GPUS="many": parse error`,
-				`config: GPUBROKER_ORPHAN_GRACE="soon": parse error`,
-				`config: flag provided but not defined: -nope (see gpubroker serve --help)`,
+				`--nope: no such flag (see gpubroker serve --help)`,
+				`--redis-ulr: no such flag; did you mean --redis-url? (see gpubroker serve --help)`,
+				`--start-timeout "5" is not a duration such as 30s, 2m or 1h`,
+				`--check-config "maybe" is not true or false`,
+				`unexpected arguments ["extra" "--listen=:1"]: gpubroker serve takes only flags (see gpubroker serve --help)`,
+				`GPUBROKER_ORPHAN_GRACE="soon" is not a duration such as 30s, 2m or 1h (for --orphan-grace)`,
+				`GPUBROKER_SHUTDOWN_TIMEOUT="1 minute" is not a duration such as 30s, 2m or 1h (for --shutdown-timeout)`,
+				`--redis-url (GPUBROKER_REDIS_URL): a Redis is required in serve mode: set --redis-url, or --redis-sentinel-master with --redis-sentinel-addrs`,
+				`--namespace (GPUBROKER_NAMESPACE): "Notebooks" is not a Kubernetes namespace name (lowercase letters, digits and '-', at most 63)`,
+				`--oidc-issuer (GPUBROKER_OIDC_ISSUER): is required in serve mode`,
+				`--oidc-audience (GPUBROKER_OIDC_AUDIENCE): is required in serve mode and whenever --oidc-issuer is set`,
+				`--profiles-file (GPUBROKER_PROFILES_FILE): is required in serve mode`,
+				`--reconcile-interval (GPUBROKER_RECONCILE_INTERVAL): must be at least 1s, got 10ms`,
+				`--log-level (GPUBROKER_LOG_LEVEL): must be one of debug, info, warn, error, got "loud"`,
+			},
+			wantWarnings: []string{
+				`GPUBROKER_FOO is set, but gpubroker serve has no such setting (see gpubroker serve --help)`,
+				`GPUBROKER_REDIS_PREFX is set, but gpubroker serve has no such setting; did you mean GPUBROKER_REDIS_PREFIX?`,
 			},
 		},
 		{
-			name: "bad flag value",
+			name: "a flag without its value",
 			mode: config.ModeDev,
-			args: []string{"--start-timeout=5"},
-			want: []string{`config: invalid value "5" for flag -start-timeout: parse error (see gpubroker dev --help)`},
-		},
-		{
-			name: "stray argument",
-			mode: config.ModeServe,
-			args: []string{"--listen=:1", "extra"},
-			want: []string{`config: unexpected arguments ["extra"] (see gpubroker serve --help)`},
+			args: []string{"--listen"},
+			want: []string{`--listen needs a value (text)`},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var help bytes.Buffer
-			_, err := config.Load(tc.mode, tc.args, env(tc.env), &help)
+			_, warnings, err := config.Load(tc.mode, tc.args, cliconfigtest.Environ(tc.env))
 			if err == nil {
 				t.Fatal("Load succeeded, want an error")
 			}
 			if diff := cmp.Diff(tc.want, strings.Split(err.Error(), "\n")); diff != "" {
 				t.Errorf("errors (-want +got):\n%s", diff)
 			}
-			if help.Len() != 0 {
-				t.Errorf("Load wrote help text on an error: %q", help.String())
+			if diff := cmp.Diff(tc.wantWarnings, warnings); diff != "" {
+				t.Errorf("warnings (-want +got):\n%s", diff)
 			}
 		})
 	}
 }
 
 func TestHelp(t *testing.T) {
-	for _, arg := range []string{"-h", "--help"} {
-		var help bytes.Buffer
-		if _, err := config.Load(config.ModeServe, []string{arg}, env(nil), &help); !errors.Is(err, flag.ErrHelp) {
-			t.Errorf("Load(serve %s) = %v, want flag.ErrHelp", arg, err)
-		}
-		if diff := cmp.Diff(config.Usage(config.ModeServe), help.String()); diff != "" {
-			t.Errorf("help text (-want +got):\n%s", diff)
+	for _, arg := range []string{"-h", "--help", "-help"} {
+		// Help wins over every problem, even a bad flag before it.
+		if _, _, err := config.Load(config.ModeServe, []string{"--nope", arg}, nil); !errors.Is(err, cliconfig.ErrHelp) {
+			t.Errorf("Load(serve %s) = %v, want cliconfig.ErrHelp", arg, err)
 		}
 	}
-	if _, err := config.Load(config.ModeDev, []string{"-h"}, env(nil), nil); !errors.Is(err, flag.ErrHelp) {
-		t.Errorf("Load(dev -h) with no writer = %v, want flag.ErrHelp", err)
+	if _, _, err := config.Load(config.ModeDev, []string{"--version"}, nil); !errors.Is(err, cliconfig.ErrVersion) {
+		t.Errorf("Load(dev --version) = %v, want cliconfig.ErrVersion", err)
 	}
 	u := config.Usage(config.ModeServe)
 	for _, want := range []string{
@@ -212,7 +282,7 @@ func TestHelp(t *testing.T) {
 		"  --listen ADDR\n      Address the HTTP server listens on, host:port.\n      env GPUBROKER_LISTEN, default \":8080\"\n",
 		"  --reconcile-interval DURATION\n",
 		"env GPUBROKER_RECONCILE_INTERVAL, default \"30s\"",
-		"env GPUBROKER_LOG_FORMAT, default json in serve mode, text in dev mode",
+		`env GPUBROKER_LOG_FORMAT, default "json"`,
 		"  --check-config\n",
 		"env GPUBROKER_CHECK_CONFIG, default false",
 		"env GPUBROKER_REDIS_PASSWORD_FILE, default none",
@@ -228,17 +298,18 @@ func TestHelp(t *testing.T) {
 		"oidc-groups-claim", "admin-group", "hub-token-file", "oidc-client-id", "oidc-client-secret-file", "session-ttl", "profiles-file", "placement-policy", "host-root",
 		"gpu-exposure", "runtime-class", "reconcile-interval", "orphan-grace", "start-timeout", "shutdown-timeout",
 		"reclaim-interval", "hub-url", "hub-api-token-file", "leader-election-namespace", "lease-name",
-		"log-level", "log-format", "check-config", "dev-gpus",
+		"kube-api-qps", "kube-api-burst", "pod-resync", "connect", "redis-stream-connections",
+		"log-level", "log-format", "check-config",
 	} {
 		if !strings.Contains(u, "  --"+name) || !strings.Contains(u, "env "+config.EnvName(name)+",") {
 			t.Errorf("Usage lacks flag %s or its variable %s", name, config.EnvName(name))
 		}
-		if _, err := config.Load(config.ModeDev, []string{"--" + name + "=1"}, env(nil), nil); err != nil && strings.Contains(err.Error(), "not defined") {
+		if _, _, err := config.Load(config.ModeDev, []string{"--" + name + "=1"}, nil); err != nil && strings.Contains(err.Error(), "no such flag") {
 			t.Errorf("flag %s is listed but not registered", name)
 		}
 	}
-	if !strings.HasPrefix(config.Usage(config.ModeDev), "Usage: gpubroker dev [flags]") {
-		t.Error("dev usage does not name the dev mode")
+	if dev := config.Usage(config.ModeDev); !strings.HasPrefix(dev, "Usage: gpubroker dev [flags]") || !strings.Contains(dev, `env GPUBROKER_LOG_FORMAT, default "text"`) {
+		t.Error("dev usage does not name the dev mode or its text log default")
 	}
 }
 
@@ -247,13 +318,13 @@ func TestHelp(t *testing.T) {
 func validServe(t *testing.T) config.Config {
 	t.Helper()
 	c := defaults(config.ModeServe)
-	c.RedisURL = "redis://127.0.0.1:6390/0"
-	c.RedisPasswordFile = writeFile(t, "redis-password", "pw\n")
+	c.Redis.URL = "redis://127.0.0.1:6390/0"
+	c.Redis.PasswordFile = writeFile(t, "redis-password", "pw\n")
 	c.OIDCIssuer = "https://idp.example/realms/x"
 	c.OIDCAudience = "gpubroker"
 	c.HubTokenFile = writeFile(t, "hub-token", "hub\n")
 	c.ProfilesFile = writeFile(t, "profiles.yaml", "profiles: []\n")
-	c.Kubeconfig = writeFile(t, "kubeconfig", "apiVersion: v1\n")
+	c.Kube.Kubeconfig = writeFile(t, "kubeconfig", "apiVersion: v1\n")
 	c.PublicURL = "https://gpu.example"
 	return c
 }
@@ -268,7 +339,7 @@ func TestValidate(t *testing.T) {
 	}{
 		{name: "valid serve", mutate: func(*config.Config) {}},
 		{name: "valid serve with sentinel", mutate: func(c *config.Config) {
-			c.RedisURL, c.RedisSentinelMaster, c.RedisSentinelAddrs = "", "mymaster", []string{"s1:26379", "[::1]:26379"}
+			c.Redis.URL, c.Redis.SentinelMaster, c.Redis.SentinelAddrs = "", "mymaster", []string{"s1:26379", "[::1]:26379"}
 		}},
 		{name: "dev needs nothing", mutate: func(c *config.Config) {
 			*c = defaults(config.ModeDev)
@@ -276,7 +347,7 @@ func TestValidate(t *testing.T) {
 		{
 			name: "serve requires issuer, audience, redis and profiles",
 			mutate: func(c *config.Config) {
-				c.OIDCIssuer, c.OIDCAudience, c.RedisURL, c.ProfilesFile = "", "", "", ""
+				c.OIDCIssuer, c.OIDCAudience, c.Redis.URL, c.ProfilesFile = "", "", "", ""
 			},
 			want: []string{
 				"--redis-url (GPUBROKER_REDIS_URL): a Redis is required in serve mode: set --redis-url, or --redis-sentinel-master with --redis-sentinel-addrs",
@@ -299,10 +370,10 @@ func TestValidate(t *testing.T) {
 				c.Mode = "batch"
 				c.Listen = "8080"
 				c.PublicURL = "gpu.example"
-				c.RedisURL = "redis://:secretpw@host:6379/notadb"
-				c.RedisPasswordFile = missing
-				c.RedisPrefix = "{gb}:"
-				c.Kubeconfig = dir
+				c.Redis.URL = "redis://:secretpw@host:6379/notadb"
+				c.Redis.PasswordFile = missing
+				c.Redis.Prefix = "{gb}:"
+				c.Kube.Kubeconfig = dir
 				c.Namespace = "Notebooks"
 				c.OIDCIssuer = "https://idp.example?x=1"
 				c.OIDCUsernameClaim = ""
@@ -372,28 +443,28 @@ func TestValidate(t *testing.T) {
 		{
 			name: "redis URL and sentinel together",
 			mutate: func(c *config.Config) {
-				c.RedisSentinelMaster = "m"
+				c.Redis.SentinelMaster = "m"
 			},
 			want: []string{"--redis-url (GPUBROKER_REDIS_URL): set either --redis-url or the Sentinel pair (--redis-sentinel-master, --redis-sentinel-addrs), not both"},
 		},
 		{
 			name: "redis URL scheme",
 			mutate: func(c *config.Config) {
-				c.RedisURL = "http://redis:6379"
+				c.Redis.URL = "http://redis:6379"
 			},
 			want: []string{`--redis-url (GPUBROKER_REDIS_URL): must start with redis:// or rediss://, got "http://"`},
 		},
 		{
 			name: "unparsable redis URL",
 			mutate: func(c *config.Config) {
-				c.RedisURL = "redis://:secretpw@host:port"
+				c.Redis.URL = "redis://:secretpw@host:port"
 			},
 			want: []string{"--redis-url (GPUBROKER_REDIS_URL): is not a valid URL (want redis://[user:password@]host:port[/db])"},
 		},
 		{
 			name: "sentinel halves",
 			mutate: func(c *config.Config) {
-				c.RedisURL, c.RedisSentinelAddrs = "", []string{"s1", "s2:26379"}
+				c.Redis.URL, c.Redis.SentinelAddrs = "", []string{"s1", "s2:26379"}
 			},
 			want: []string{
 				"--redis-sentinel-master (GPUBROKER_REDIS_SENTINEL_MASTER): is required with --redis-sentinel-addrs",
@@ -403,17 +474,9 @@ func TestValidate(t *testing.T) {
 		{
 			name: "sentinel master alone",
 			mutate: func(c *config.Config) {
-				c.RedisURL, c.RedisSentinelMaster = "", "m"
+				c.Redis.URL, c.Redis.SentinelMaster = "", "m"
 			},
 			want: []string{"--redis-sentinel-addrs (GPUBROKER_REDIS_SENTINEL_ADDRS): is required with --redis-sentinel-master"},
-		},
-		{
-			name: "dev GPUs out of range",
-			mutate: func(c *config.Config) {
-				*c = defaults(config.ModeDev)
-				c.DevGPUs = 65
-			},
-			want: []string{"--dev-gpus (GPUBROKER_DEV_GPUS): must be 1..64, got 65"},
 		},
 	}
 	for _, tc := range tests {
@@ -435,96 +498,20 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-func TestRedisOptions(t *testing.T) {
-	pwFile := writeFile(t, "pw", "from-file\r\n")
-	tests := []struct {
-		name   string
-		mutate func(*config.Config)
-		want   redis.UniversalOptions
-	}{
-		{
-			name:   "url with user, password and db",
-			mutate: func(c *config.Config) { c.RedisURL = "redis://u:p@r.example:6380/3" },
-			want:   redis.UniversalOptions{Addrs: []string{"r.example:6380"}, Username: "u", Password: "p", DB: 3},
-		},
-		{
-			name:   "password file overrides the url",
-			mutate: func(c *config.Config) { c.RedisURL, c.RedisPasswordFile = "redis://:p@r:6379", pwFile },
-			want:   redis.UniversalOptions{Addrs: []string{"r:6379"}, Password: "from-file"},
-		},
-		{
-			name:   "url timeouts win",
-			mutate: func(c *config.Config) { c.RedisURL = "redis://r:6379?read_timeout=9s&dial_timeout=-1" },
-			want:   redis.UniversalOptions{Addrs: []string{"r:6379"}, ReadTimeout: 9 * time.Second, DialTimeout: -1},
-		},
-		{
-			name: "sentinel",
-			mutate: func(c *config.Config) {
-				c.RedisSentinelMaster, c.RedisSentinelAddrs, c.RedisPasswordFile = "mymaster", []string{"a:1", "b:2"}, pwFile
-			},
-			want: redis.UniversalOptions{MasterName: "mymaster", Addrs: []string{"a:1", "b:2"}, Password: "from-file"},
-		},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			c := defaults(config.ModeServe)
-			tc.mutate(&c)
-			got, err := c.RedisOptions()
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := tc.want
-			want.ContextTimeoutEnabled = true
-			if want.DialTimeout == 0 {
-				want.DialTimeout = config.RedisDialTimeout
-			}
-			if want.ReadTimeout == 0 {
-				want.ReadTimeout = config.RedisReadTimeout
-			}
-			want.WriteTimeout = config.RedisWriteTimeout
-			if diff := cmp.Diff(want, *got, cmpopts.IgnoreUnexported(redis.UniversalOptions{}), cmpopts.IgnoreFields(redis.UniversalOptions{}, "TLSConfig")); diff != "" {
-				t.Errorf("options (-want +got):\n%s", diff)
-			}
-		})
-	}
-
-	c := defaults(config.ModeServe)
-	c.RedisURL = "rediss://r:6379"
-	o, err := c.RedisOptions()
-	if err != nil || o.TLSConfig == nil {
-		t.Errorf("rediss: TLSConfig %v, err %v; want TLS", o, err)
-	}
-	if _, err := defaults(config.ModeDev).RedisOptions(); !errors.Is(err, config.ErrEmbeddedRedis) {
-		t.Errorf("no Redis configured: %v, want ErrEmbeddedRedis", err)
-	}
-	c.RedisPasswordFile = filepath.Join(t.TempDir(), "missing")
-	if _, err := c.RedisOptions(); err == nil {
-		t.Error("missing password file: no error")
-	}
-}
-
-func TestSecretsAreRedacted(t *testing.T) {
-	s, err := config.ReadSecret(writeFile(t, "s", "hunter2\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.Reveal() != "hunter2" {
-		t.Errorf("Reveal() = %q, want hunter2", s.Reveal())
-	}
-	for _, verb := range []string{"%v", "%s", "%q", "%#v", "%+v"} {
-		if out := fmt.Sprintf(verb, s); strings.Contains(out, "hunter2") {
-			t.Errorf("%s prints %q", verb, out)
-		}
-	}
+func TestConfigLogRedactsTheRedisPassword(t *testing.T) {
 	var buf bytes.Buffer
 	c := defaults(config.ModeServe)
-	c.RedisURL = "redis://u:hunter2@r:6379"
-	slog.New(slog.NewJSONHandler(&buf, nil)).Info("start", "secret", s, "config", c)
-	if strings.Contains(buf.String(), "hunter2") || !strings.Contains(buf.String(), `"secret":"REDACTED"`) {
-		t.Errorf("log line leaks or lacks redaction: %s", buf.String())
+	c.Redis.URL = "redis://u:hunter2@r:6379"
+	c.HubTokenFile = "/run/secrets/hub"
+	slog.New(slog.NewJSONHandler(&buf, nil)).Info("start", "config", c)
+	out := buf.String()
+	if strings.Contains(out, "hunter2") {
+		t.Errorf("log line leaks the password: %s", out)
 	}
-	if _, err := config.ReadSecret(writeFile(t, "empty", "\n")); err == nil {
-		t.Error("empty secret file: no error")
+	for _, want := range []string{`"mode":"serve"`, `"redis_url":"redis://u:xxxxx@r:6379"`, `"hub_token_file":"/run/secrets/hub"`, `"reconcile_interval":"30s"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log line lacks %s: %s", want, out)
+		}
 	}
 }
 

@@ -6,18 +6,16 @@ import (
 	"time"
 
 	"github.com/gpubroker/gpubroker/broker/internal/config"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig/cliconfigtest"
 )
 
 func TestWebLoginSettings(t *testing.T) {
-	c, err := config.Load(config.ModeServe, []string{"--oidc-audience=aud", "--session-ttl=30s"},
-		env(map[string]string{"GPUBROKER_OIDC_CLIENT_SECRET_FILE": "/nonexistent/secret"}), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, _, err := config.Load(config.ModeServe, []string{"--oidc-audience=aud", "--session-ttl=30s"},
+		cliconfigtest.Environ(map[string]string{"GPUBROKER_OIDC_CLIENT_SECRET_FILE": "/nonexistent/secret"}))
 	if c.ClientID() != "aud" || c.SessionTTL != 30*time.Second {
 		t.Errorf("client id %q ttl %s, want the audience and 30s", c.ClientID(), c.SessionTTL)
 	}
-	err = c.Validate()
 	for _, want := range []string{
 		"--session-ttl (GPUBROKER_SESSION_TTL): must be at least 1m0s, got 30s",
 		"--oidc-client-secret-file (GPUBROKER_OIDC_CLIENT_SECRET_FILE)",
@@ -31,7 +29,7 @@ func TestWebLoginSettings(t *testing.T) {
 		t.Errorf("client id %q, want web", c.ClientID())
 	}
 	c.OIDCClientSecretFile = writeFile(t, "secret", "s3cret\n")
-	if s, err := c.ClientSecret(); err != nil || s.Reveal() != "s3cret" || s.String() != config.Redacted {
+	if s, err := c.ClientSecret(); err != nil || s.Reveal() != "s3cret" || s.String() != cliconfig.Redacted {
 		t.Errorf("ClientSecret() = %v, %v", s.Reveal(), err)
 	}
 }

@@ -24,16 +24,6 @@ func TransitionSources(to State) []State {
 	return transitions[to]
 }
 
-// CanTransition reports whether a server may move from one state to another.
-func CanTransition(from, to State) bool {
-	for _, s := range transitions[to] {
-		if s == from {
-			return true
-		}
-	}
-	return false
-}
-
 // Doing says what a server in state s is doing, as the end of a sentence
 // that starts with its name: "nb " + Doing(s) reads "nb is still
 // stopping". For conflicts told to people, never the state's bare word.

@@ -450,7 +450,8 @@ var streamID = regexp.MustCompile(`^[0-9]{1,20}(-[0-9]{1,20})?$`)
 // block > 0 it waits up to block for the next ones and returns them, or no
 // events (and no error) when block passes. A malformed afterID wraps
 // fleet.ErrInvalid. Event.ID is the stream id, usable as SSE Last-Event-ID.
-// A blocked call holds one pooled connection for its duration.
+// A blocked call holds one pooled connection of the blocking client
+// (WithBlockingClient) for its duration.
 func (s *Store) Events(ctx context.Context, k fleet.ServerKey, afterID string, block time.Duration) ([]fleet.Event, error) {
 	if afterID != "" && !streamID.MatchString(afterID) {
 		return nil, fmt.Errorf("%w: event id %q: want <milliseconds>-<sequence>", fleet.ErrInvalid, afterID)
@@ -476,7 +477,7 @@ func (s *Store) Events(ctx context.Context, k fleet.ServerKey, afterID string, b
 		if from == "" {
 			from = "0-0"
 		}
-		streams, err := s.rdb.XRead(ctx, &redis.XReadArgs{Streams: []string{key, from}, Block: max(block, time.Millisecond)}).Result()
+		streams, err := s.blocking.XRead(ctx, &redis.XReadArgs{Streams: []string{key, from}, Block: max(block, time.Millisecond)}).Result()
 		if errors.Is(err, redis.Nil) {
 			return nil, nil
 		}

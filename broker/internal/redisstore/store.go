@@ -33,6 +33,7 @@ const (
 // its own read and write timeouts.
 type Store struct {
 	rdb       redis.UniversalClient
+	blocking  redis.UniversalClient // Events' blocking reads; rdb unless WithBlockingClient
 	k         redisschema.Keys
 	now       func() time.Time
 	opTimeout time.Duration
@@ -53,6 +54,20 @@ func WithOpTimeout(d time.Duration) Option {
 	return func(s *Store) {
 		if d > 0 {
 			s.opTimeout = d
+		}
+	}
+}
+
+// WithBlockingClient makes Events' blocking reads (XREAD BLOCK) use c
+// instead of the store's client. A waiting read holds its connection for
+// its whole block, even after the event stream's client went away, so many
+// streams would otherwise take the connections that placement and every
+// other operation need (issue 16: creates timing out behind streams).
+// Default: the store's client.
+func WithBlockingClient(c redis.UniversalClient) Option {
+	return func(s *Store) {
+		if c != nil {
+			s.blocking = c
 		}
 	}
 }
@@ -82,6 +97,9 @@ func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 	}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.blocking == nil {
+		s.blocking = client
 	}
 	return s
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -58,13 +57,7 @@ func newStubRig(tb testing.TB, t *testing.T, log *slog.Logger) *stubRig {
 	tb.Helper()
 	stubtest.Need(tb)
 	f := serverstest.New(t)
-	key := fleet.ServerKey{User: "alice", Name: "lab"}
-	rec, _, err := f.Service.Create(t.Context(), serverstest.By, "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
-	if err != nil {
-		tb.Fatalf("Create: %v", err)
-	}
-	f.SetPodRunning(t, "alice", "lab", "10.0.0.7")
-	f.WaitState(t, key, v1.StateRunning)
+	key, rec := runningLab(t, f)
 	initial := rec.Slice
 
 	dir := tb.TempDir()
@@ -72,30 +65,18 @@ func newStubRig(tb testing.TB, t *testing.T, log *slog.Logger) *stubRig {
 	t.Setenv("GPUBROKER_STUB_STATE", state) // the stub NVML the agent loads in this process
 	root := filepath.Join(dir, "host")
 	sliceDir := filepath.Join(root, v1.HostSlicesSubdir, rec.SpawnID)
-	for _, sub := range []string{"quota", "usage"} {
-		if err := os.MkdirAll(filepath.Join(sliceDir, sub), 0o755); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	env := append(stubtest.Environ(), "GPUBROKER_STUB_STATE="+state, "LD_LIBRARY_PATH="+stubtest.StubDir(),
-		"LD_PRELOAD="+stubtest.HookLibrary(),
-		v1.EnvSliceID+"="+rec.SpawnID, v1.EnvGPUUUID+"="+stubtest.DeviceUUID,
-		v1.EnvQuotaFile+"="+filepath.Join(sliceDir, "quota", v1.QuotaFileName),
-		v1.EnvUsageFile+"="+filepath.Join(sliceDir, "usage", v1.UsageFileName),
-		v1.EnvMemoryLimitMiB+"="+strconv.FormatInt(initial.MemoryMiB, 10),
-		v1.EnvComputePercent+"="+strconv.Itoa(initial.ComputePercent),
-		v1.EnvComputeLimitPercent+"="+strconv.Itoa(initial.ComputeLimitPercent))
+	env := append(stubtest.Environ(), "GPUBROKER_STUB_STATE="+state, "LD_LIBRARY_PATH="+stubtest.StubDir())
 
 	rdb := f.Redis.Client(t)
 	store := agentstore.New(rdb, f.Redis.Prefix(t))
 	a, err := agent.New(agent.Config{Node: "n1", HostRoot: root, TrustUsagePIDs: true, Enforcement: agent.Policy{Mode: agent.ModeReport}},
 		agent.Deps{NVML: nvml.New(nvml.WithLibraryPath(filepath.Join(stubtest.StubDir(), "libnvidia-ml.so.1"))),
 			Samples: store, Quotas: store, Audit: store, Log: log,
-			Pods: agent.StaticPods{{ID: rec.SpawnID, PodUID: "uid-1", Pod: rec.Pod, Namespace: serverstest.Namespace, GPU: stubtest.DeviceUUID, Initial: initial}}})
+			Pods: agent.StaticPods{{ID: rec.SpawnID, PodUID: "uid-1", Pod: rec.Pod, Namespace: serverstest.Namespace,
+				User: "alice", Server: "lab", GPU: stubtest.DeviceUUID, Initial: initial}}})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	p := stubtest.Start(tb, env)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -105,6 +86,13 @@ func newStubRig(tb testing.TB, t *testing.T, log *slog.Logger) *stubRig {
 			t.Errorf("agent Run: %v", err)
 		}
 	})
+	// The agent prepares the slice as soon as it sees it: the notebook's
+	// process then finds its first quota (the pod's slice) at start.
+	stubtest.Eventually(tb, "the slice's first quota file", func() (bool, string) {
+		_, err := os.Stat(filepath.Join(sliceDir, "quota", v1.QuotaFileName))
+		return err == nil, fmt.Sprint(err)
+	})
+	p := stubtest.StartInSlice(tb, env, filepath.Join(sliceDir, "quota"), filepath.Join(sliceDir, "usage"))
 	// The agent is listening for quota changes once it has subscribed.
 	stubtest.Eventually(tb, "the agent's quota subscription", func() (bool, string) {
 		m, err := rdb.PubSubNumSub(t.Context(), store.Keys().QuotaChanged()).Result()

@@ -54,7 +54,8 @@
 // slice per cycle; stale means unknown),
 // SetDesiredQuota and AppliedQuota (resize, reclaim), DeleteQuotas (on
 // release), AuditBefore (the admin audit view, merged with the broker's
-// own log).
+// own log), FollowAudit (each record once per consumer group across the
+// replicas: the servers' enforcement events).
 //
 // # Time
 //

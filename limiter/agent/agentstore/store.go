@@ -48,6 +48,7 @@ type Store struct {
 	sampleTTL time.Duration
 	quotaTTL  time.Duration
 	opTimeout time.Duration
+	claimIdle time.Duration // FollowAudit: how long a record stays unacknowledged before it is handed out again
 
 	mu         sync.Mutex
 	expiresSet map[string]time.Time // slice → when its stream TTL was last refreshed (writer's clock)
@@ -86,6 +87,17 @@ func WithOpTimeout(d time.Duration) Option {
 	}
 }
 
+// WithAuditRetry sets how long a record FollowAudit handed out may stay
+// unacknowledged (its handler failed, or its consumer died) before it is
+// handed out again; default 30 s. d <= 0 keeps the default.
+func WithAuditRetry(d time.Duration) Option {
+	return func(s *Store) {
+		if d > 0 {
+			s.claimIdle = d
+		}
+	}
+}
+
 // New returns a Store on client with keys under prefix (redisschema.New:
 // may be "", must not contain '{' or '}'). It does no I/O.
 func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
@@ -96,6 +108,7 @@ func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 		sampleTTL:  DefaultSampleTTL,
 		quotaTTL:   DefaultQuotaTTL,
 		opTimeout:  DefaultOpTimeout,
+		claimIdle:  auditClaimIdle,
 		expiresSet: map[string]time.Time{},
 	}
 	for _, o := range opts {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -429,4 +430,115 @@ func BenchmarkRedisBytesPerSlice24h(b *testing.B) {
 	b.ReportMetric(float64(n), "entries/slice")
 	b.Logf("after 24 h of 1 Hz samples: %d bytes and %d entries per slice (bound %d bytes, MaxLen ~%d)",
 		bytes, n, sampleBytesBound, agentstore.DefaultMaxLen)
+}
+
+// TestFollowAuditDeliversEachRecordOnceAcrossConsumers runs two followers
+// in one group, as two broker replicas do: every record written after the
+// group exists reaches exactly one of them, none written before does, a
+// record whose handler failed comes back, and a follower started later in
+// the same group gets what was written while none ran.
+func TestFollowAuditDeliversEachRecordOnceAcrossConsumers(t *testing.T) {
+	st, rdb := newStore(t, agentstore.WithAuditRetry(200*time.Millisecond))
+	ctx := t.Context()
+	rec := func(pid uint32) agentstore.AuditRecord {
+		return agentstore.AuditRecord{At: t0, Node: "gpu-a", Action: "kill", Reason: "over-memory", PID: pid, Slice: "s", User: "alice", Server: "lab"}
+	}
+	if err := st.AddAudit(ctx, rec(1)); err != nil { // before the group: never delivered
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	got := map[uint32][]string{}
+	failedOnce := false
+	follow := func(ctx context.Context, name string) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			done <- st.FollowAudit(ctx, "broker-events", name, func(_ context.Context, r agentstore.AuditRecord) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if r.PID == 7 && !failedOnce {
+					failedOnce = true
+					return errors.New("server store down")
+				}
+				got[r.PID] = append(got[r.PID], name)
+				return nil
+			})
+		}()
+		return done
+	}
+	waitGroup := func() {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			groups, err := rdb.XInfoGroups(ctx, st.Keys().AgentAudit()).Result()
+			if err == nil && len(groups) == 1 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no consumer group within 10 s: %v %v", groups, err)
+			}
+			<-time.After(2 * time.Millisecond)
+		}
+	}
+	delivered := func(pids ...uint32) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			mu.Lock()
+			n := 0
+			for _, p := range pids {
+				if len(got[p]) > 0 {
+					n++
+				}
+			}
+			mu.Unlock()
+			if n == len(pids) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("records %v not all delivered within 10 s: %v", pids, got)
+			}
+			<-time.After(2 * time.Millisecond)
+		}
+	}
+	ctx1, stop1 := context.WithCancel(ctx)
+	a, b := follow(ctx1, "replica-a"), follow(ctx1, "replica-b")
+	waitGroup()
+	for pid := uint32(2); pid <= 9; pid++ {
+		if err := st.AddAudit(ctx, rec(pid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	delivered(2, 3, 4, 5, 6, 7, 8, 9)
+	stop1()
+	for _, done := range []<-chan error{a, b} {
+		if err := <-done; err != nil {
+			t.Errorf("FollowAudit: %v", err)
+		}
+	}
+	if err := st.AddAudit(ctx, rec(10)); err != nil { // while no follower runs
+		t.Fatal(err)
+	}
+	ctx2, stop2 := context.WithCancel(ctx)
+	c := follow(ctx2, "replica-c")
+	delivered(10)
+	stop2()
+	if err := <-c; err != nil {
+		t.Errorf("FollowAudit: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got[1]) != 0 {
+		t.Errorf("a record from before the group was delivered to %v", got[1])
+	}
+	for pid := uint32(2); pid <= 10; pid++ {
+		if len(got[pid]) != 1 {
+			t.Errorf("record %d delivered to %v, want exactly one consumer", pid, got[pid])
+		}
+	}
+	if !failedOnce || got[10][0] != "replica-c" {
+		t.Errorf("failed once %v; record 10 went to %v, want replica-c", failedOnce, got[10])
+	}
+	if pending, err := rdb.XPending(ctx, st.Keys().AgentAudit(), "broker-events").Result(); err != nil || pending.Count != 0 {
+		t.Errorf("pending %+v, %v; want every record acknowledged", pending, err)
+	}
 }

@@ -4,15 +4,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -20,37 +20,32 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/gpubroker/gpubroker/limiter/agent"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	"github.com/gpubroker/gpubroker/limiter/cliconfig"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Environ(), os.Stdout, os.Stderr))
 }
 
-func run(args []string) int {
-	cfg, err := Load(args, os.Getenv, os.Stdout)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
+func run(args, environ []string, stdout, stderr io.Writer) int {
+	cfg, warnings, err := Load(args, environ)
+	var deps []cliconfig.Dependency
+	if cfg.Connect {
+		deps = dependencies(cfg)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
-	if cfg.CheckConfig {
-		fmt.Fprintln(os.Stdout, "configuration is valid")
-		return 0
+	front := cliconfig.Front{Program: "gpubroker-agent", Usage: usage, Stdout: stdout, Stderr: stderr}
+	if code, done := front.Settle(context.Background(), warnings, err, cfg.CheckConfig || cfg.Connect, deps); done {
+		return code
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated in Load
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: level}))
 	klog.SetSlogLogger(log.With("component", "client-go"))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -65,29 +60,25 @@ func run(args []string) int {
 
 // serve builds the agent and runs it with its metrics server until ctx ends.
 func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
-	rdb, err := redisClient(cfg)
+	rdb, err := cfg.Redis.Client()
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
-	store := agentstore.New(rdb, cfg.RedisPrefix, agentstore.WithMaxLen(cfg.SampleMaxLen))
+	store := agentstore.New(rdb, cfg.Redis.Prefix, agentstore.WithMaxLen(cfg.SampleMaxLen))
 
-	kube, err := kubeClient(cfg.Kubeconfig)
+	kube, err := cfg.Kube.Clientset(userAgent)
 	if err != nil {
 		return err
 	}
 	pods := agent.NewPodWatcher(kube, cfg.Agent.Node, func(err error) {
 		log.Warn("pod ignored", "err", err)
-	})
+	}, agent.WithNamespace(cfg.Namespace))
 
-	var opts []nvml.LibraryOption
-	if cfg.NVMLLibrary != "" {
-		opts = append(opts, nvml.WithLibraryPath(cfg.NVMLLibrary))
-	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a, err := agent.New(cfg.Agent, agent.Deps{
-		NVML:    nvml.New(opts...),
+		NVML:    nvmlLibrary(cfg),
 		Samples: store,
 		Quotas:  store,
 		Audit:   store,
@@ -140,52 +131,49 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	return g.Wait()
 }
 
-// redisClient builds the client: a URL or Sentinel, with the password file
-// applied and ContextTimeoutEnabled so per-operation deadlines reach the
-// socket.
-func redisClient(cfg Config) (redis.UniversalClient, error) {
-	password := ""
-	if cfg.RedisPasswordFile != "" {
-		b, err := os.ReadFile(cfg.RedisPasswordFile)
-		if err != nil {
-			return nil, fmt.Errorf("redis password file: %w", err)
-		}
-		password = strings.TrimRight(string(b), "\r\n")
+// userAgent is the agent's user agent at the API server.
+var userAgent = "gpubroker-agent/" + cliconfig.Version()
+
+// nvmlLibrary is NVML from --nvml-library, or the system's.
+func nvmlLibrary(cfg Config) nvml.Interface {
+	var opts []nvml.LibraryOption
+	if cfg.NVMLLibrary != "" {
+		opts = append(opts, nvml.WithLibraryPath(cfg.NVMLLibrary))
 	}
-	if cfg.RedisSentinelMaster != "" {
-		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName: cfg.RedisSentinelMaster, SentinelAddrs: strings.Split(cfg.RedisSentinelAddrs, ","),
-			Password: password, ContextTimeoutEnabled: true,
-			DialTimeout: defaultTimeout, ReadTimeout: defaultTimeout, WriteTimeout: defaultTimeout,
-		}), nil
-	}
-	o, err := redis.ParseURL(cfg.RedisURL)
-	if err != nil {
-		return nil, fmt.Errorf("redis url: %w", err)
-	}
-	if password != "" {
-		o.Password = password
-	}
-	o.ContextTimeoutEnabled = true
-	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = defaultTimeout, defaultTimeout, defaultTimeout
-	return redis.NewClient(o), nil
+	return nvml.New(opts...)
 }
 
-// kubeClient uses kubeconfig, or the in-cluster config when it is "".
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
+// dependencies are what --connect contacts: Redis (PING), the API server
+// (this node's pods, as the agent watches them) and NVML (loaded,
+// initialised and asked for its device count).
+func dependencies(cfg Config) []cliconfig.Dependency {
+	where := cfg.Kube.Where() + ", node " + cfg.Agent.Node
+	if cfg.Namespace != "" {
+		where += ", namespace " + cfg.Namespace
 	}
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes config: %w", err)
+	return []cliconfig.Dependency{
+		cfg.Redis.Dependency(),
+		{Name: "kubernetes", Where: where, Check: func(ctx context.Context) error {
+			kube, err := cfg.Kube.Clientset(userAgent)
+			if err != nil {
+				return err
+			}
+			_, err = kube.CoreV1().Pods(cfg.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + cfg.Agent.Node, Limit: 1})
+			if err != nil {
+				return fmt.Errorf("list this node's pods: %w", err)
+			}
+			return nil
+		}},
+		{Name: "nvml", Where: cmp.Or(cfg.NVMLLibrary, "the system's libnvidia-ml.so.1"), Check: func(context.Context) error {
+			lib := nvmlLibrary(cfg)
+			if ret := lib.Init(); ret != nvml.SUCCESS {
+				return fmt.Errorf("init: %w", ret)
+			}
+			defer lib.Shutdown()
+			if _, ret := lib.DeviceGetCount(); ret != nvml.SUCCESS {
+				return fmt.Errorf("device count: %w", ret)
+			}
+			return nil
+		}},
 	}
-	c, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	return c, nil
 }

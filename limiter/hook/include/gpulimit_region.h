@@ -6,20 +6,36 @@
  *
  * Both files are little-endian, naturally aligned, with no implicit padding.
  *
- * Quota region (quota.bin, ARCHITECTURE.md "Quota region"): written only by the
- * agent, by writing a temporary file and rename(2)-ing it over the old one,
- * each time with a higher generation. The pod mounts its directory read-only.
- * The hook never writes it; it re-reads the file when the name starts to point
- * at a different file (see src/quota.c). A file is valid when its size is
- * exactly sizeof(struct gpulimit_quota), magic and layout_version match,
- * checksum matches, generation >= 1, compute_percent is 1..100,
- * compute_limit_percent is compute_percent..100 and slice_id is NUL-terminated.
+ * Where they are (ARCHITECTURE.md "Pod contract"): at the fixed paths below,
+ * inside the pod. Nothing a notebook user controls (environment, argv,
+ * writable files) chooses another path or adds a limit: the hook reads these
+ * two files and nothing else. Both are opened with O_NONBLOCK | O_NOFOLLOW |
+ * O_CLOEXEC and used only when fstat(2) shows a regular file of exactly the
+ * size below; a FIFO, socket, device, directory, symbolic link or a file of
+ * another size is refused (the hook fails closed) and never blocks or
+ * redirects anyone.
  *
- * Usage region (usage.bin, ARCHITECTURE.md "Usage region"): created by the first
- * hook or agent that needs it (O_CREAT, then ftruncate to its size; all-zero
- * means "not initialized yet" and initialization is idempotent), mapped shared
- * and read-write by every hooked process of the slice, read by the agent. It
- * is advisory: the agent's NVML view is the authority (ARCHITECTURE.md invariant 3).
+ * Quota region (quota.bin, ARCHITECTURE.md "Quota region"): written only by
+ * the node agent, by writing a temporary file and rename(2)-ing it over the
+ * old one, each time with a higher generation; the agent writes the first one
+ * from the pod's annotations as soon as it sees the pod, before the container
+ * normally starts. The pod mounts its directory read-only, and the hook uses
+ * a quota file only if it lies on a read-only mount (fstatvfs ST_RDONLY), so
+ * a file the tenant made in a writable place is never taken for it. The hook
+ * never writes it; it re-reads the file when the name starts to point at a
+ * different file (see src/state.c). A file is valid when its size is exactly
+ * sizeof(struct gpulimit_quota), magic and layout_version match, checksum
+ * matches, generation >= 1, compute_percent is 1..100, compute_limit_percent
+ * is compute_percent..100 and slice_id is NUL-terminated.
+ *
+ * Usage region (usage.bin, ARCHITECTURE.md "Usage region"): created by the
+ * node agent with its header initialized (magic, layout_version, slot_count,
+ * device_count) and mode 0666 in a directory only root can write (0755), so a
+ * notebook user who is not root can write the region's bytes but cannot
+ * delete, rename or replace the file. It is mapped shared and read-write by
+ * every hooked process of the slice and read by the agent. A region whose
+ * header is not initialized or not of this layout is refused. It is advisory:
+ * the agent's NVML view is the authority (ARCHITECTURE.md invariant 3).
  * There is no lock: each process owns one slot, claimed with a compare-and-swap
  * of pid from 0 (free) or from a dead owner's pid to its own pid; only the
  * owner writes its slot. A slot whose pid no longer exists (kill(pid, 0) fails
@@ -42,20 +58,21 @@
 #define GPULIMIT_USAGE_SLOTS   64 /* processes per slice that are accounted at once */
 #define GPULIMIT_USAGE_DEVICES 4  /* devices per process that are accounted */
 
-/* Default in-pod paths; equal to broker/api/v1 PodQuotaFile and PodUsageFile (tested). */
-#define GPULIMIT_DEFAULT_QUOTA_FILE "/var/run/gpubroker/quota/quota.bin"
-#define GPULIMIT_DEFAULT_USAGE_FILE "/var/run/gpubroker/usage/usage.bin"
+/* The fixed in-pod paths; equal to broker/api/v1 PodQuotaFile and PodUsageFile (tested). */
+#define GPULIMIT_QUOTA_FILE "/var/run/gpubroker/quota/quota.bin"
+#define GPULIMIT_USAGE_FILE "/var/run/gpubroker/usage/usage.bin"
 
 /* Quota region: 128 bytes. */
 struct gpulimit_quota {
 	uint32_t magic;                       /* GPULIMIT_QUOTA_MAGIC */
 	uint32_t layout_version;              /* GPULIMIT_LAYOUT_VERSION */
-	uint64_t generation;                  /* >= 1; higher wins; the pod env counts as 0 */
+	uint64_t generation;                  /* >= 1; higher wins */
 	char slice_id[GPULIMIT_SLICE_ID_LEN]; /* NUL-terminated, NUL-padded */
 	uint64_t memory_limit_bytes;          /* device memory cap per device, bytes; 0 refuses every allocation */
 	uint32_t compute_percent;             /* guaranteed SM share, 1..100 */
 	uint32_t compute_limit_percent;       /* burst ceiling, compute_percent..100 */
-	uint8_t reserved[28];                 /* zero */
+	uint8_t gpu_uuid[GPULIMIT_UUID_BYTES]; /* the slice's GPU, binary; all-zero = not stated */
+	uint8_t reserved[12];                 /* zero */
 	uint32_t checksum;                    /* FNV-1a 32 over bytes [0, offsetof(checksum)) */
 };
 
@@ -123,10 +140,24 @@ struct gpulimit_usage {
 
 _Static_assert(sizeof(struct gpulimit_quota) == 128, "quota region is 128 bytes");
 _Static_assert(offsetof(struct gpulimit_quota, checksum) == 124, "checksum is the last word");
+_Static_assert(offsetof(struct gpulimit_quota, gpu_uuid) == 96, "gpu_uuid took the first reserved bytes");
 _Static_assert(sizeof(struct gpulimit_usage_device) == 24, "usage device entry is 24 bytes");
 _Static_assert(sizeof(struct gpulimit_usage_slot) == 128, "usage slot is 128 bytes");
 _Static_assert(offsetof(struct gpulimit_usage, slots) == 256, "usage header is 256 bytes");
 _Static_assert(sizeof(struct gpulimit_usage) == 256 + 128 * GPULIMIT_USAGE_SLOTS, "usage region size");
+
+/*
+ * gpulimit_usage_init sets the header of an empty usage region (magic last):
+ * what the node agent writes when it creates one (limiter/region CreateUsage
+ * writes the same).
+ */
+static inline void gpulimit_usage_init(struct gpulimit_usage *u)
+{
+	u->layout_version = GPULIMIT_LAYOUT_VERSION;
+	u->slot_count = GPULIMIT_USAGE_SLOTS;
+	u->device_count = GPULIMIT_USAGE_DEVICES;
+	u->magic = GPULIMIT_USAGE_MAGIC;
+}
 
 /* gpulimit_fnv1a32 is the quota checksum: FNV-1a, 32 bits, over n bytes. */
 static inline uint32_t gpulimit_fnv1a32(const void *p, size_t n)

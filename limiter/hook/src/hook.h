@@ -8,6 +8,8 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 
 #include "cuda_subset.h"
 #include "gpulimit_region.h"
@@ -39,15 +41,47 @@ enum { LIB_CUDA = 0, LIB_NVML = 1 };
 enum hook_log_level { HOOK_LOG_ERROR = 0, HOOK_LOG_WARN = 1, HOOK_LOG_INFO = 2, HOOK_LOG_DEBUG = 3 };
 void hook_log(enum hook_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* ---- region files (files.c) ---- */
+
+/* REGION_MISSING is region_open's answer when nothing exists at the path. */
+#define REGION_MISSING (-2)
+
+/*
+ * region_open opens the region file at path (read-write if rw, else
+ * read-only) with O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, so nothing at the path
+ * can block or redirect the caller, and returns the descriptor only if fstat
+ * shows a regular file of exactly size bytes (and, with need_ro, one on a
+ * read-only mount). A FIFO, socket or device found by lstat is not even
+ * opened. Returns the descriptor and fills *st; REGION_MISSING if the path
+ * does not exist; -1 with the reason in why (n bytes) otherwise.
+ */
+int region_open(const char *path, int rw, size_t size, int need_ro, struct stat *st, char *why, size_t n);
+/* file_kind names the type of mode for messages: "a FIFO", "a directory", ... */
+const char *file_kind(unsigned int mode);
+
+/* ---- symbol tables of loaded objects (elf.c) ---- */
+
+/*
+ * elf_symbol returns the address of the defined, default-version symbol name
+ * in the object loaded at base whose dynamic section is dyn, by its GNU or
+ * SysV hash table, without calling dlsym; NULL if it has none.
+ */
+void *elf_symbol(uintptr_t base, const void *dyn, const char *name);
+/* elf_needed lists up to max DT_NEEDED names of the object at base (dynamic section dyn); returns the count. */
+int elf_needed(uintptr_t base, const void *dyn, const char **out, int max);
+/* elf_loaded_symbol is elf_symbol in the first loaded object (any namespace) whose file name starts with prefix. */
+void *elf_loaded_symbol(const char *prefix, const char *name);
+
 /* ---- quota ---- */
 
-/* struct quota_values is one parsed quota (file or env). */
+/* struct quota_values is one parsed quota file. */
 struct quota_values {
 	uint64_t generation;
 	uint64_t memory_limit_bytes;
 	uint32_t compute_percent;
 	uint32_t compute_limit_percent;
 	char slice_id[GPULIMIT_SLICE_ID_LEN];
+	uint8_t gpu_uuid[GPULIMIT_UUID_BYTES]; /* all-zero: not stated */
 };
 
 /*
@@ -56,6 +90,13 @@ struct quota_values {
  * *why to a static reason. Pure; safe on any input.
  */
 int quota_parse(const void *buf, size_t n, struct quota_values *out, const char **why);
+
+/*
+ * usage_header_check validates the header of a usage region image of n
+ * bytes: size, magic (initialized), layout version, slot and device counts.
+ * Returns 0, or -1 and sets *why to a static reason. Pure; safe on any input.
+ */
+int usage_header_check(const void *buf, size_t n, const char **why);
 
 /* ---- allocation and pool books (process-local) ---- */
 enum alloc_kind { AK_LINEAR = 1, AK_MANAGED, AK_POOL, AK_VMM, AK_ARRAY, AK_MIPMAP };
@@ -78,34 +119,47 @@ struct pool_rec {
 #define HOOK_MAX_POOLS    64
 #define HOOK_MAX_ORDINALS 32
 
+/* struct hook_loader: the C library's loader functions, which the hook interposes (dispatch.c). */
+struct hook_loader {
+	void *(*dlsym)(void *, const char *);
+	void *(*dlvsym)(void *, const char *, const char *);
+	void *(*dlopen)(const char *, int);
+	void *(*dlmopen)(long, const char *, int);
+};
+
 /* struct hook_state: all mutable state of libgpulimit in this process. */
 struct hook_state {
 	/* configuration, read once (constructor, or the first call that comes earlier) */
 	pthread_once_t config_once;
 	int log_level;
-	char quota_path[512];
-	char usage_path[512];
-	char gpu_uuid_env[96];
-	struct quota_values env_quota;
-	int env_valid;
 
-	/* effective quota; written by the poller, read lock-free on hot paths */
+	/*
+	 * The limits in force, read lock-free on hot paths: the quota file's
+	 * values, or the fail-closed values (0 bytes, 1 %) while the quota or the
+	 * usage region is unusable. Published by state.c only.
+	 */
 	uint64_t q_generation;
 	uint64_t q_memory_limit_bytes;
 	uint32_t q_compute_percent;
 	uint32_t q_compute_limit_percent;
-	int q_fail_closed;
-	int q_from_file;
-	uint64_t q_poll_next_ns;   /* next time the quota file may be stat-ed */
-	pthread_mutex_t poll_lock; /* held (trylock) by the one thread polling */
-	uint64_t q_file_ino, q_file_dev, q_file_size, q_file_mtime_ns;
-	int q_file_seen;
-	char q_why[300]; /* why the hook fails closed */
-	int driver_seen; /* the driver was resolved: fail-closed messages go out at once */
+	int q_fail_closed;         /* the quota is unusable (missing, invalid) */
+	struct quota_values q_cur; /* the last valid quota file's values; generation 0 = none yet */
+	uint64_t q_poll_next_ns;   /* next time the quota path may be looked at */
+	pthread_mutex_t poll_lock;    /* held (trylock) by the one thread polling */
+	pthread_mutex_t publish_lock; /* serializes hook_publish: the last publisher saw the last state */
+	/* what was at the quota path at the last look: 0 = not looked, 1 = nothing, 2 = the identity below */
+	int q_path_state;
+	uint64_t q_file_ino, q_file_dev, q_file_size, q_file_mtime_ns, q_file_mode;
+	char q_why[320];   /* why the hook fails closed */
+	int q_reported;    /* the current fail-closed reason went to stderr */
+	int q_waited;      /* the bounded wait for a first quota file is over */
+	int driver_seen;   /* the driver was resolved: fail-closed messages go out at once */
 
-	/* driver */
-	void *real_dlsym; /* the C library's dlsym (dlvsym), resolved on first use */
-	int real_state;   /* 0 unresolved, 1 resolving, 2 ready; see hook_real */
+	/* loader and driver */
+	struct hook_loader loader; /* found once (dispatch.c); complete when loader_ready */
+	int loader_ready;
+	int legacy_logged; /* the refusal of a legacy entry point went to stderr */
+	int real_state;    /* 0 unresolved, 1 resolving, 2 ready; see hook_real */
 	struct real_table real;
 	void *cuda_lib, *nvml_lib;
 	int nvml_inited;
@@ -115,9 +169,12 @@ struct hook_state {
 	int ord_known[HOOK_MAX_ORDINALS];
 
 	/* usage region */
-	struct gpulimit_usage *usage;
-	int usage_shared; /* 0: private fallback, accounting is per process */
-	int slot;         /* claimed slot, -1 before */
+	struct gpulimit_usage *usage; /* the shared region, or a private one once broken; atomic pointer */
+	int usage_shared;             /* 1: usage is the slice's region */
+	int usage_broken;             /* the region was unusable or tampered with: fail closed for good */
+	uint64_t usage_ino, usage_dev;
+	char usage_why[320];
+	int slot; /* claimed slot, -1 before */
 	pid_t slot_pid;
 	uint64_t slot_verified[GPULIMIT_USAGE_SLOTS][3]; /* pid, start_time, verified_at_ns */
 
@@ -145,19 +202,34 @@ const struct real_table *hook_real(void);
 const struct real_table *hook_real_nowait(void);
 /* hook_in_init reports whether this thread is resolving the driver (dlsym must not hook then). */
 int hook_in_init(void);
-/* hook_real_dlsym is the C library's dlsym, bypassing the interposer. */
+/* hook_real_dlsym is the C library's dlsym, bypassing the interposer (dispatch.c). */
 void *hook_real_dlsym(void *handle, const char *name);
+/* hook_real_dlopen is the C library's dlopen, bypassing the interposer (dispatch.c). */
+void *hook_real_dlopen(const char *file, int mode);
 
-/* quota_poll re-reads the quota file if it changed, at most every GPULIMIT_POLL_NS. Cheap otherwise. */
+/*
+ * quota_poll looks at the quota path at most every GPULIMIT_POLL_NS and
+ * re-reads the file if it changed; the same pass checks that the usage
+ * region is still the one mapped (usage_verify). Cheap otherwise.
+ */
 void quota_poll(uint64_t now_ns);
 #define GPULIMIT_POLL_NS (10ull * 1000 * 1000)
+/* GPULIMIT_QUOTA_WAIT_NS bounds the wait for a first quota file at a process's first driver call. */
+#define GPULIMIT_QUOTA_WAIT_NS (5ull * 1000 * 1000 * 1000)
+/* hook_publish recomputes the limits in force from the quota and the usage region's state. */
+void hook_publish(void);
 
 /* time */
 uint64_t hook_now_ns(void);    /* CLOCK_MONOTONIC */
 uint64_t hook_coarse_ns(void); /* CLOCK_MONOTONIC_COARSE: ~ns cost, few ms resolution */
 
 /* ---- usage region (usage.c) ---- */
+/* usage_open maps the slice's usage region, or marks it broken (fail closed) with one message. */
 void usage_open(void);
+/* usage_verify checks that the path still names the mapped, intact region; called from the quota poll. */
+void usage_verify(void);
+/* usage_ok reports whether this process accounts in the slice's shared region. */
+int usage_ok(void);
 /* usage_dev returns this process's device entry index for uuid, claiming the slot and entry if needed; -1 if none. */
 int usage_dev(const uint8_t uuid[GPULIMIT_UUID_BYTES]);
 /* usage_charge adds bytes to entry dev if the slice's total on that device stays <= limit. 0 = charged, -1 = refused.
@@ -175,6 +247,9 @@ void usage_note_launch(void);
 int usage_pids(uint32_t *pids, int max);
 /* usage_reset_after_fork forgets the parent's slot in a forked child. */
 void usage_reset_after_fork(void);
+
+/* uuid_format writes a binary device UUID in NVML's "GPU-xxxxxxxx-xxxx-..." form (nvml.c). */
+void uuid_format(const uint8_t u[GPULIMIT_UUID_BYTES], char *out, size_t n);
 
 /* ---- devices (mem.c) ---- */
 /* device_uuid_of returns 0 and the binary UUID of ordinal dev. */

@@ -21,13 +21,13 @@
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 
 #include "hook.h"
 
 uint64_t mem_limit_now(void)
 {
 	quota_poll(hook_coarse_ns());
+	/* 0 while the quota or the usage region is unusable (hook_publish). */
 	return __atomic_load_n(&hook_state()->q_memory_limit_bytes, __ATOMIC_ACQUIRE);
 }
 
@@ -43,15 +43,18 @@ int device_uuid_of(CUdevice dev, uint8_t out[GPULIMIT_UUID_BYTES])
 	if (r->cuDeviceGetUuid == NULL || r->cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS)
 		return -1;
 	memcpy(out, u.bytes, GPULIMIT_UUID_BYTES);
-	if (s->gpu_uuid_env[0] != '\0') {
-		char name[48];
-		const uint8_t *b = out;
-		snprintf(name, sizeof(name), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-		         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
-		         b[15]);
-		if (strcasecmp(name, s->gpu_uuid_env) != 0)
-			hook_log(HOOK_LOG_WARN, "device %d is %s, not the slice's GPU %s: capped all the same", dev,
-			         name, s->gpu_uuid_env);
+	/* The slice's GPU comes from the quota file (read-only mount), never from the environment. */
+	uint8_t want[GPULIMIT_UUID_BYTES];
+	pthread_mutex_lock(&s->poll_lock);
+	memcpy(want, s->q_cur.gpu_uuid, sizeof(want));
+	pthread_mutex_unlock(&s->poll_lock);
+	static const uint8_t none[GPULIMIT_UUID_BYTES];
+	if (memcmp(want, none, sizeof(want)) != 0 && memcmp(want, out, sizeof(want)) != 0) {
+		char name[48], slice[48];
+		uuid_format(out, name, sizeof(name));
+		uuid_format(want, slice, sizeof(slice));
+		hook_log(HOOK_LOG_WARN, "device %d is %s, not the slice's GPU %s: capped all the same", dev, name,
+		         slice);
 	}
 	if (dev >= 0 && dev < HOOK_MAX_ORDINALS) {
 		memcpy(s->ord_uuid[dev], u.bytes, GPULIMIT_UUID_BYTES);
@@ -148,6 +151,39 @@ GPULIMIT_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, s
 	}
 	books_put(*dptr, real_bytes > guess ? real_bytes : guess, AK_LINEAR, e, NULL, mem_current_ctx());
 	return res;
+}
+
+/*
+ * The legacy (pre-3.2, 32-bit) allocation entry points are refused: nothing
+ * built since CUDA 3.2 calls them, and charging them would need their own
+ * books. A program that asks for them (by dlsym, or cuGetProcAddress with an
+ * old cudaVersion) gets CUDA_ERROR_NOT_SUPPORTED and one message.
+ */
+static CUresult legacy_refused(const char *what)
+{
+	if (!__atomic_exchange_n(&hook_state()->legacy_logged, 1, __ATOMIC_RELAXED))
+		hook_log(HOOK_LOG_ERROR, "%s (the legacy 32-bit entry point) is not supported under the GPU slice's "
+		                         "limiter: use %s_v2",
+		         what, what);
+	return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+GPULIMIT_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+	(void)dptr;
+	(void)bytesize;
+	return legacy_refused("cuMemAlloc");
+}
+
+GPULIMIT_EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *dptr, unsigned int *pPitch, unsigned int width,
+                                         unsigned int height, unsigned int elem)
+{
+	(void)dptr;
+	(void)pPitch;
+	(void)width;
+	(void)height;
+	(void)elem;
+	return legacy_refused("cuMemAllocPitch");
 }
 
 GPULIMIT_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)

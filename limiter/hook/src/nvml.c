@@ -3,6 +3,7 @@
  * the limit, used is the slice's use on that device (all its processes),
  * free is limit - used saturating at zero. Other NVML calls are not touched.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "hook.h"
@@ -36,6 +37,12 @@ static int parse_uuid(const char *s, uint8_t out[GPULIMIT_UUID_BYTES])
 	return n == 32 ? 0 : -1;
 }
 
+void uuid_format(const uint8_t u[GPULIMIT_UUID_BYTES], char *out, size_t n)
+{
+	snprintf(out, n, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+	         u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+}
+
 /* slice_view computes total/used/free for device; -1 if the device cannot be identified. */
 static int slice_view(nvmlDevice_t device, unsigned long long *total, unsigned long long *used,
                       unsigned long long *free_b)
@@ -46,8 +53,7 @@ static int slice_view(nvmlDevice_t device, unsigned long long *total, unsigned l
 	if (r->nvmlDeviceGetUUID == NULL || r->nvmlDeviceGetUUID(device, buf, sizeof(buf)) != NVML_SUCCESS ||
 	    parse_uuid(buf, uuid) != 0)
 		return -1;
-	quota_poll(hook_coarse_ns());
-	uint64_t limit = __atomic_load_n(&hook_state()->q_memory_limit_bytes, __ATOMIC_ACQUIRE);
+	uint64_t limit = mem_limit_now();
 	uint64_t u = usage_total(uuid);
 	if (*total > limit)
 		*total = limit;

@@ -107,18 +107,16 @@ static int pace_device(void)
 	    device_uuid_of(dev, uuid) == 0) {
 		s->pace_sm_count = (uint32_t)sms;
 		char name[64];
-		const uint8_t *u = uuid;
-		snprintf(name, sizeof(name), "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-		         u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14],
-		         u[15]);
+		uuid_format(uuid, name, sizeof(name));
 		if (r->nvmlInit_v2 && r->nvmlDeviceGetHandleByUUID && r->nvmlDeviceGetProcessUtilization &&
 		    r->nvmlInit_v2() == NVML_SUCCESS &&
 		    r->nvmlDeviceGetHandleByUUID(name, &s->pace_nvml_dev) == NVML_SUCCESS)
 			result = 1;
 		else
 			hook_log(HOOK_LOG_WARN, "NVML unavailable for %s: compute pacing runs without feedback", name);
-		if (s->usage)
-			__atomic_store_n(&s->usage->pace_sm_count, (uint32_t)sms, __ATOMIC_RELAXED);
+		struct gpulimit_usage *region = __atomic_load_n(&s->usage, __ATOMIC_ACQUIRE);
+		if (region)
+			__atomic_store_n(&region->pace_sm_count, (uint32_t)sms, __ATOMIC_RELAXED);
 	}
 	if (s->pace_sm_count == 0)
 		s->pace_sm_count = 1;
@@ -277,7 +275,7 @@ static void refill(struct gpulimit_usage *u, uint64_t now)
 void pace_admit(uint64_t blocks, uint64_t now_coarse)
 {
 	struct hook_state *s = hook_state();
-	struct gpulimit_usage *u = s->usage;
+	struct gpulimit_usage *u = __atomic_load_n(&s->usage, __ATOMIC_ACQUIRE);
 	if (u == NULL)
 		return;
 	if (__atomic_load_n(&s->q_compute_percent, __ATOMIC_RELAXED) >= 100 &&

@@ -18,9 +18,13 @@
 
 /* clang-format off */
 #define GPULIMIT_SYMBOLS(HOOK, CALL)                                                   \
-	/* entry points */                                                              \
+	/* entry points; cuInit joins the process to its slice (usage.c) */            \
+	HOOK(CUDA, cuInit, "cuInit", 2000, 0)                                           \
 	HOOK(CUDA, cuGetProcAddress, "cuGetProcAddress", 11030, 0)                      \
 	HOOK(CUDA, cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0)                   \
+	/* memory: the legacy 32-bit entry points, refused (mem.c) */                   \
+	HOOK(CUDA, cuMemAlloc, "cuMemAlloc", 2000, 0)                                   \
+	HOOK(CUDA, cuMemAllocPitch, "cuMemAllocPitch", 2000, 0)                         \
 	/* memory: linear, pitched, managed */                                          \
 	HOOK(CUDA, cuMemAlloc_v2, "cuMemAlloc", 3020, 0)                                \
 	HOOK(CUDA, cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, 0)                      \

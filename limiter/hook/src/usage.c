@@ -2,6 +2,17 @@
  * usage.c: this process's slot in the slice's usage region, and the
  * slice-wide memory accounting built on it.
  *
+ * The region is the file at the fixed path GPULIMIT_USAGE_FILE, created and
+ * initialized by the node agent. It is never created here and never replaced
+ * by a private copy: a region that is missing, not a regular file of the right
+ * size, not initialized, or that stops being the file that was mapped (deleted,
+ * replaced, its header or this process's slot overwritten: usage_verify, every
+ * poll) puts the process in the fail-closed state for good (memory limit 0,
+ * compute 1 %), with one message on stderr. Per-process accounting would let
+ * N processes hold N times the slice. What the node agent sees then: the
+ * region's file on the host and the slice's processes in NVML, which is what
+ * it judges by (limiter/agent).
+ *
  * Cross-process admission without a lock: a process first adds the bytes to
  * its own slot (sequentially consistent), then sums all live slots; if the
  * sum exceeds the limit it takes them back and refuses. Two racing processes
@@ -20,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +50,7 @@ static uint64_t proc_start_time(pid_t pid)
 {
 	char path[64], buf[1024];
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (fd < 0)
 		return 0;
 	ssize_t n = read(fd, buf, sizeof(buf) - 1);
@@ -56,85 +68,121 @@ static uint64_t proc_start_time(pid_t pid)
 	return strtoull(p, NULL, 10);
 }
 
-static void init_header(struct gpulimit_usage *u)
+static struct gpulimit_usage *region(void)
 {
-	/* Idempotent: racing initializers write the same values; magic goes last. */
-	__atomic_store_n(&u->layout_version, GPULIMIT_LAYOUT_VERSION, __ATOMIC_RELAXED);
-	__atomic_store_n(&u->slot_count, GPULIMIT_USAGE_SLOTS, __ATOMIC_RELAXED);
-	__atomic_store_n(&u->device_count, GPULIMIT_USAGE_DEVICES, __ATOMIC_RELAXED);
-	uint32_t zero = 0;
-	__atomic_compare_exchange_n(&u->magic, &zero, GPULIMIT_USAGE_MAGIC, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+	return __atomic_load_n(&hook_state()->usage, __ATOMIC_ACQUIRE);
 }
 
-static struct gpulimit_usage *map_shared(const char *path, const char **why)
+int usage_ok(void)
 {
-	int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
-	if (fd < 0) {
-		*why = strerror(errno);
-		return NULL;
+	struct hook_state *s = hook_state();
+	return __atomic_load_n(&s->usage_shared, __ATOMIC_ACQUIRE) &&
+	       !__atomic_load_n(&s->usage_broken, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * usage_break puts the process in the fail-closed state for good, once, and
+ * moves its accounting and pacing to a private region (the shared mapping is
+ * left mapped: other threads may still be reading it).
+ */
+static void usage_break(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void usage_break(const char *fmt, ...)
+{
+	struct hook_state *s = hook_state();
+	if (__atomic_exchange_n(&s->usage_broken, 1, __ATOMIC_ACQ_REL))
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(s->usage_why, sizeof(s->usage_why), fmt, ap);
+	va_end(ap);
+	hook_publish();
+	void *p = mmap(NULL, sizeof(struct gpulimit_usage), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p != MAP_FAILED) {
+		struct gpulimit_usage *u = p;
+		gpulimit_usage_init(u);
+		__atomic_store_n(&s->usage_shared, 0, __ATOMIC_RELEASE);
+		__atomic_store_n(&s->usage, u, __ATOMIC_RELEASE);
 	}
-	struct stat st;
-	if (fstat(fd, &st) != 0) {
-		*why = strerror(errno);
-		close(fd);
-		return NULL;
-	}
-	if (st.st_size == 0 && ftruncate(fd, sizeof(struct gpulimit_usage)) != 0) {
-		*why = strerror(errno);
-		close(fd);
-		return NULL;
-	}
-	if (st.st_size != 0 && st.st_size != (off_t)sizeof(struct gpulimit_usage)) {
-		*why = "file has the wrong size";
-		close(fd);
-		return NULL;
-	}
-	void *p = mmap(NULL, sizeof(struct gpulimit_usage), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
-	if (p == MAP_FAILED) {
-		*why = strerror(errno);
-		return NULL;
-	}
-	struct gpulimit_usage *u = p;
-	if (__atomic_load_n(&u->magic, __ATOMIC_ACQUIRE) == 0)
-		init_header(u);
-	if (__atomic_load_n(&u->magic, __ATOMIC_ACQUIRE) != GPULIMIT_USAGE_MAGIC ||
-	    u->layout_version != GPULIMIT_LAYOUT_VERSION || u->slot_count != GPULIMIT_USAGE_SLOTS ||
-	    u->device_count != GPULIMIT_USAGE_DEVICES) {
-		*why = "not a usage region of this layout";
-		munmap(p, sizeof(struct gpulimit_usage));
-		return NULL;
-	}
-	return u;
+	hook_log(HOOK_LOG_ERROR,
+	         "usage region %s: failing closed, every new device allocation returns CUDA_ERROR_OUT_OF_MEMORY and "
+	         "compute is held at 1%% for the rest of this process (the slice's processes share that region; "
+	         "accounting alone would let each of them hold the whole slice)",
+	         s->usage_why);
 }
 
 void usage_open(void)
 {
 	struct hook_state *s = hook_state();
-	const char *why = NULL;
-	struct gpulimit_usage *u = map_shared(s->usage_path, &why);
-	if (u != NULL) {
-		s->usage = u;
-		s->usage_shared = 1;
+	char why[200];
+	struct stat st;
+	int fd = region_open(GPULIMIT_USAGE_FILE, 1, sizeof(struct gpulimit_usage), 0, &st, why, sizeof(why));
+	if (fd == REGION_MISSING) {
+		usage_break("%s does not exist (the node agent creates it when the pod starts)", GPULIMIT_USAGE_FILE);
 		return;
 	}
-	/* Fall back to a private region: the cap still holds for this process alone. */
-	hook_log(HOOK_LOG_WARN, "usage region %s unusable (%s): memory is accounted for this process only",
-	         s->usage_path, why);
-	void *p = mmap(NULL, sizeof(struct gpulimit_usage), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (fd < 0) {
+		usage_break("%s %s", GPULIMIT_USAGE_FILE, why);
+		return;
+	}
+	void *p = mmap(NULL, sizeof(struct gpulimit_usage), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	int e = errno;
+	close(fd);
 	if (p == MAP_FAILED) {
-		hook_log(HOOK_LOG_ERROR, "cannot map a private usage region: %s", strerror(errno));
+		usage_break("%s cannot be mapped: %s", GPULIMIT_USAGE_FILE, strerror(e));
 		return;
 	}
-	init_header(p);
-	s->usage = p;
-	s->usage_shared = 0;
+	const char *bad;
+	if (usage_header_check(p, sizeof(struct gpulimit_usage), &bad) != 0) {
+		munmap(p, sizeof(struct gpulimit_usage));
+		usage_break("%s is not a usage region: %s", GPULIMIT_USAGE_FILE, bad);
+		return;
+	}
+	s->usage_ino = (uint64_t)st.st_ino;
+	s->usage_dev = (uint64_t)st.st_dev;
+	__atomic_store_n(&s->usage, (struct gpulimit_usage *)p, __ATOMIC_RELEASE);
+	__atomic_store_n(&s->usage_shared, 1, __ATOMIC_RELEASE);
+}
+
+void usage_verify(void)
+{
+	struct hook_state *s = hook_state();
+	if (!usage_ok())
+		return;
+	struct stat st;
+	if (lstat(GPULIMIT_USAGE_FILE, &st) != 0) {
+		usage_break("%s was deleted while in use", GPULIMIT_USAGE_FILE);
+		return;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		usage_break("%s was replaced by %s while in use", GPULIMIT_USAGE_FILE, file_kind(st.st_mode));
+		return;
+	}
+	if ((uint64_t)st.st_ino != s->usage_ino || (uint64_t)st.st_dev != s->usage_dev) {
+		usage_break("%s was replaced by another file while in use", GPULIMIT_USAGE_FILE);
+		return;
+	}
+	if ((uint64_t)st.st_size != sizeof(struct gpulimit_usage)) {
+		usage_break("%s was cut or extended to %lld bytes while in use", GPULIMIT_USAGE_FILE,
+		            (long long)st.st_size);
+		return;
+	}
+	struct gpulimit_usage *u = region();
+	const char *bad;
+	if (usage_header_check(u, sizeof(*u), &bad) != 0) {
+		usage_break("%s: its header was overwritten (%s)", GPULIMIT_USAGE_FILE, bad);
+		return;
+	}
+	int slot = __atomic_load_n(&s->slot, __ATOMIC_ACQUIRE);
+	if (slot >= 0 && __atomic_load_n(&u->slots[slot].pid, __ATOMIC_ACQUIRE) != (uint32_t)s->slot_pid)
+		usage_break("%s: this process's slot %d was overwritten", GPULIMIT_USAGE_FILE, slot);
 }
 
 static struct gpulimit_usage_slot *my_slot(void)
 {
 	struct hook_state *s = hook_state();
-	return s->usage && s->slot >= 0 ? &s->usage->slots[s->slot] : NULL;
+	struct gpulimit_usage *u = region();
+	int slot = __atomic_load_n(&s->slot, __ATOMIC_ACQUIRE);
+	return u && slot >= 0 ? &u->slots[slot] : NULL;
 }
 
 /* claim_slot_locked takes a free slot for this process; -1 if the region is full of live processes. */
@@ -143,7 +191,7 @@ static int claim_slot_locked(void)
 	struct hook_state *s = hook_state();
 	if (s->slot >= 0)
 		return s->slot;
-	struct gpulimit_usage *u = s->usage;
+	struct gpulimit_usage *u = region();
 	if (u == NULL)
 		return -1;
 	uint32_t me = (uint32_t)getpid();
@@ -161,6 +209,7 @@ static int claim_slot_locked(void)
 			__atomic_store_n(&sl->launch_count, 0, __ATOMIC_RELAXED);
 			__atomic_store_n(&sl->last_launch_ns, 0, __ATOMIC_RELAXED);
 			__atomic_store_n(&sl->start_time, start, __ATOMIC_SEQ_CST); /* publishes the reset */
+			s->slot_pid = (pid_t)me;
 			__atomic_store_n(&s->slot, i, __ATOMIC_RELEASE);
 			hook_log(HOOK_LOG_DEBUG, "claimed usage slot %d", i);
 			return i;
@@ -173,7 +222,9 @@ static int claim_slot_locked(void)
 				                            __ATOMIC_RELAXED);
 		}
 	}
-	hook_log(HOOK_LOG_ERROR, "usage region %s has no free slot for this process", s->usage_path);
+	hook_log(HOOK_LOG_ERROR, "usage region %s has no free slot for this process (%d processes of the slice use the "
+	                         "GPU)",
+	         GPULIMIT_USAGE_FILE, GPULIMIT_USAGE_SLOTS);
 	return -1;
 }
 
@@ -191,10 +242,10 @@ static int claim_slot(void)
 }
 
 /* slot_alive decides whether foreign slot i, owned by pid, counts. */
-static int slot_alive(int i, uint32_t pid)
+static int slot_alive(struct gpulimit_usage *u, int i, uint32_t pid)
 {
 	struct hook_state *s = hook_state();
-	struct gpulimit_usage_slot *sl = &s->usage->slots[i];
+	struct gpulimit_usage_slot *sl = &u->slots[i];
 	if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
 		__atomic_compare_exchange_n(&sl->pid, &pid, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED);
 		return 0;
@@ -253,14 +304,15 @@ void usage_dev_uuid(int dev, uint8_t out[GPULIMIT_UUID_BYTES])
 uint64_t usage_total(const uint8_t uuid[GPULIMIT_UUID_BYTES])
 {
 	struct hook_state *s = hook_state();
-	struct gpulimit_usage *u = s->usage;
+	struct gpulimit_usage *u = region();
 	if (u == NULL)
 		return 0;
+	int self = __atomic_load_n(&s->slot, __ATOMIC_ACQUIRE);
 	uint64_t sum = 0;
 	for (int i = 0; i < GPULIMIT_USAGE_SLOTS; i++) {
 		struct gpulimit_usage_slot *sl = &u->slots[i];
 		uint32_t pid = __atomic_load_n(&sl->pid, __ATOMIC_SEQ_CST);
-		if (pid == 0 || (i != s->slot && !slot_alive(i, pid)))
+		if (pid == 0 || (i != self && !slot_alive(u, i, pid)))
 			continue;
 		for (int k = 0; k < GPULIMIT_USAGE_DEVICES; k++)
 			if (memcmp(sl->devices[k].uuid, uuid, GPULIMIT_UUID_BYTES) == 0)
@@ -315,12 +367,14 @@ void usage_note_launch(void)
 int usage_pids(uint32_t *pids, int max)
 {
 	struct hook_state *s = hook_state();
-	if (s->usage == NULL)
+	struct gpulimit_usage *u = region();
+	if (u == NULL)
 		return 0;
+	int self = __atomic_load_n(&s->slot, __ATOMIC_ACQUIRE);
 	int n = 0;
 	for (int i = 0; i < GPULIMIT_USAGE_SLOTS && n < max; i++) {
-		uint32_t pid = __atomic_load_n(&s->usage->slots[i].pid, __ATOMIC_ACQUIRE);
-		if (pid != 0 && (i == s->slot || slot_alive(i, pid)))
+		uint32_t pid = __atomic_load_n(&u->slots[i].pid, __ATOMIC_ACQUIRE);
+		if (pid != 0 && (i == self || slot_alive(u, i, pid)))
 			pids[n++] = pid;
 	}
 	return n;
@@ -331,6 +385,25 @@ void usage_reset_after_fork(void)
 	struct hook_state *s = hook_state();
 	s->slot = -1;
 	memset(s->slot_verified, 0, sizeof(s->slot_verified));
+}
+
+/*
+ * cuInit joins the process to its slice before the driver creates anything
+ * the node agent could see: the first driver call resolves the hook (waiting,
+ * bounded, for a first quota file) and maps the usage region, and cuInit
+ * claims this process's slot, so every process with a CUDA context has one
+ * (the agent stops GPU processes of a slice that have none). Without a usable
+ * region or a free slot cuInit is refused with CUDA_ERROR_NOT_PERMITTED: the
+ * process cannot use the GPU past the slice, and says why on stderr.
+ */
+GPULIMIT_EXPORT CUresult cuInit(unsigned int flags)
+{
+	const struct real_table *r = hook_real();
+	if (r->cuInit == NULL)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	if (!usage_ok() || claim_slot() < 0)
+		return CUDA_ERROR_NOT_PERMITTED;
+	return r->cuInit(flags);
 }
 
 /* At a normal exit the driver frees the process's memory: give the slot back. */

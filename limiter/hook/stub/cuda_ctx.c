@@ -361,6 +361,7 @@ static const struct {
     P("cuStreamSynchronize", 2000, 0, cuStreamSynchronize),
     P("cuStreamSynchronize", 7000, 1, cuStreamSynchronize_ptsz),
     P("cuMemGetInfo", 3020, 0, cuMemGetInfo_v2),
+    P("cuMemAlloc", 2000, 0, cuMemAlloc),
     P("cuMemAlloc", 3020, 0, cuMemAlloc_v2),
     P("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2),
     P("cuMemAllocManaged", 6000, 0, cuMemAllocManaged),

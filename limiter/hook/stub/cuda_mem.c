@@ -121,6 +121,22 @@ STUB_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 	return alloc_kind(bytesize, STUB_KIND_LINEAR, (uint64_t *)dptr);
 }
 
+/*
+ * The legacy 32-bit entry point, which real drivers still export: it
+ * allocates like cuMemAlloc_v2 and hands back the low 32 bits of the address
+ * (all a pre-3.2 program can hold). Memory it takes is freed with the process.
+ */
+STUB_EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize)
+{
+	if (dptr == NULL)
+		return CUDA_ERROR_INVALID_VALUE;
+	uint64_t p = 0;
+	CUresult r = alloc_kind(bytesize, STUB_KIND_LINEAR, &p);
+	if (r == CUDA_SUCCESS)
+		*dptr = (CUdeviceptr_v1)p;
+	return r;
+}
+
 STUB_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t width, size_t height,
                                         unsigned int elem)
 {

@@ -2,12 +2,20 @@
 // driver from Go tests outside limiter/hook: it builds the C artifacts
 // (limiter/hook/build, by the limiter's Makefile, as `go tool task
 // limiter:build` does), starts the interactive test program
-// limiter/hook/build/cudaprog, talks to it one line command at a time, and
-// polls conditions with a deadline.
+// limiter/hook/build/cudaprog, plain or under the hook in a slice, talks to
+// it one line command at a time, and polls conditions with a deadline.
 //
-// Tests that use it need gcc and make; without them Need skips the test, or
-// fails it when CI=true. Every process Start starts is killed and waited for
-// in the test's cleanup.
+// The hook is the production libgpulimit.so: it reads its slice only from
+// the fixed in-pod paths, so StartInSlice runs the program under
+// limiter/hook/build/podrun, which mounts the slice's host directories there
+// in a private mount namespace (as root, or in an unprivileged user
+// namespace), read-only for the quota, and drops every capability.
+//
+// Tests that use it need gcc, libc6-dev and make; without them Need fails
+// the test naming the packages (skips it under -short); StartInSlice does the
+// same when podrun cannot set up its namespace (root or unprivileged user
+// namespaces are needed). Every process Start and StartInSlice start is
+// killed and waited for in the test's cleanup.
 //
 // limiter/hook's own tests keep their internal harness (harness_test.go);
 // this package is for the node agent's and the broker's end-to-end tests.
@@ -26,6 +34,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
 )
 
 // DeviceUUID is the stub device's GPU UUID (limiter/hook/stub/device.c).
@@ -55,7 +65,7 @@ func BuildDir() string {
 // for LD_LIBRARY_PATH.
 func StubDir() string { return filepath.Join(BuildDir(), "stub") }
 
-// HookLibrary is the hook, libgpulimit.so, for LD_PRELOAD.
+// HookLibrary is the hook, libgpulimit.so (the production build), for LD_PRELOAD.
 func HookLibrary() string { return filepath.Join(BuildDir(), "libgpulimit.so") }
 
 // Environ is this process's environment without the GPUBROKER_ and LD_
@@ -72,16 +82,11 @@ func Environ() []string {
 
 // Need builds the C artifacts once per test binary (make is a no-op when
 // they are up to date) and fails tb if that fails. Without gcc or make it
-// skips tb, or fails it when CI=true.
+// fails tb naming the package to install (skips it under -short).
 func Need(tb testing.TB) {
 	tb.Helper()
-	for _, tool := range []string{"gcc", "make"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" {
-				tb.Fatalf("%s is required in CI: %v", tool, err)
-			}
-			tb.Skipf("%s not found: %v", tool, err)
-		}
+	for _, tool := range []string{"gcc", "/usr/include/stdio.h", "make"} {
+		testdeps.Need(tb, tool)
 	}
 	buildOnce.Do(func() {
 		if out, err := exec.Command("make", "-C", filepath.Join(BuildDir(), ".."), "-j2").CombinedOutput(); err != nil {
@@ -105,13 +110,45 @@ type Prog struct {
 	waitErr error         // valid after exited is closed
 }
 
-// Start starts cudaprog -i with exactly env as its environment (add
-// LD_PRELOAD=HookLibrary() for a hooked program, LD_LIBRARY_PATH=StubDir()
-// for the stub driver). It fails tb if the program cannot start; tb's
-// cleanup closes its stdin, kills it and waits for it.
+// Start starts cudaprog -i, without the hook, with exactly env as its
+// environment (add LD_LIBRARY_PATH=StubDir() for the stub driver). It fails
+// tb if the program cannot start; tb's cleanup closes its stdin, kills it and
+// waits for it.
 func Start(tb testing.TB, env []string) *Prog {
 	tb.Helper()
-	cmd := exec.Command(filepath.Join(BuildDir(), "cudaprog"), "-i")
+	return start(tb, exec.Command(filepath.Join(BuildDir(), "cudaprog"), "-i"), env)
+}
+
+var (
+	podrunOnce sync.Once
+	podrunErr  error
+)
+
+// StartInSlice starts cudaprog -i under the hook (LD_PRELOAD=HookLibrary(),
+// added to env) as a process of the slice whose host directories are
+// quotaDir and usageDir (<host root>/slices/<id>/quota and .../usage, laid
+// out as the node agent lays them out; both must exist), mounted at the
+// fixed in-pod paths by podrun. Its pid is the program's. Otherwise as Start.
+func StartInSlice(tb testing.TB, env []string, quotaDir, usageDir string) *Prog {
+	tb.Helper()
+	podrun := filepath.Join(BuildDir(), "podrun")
+	podrunOnce.Do(func() {
+		if out, err := exec.Command(podrun, "/bin/true").CombinedOutput(); err != nil {
+			podrunErr = fmt.Errorf("podrun cannot set up a mount namespace (root or unprivileged user namespaces needed): %w\n%s", err, out)
+		}
+	})
+	if podrunErr != nil {
+		if testing.Short() {
+			tb.Skip(podrunErr)
+		}
+		tb.Fatal(podrunErr)
+	}
+	cmd := exec.Command(podrun, "-q", quotaDir, "-u", usageDir, filepath.Join(BuildDir(), "cudaprog"), "-i")
+	return start(tb, cmd, append(append([]string{}, env...), "LD_PRELOAD="+HookLibrary()))
+}
+
+func start(tb testing.TB, cmd *exec.Cmd, env []string) *Prog {
+	tb.Helper()
 	cmd.Env = env
 	p := &Prog{tb: tb, cmd: cmd, exited: make(chan struct{})}
 	cmd.Stderr = &p.stderr

@@ -2,15 +2,19 @@ package stubtest_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gpubroker/gpubroker/limiter/hook/stubtest"
+	"github.com/gpubroker/gpubroker/limiter/region"
 )
 
-// TestProgOnStub runs cudaprog on the stub driver, unhooked and hooked, and
-// reads the memory total each one sees.
+// TestProgOnStub runs cudaprog on the stub driver, unhooked and hooked in a
+// 1 GiB slice, and reads the memory total each one sees (a wider variable in
+// the environment changes nothing).
 func TestProgOnStub(t *testing.T) {
 	stubtest.Need(t)
 	env := append(stubtest.Environ(), "GPUBROKER_STUB_STATE="+t.TempDir()+"/stub.state",
@@ -25,13 +29,23 @@ func TestProgOnStub(t *testing.T) {
 	}
 
 	dir := t.TempDir()
-	hooked := stubtest.Start(t, append(append([]string{}, env...), "LD_PRELOAD="+stubtest.HookLibrary(),
-		"GPUBROKER_SLICE_ID=s1", "GPUBROKER_GPU_UUID="+stubtest.DeviceUUID,
-		"GPUBROKER_QUOTA_FILE="+dir+"/quota", "GPUBROKER_USAGE_FILE="+dir+"/usage",
-		"GPUBROKER_MEMORY_LIMIT_MIB=1024", "GPUBROKER_COMPUTE_PERCENT=50", "GPUBROKER_COMPUTE_LIMIT_PERCENT=50"))
+	for _, sub := range []string{"quota", "usage"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := region.CreateUsage(filepath.Join(dir, "usage", "usage.bin")); err != nil {
+		t.Fatal(err)
+	}
+	if err := region.WriteQuota(filepath.Join(dir, "quota", "quota.bin"),
+		region.Quota{SliceID: "s1", MemoryLimitBytes: 1024 << 20, ComputePercent: 50, ComputeLimitPercent: 50}); err != nil {
+		t.Fatal(err)
+	}
+	hooked := stubtest.StartInSlice(t, append(append([]string{}, env...), "GPUBROKER_MEMORY_LIMIT_MIB=4096"),
+		filepath.Join(dir, "quota"), filepath.Join(dir, "usage"))
 	res, v = hooked.Do("meminfo")
 	if res != 0 || len(v) != 2 || v[1] != 1024<<20 {
-		t.Fatalf("hooked meminfo: CUresult %d %v, want 0 and the 1024 MiB cap", res, v)
+		t.Fatalf("hooked meminfo: CUresult %d %v, want 0 and the slice's 1024 MiB cap", res, v)
 	}
 
 	select {

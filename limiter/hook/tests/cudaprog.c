@@ -3,12 +3,20 @@
  * libcuda like a real program and is run with LD_PRELOAD=libgpulimit.so and
  * LD_LIBRARY_PATH pointing at the stub driver.
  *
- *   cudaprog [-p] [-i] [command ...]
+ *   cudaprog [-p|-P|-1] [-V VERSION] [-a PATH] [-i] [command ...]
  *     -p  reach every driver function through cuGetProcAddress_v2, obtained
  *         with dlopen("libcuda.so.1") + dlsym, the way the CUDA runtime does
  *     -P  the same with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, which
  *         yields the _ptsz entry points (runtime built for per-thread streams)
+ *     -1  the same through cuGetProcAddress (v1, CUDA 11.3..11.8)
+ *     -V  the cudaVersion passed to cuGetProcAddress (default 12040)
+ *     -a  reach every driver function by dlsym on dlopen(PATH): the driver by
+ *         an absolute path, or a copy of it under another path or name
  *     -i  after the argument commands, read commands from stdin, one a line
+ *
+ * A failed setup (cuInit refused, no device) prints "setup CUresult" and, with
+ * -i, the program goes on reading commands, which then fail as the driver
+ * says: the tests look at what the hook refuses.
  *
  * Each command prints one line: its name, the CUresult as an integer, then
  * values. Commands:
@@ -26,7 +34,8 @@
  *   waitoom BYTES MS     retry alloc+free of BYTES until it is refused or MS pass; prints elapsed us
  *   launch KIND FN GRID N  KIND: kernel ex coop graph; N launches of function FN, then synchronize
  *   saturate FN GRID MS  launch FN back to back for MS milliseconds; prints launches
- *   loop CHUNK           forever: fill with CHUNK blocks, free all (for kill tests); prints "looping" once
+ *   loop CHUNK           forever: fill with CHUNK blocks, free all (for kill tests); prints "looping"
+ *                        once, after the first block is held
  *   sync                 cuCtxSynchronize
  *   threads N CHUNK      N threads allocate CHUNK-byte blocks until refused, then free them all;
  *                        prints total blocks held at the peak (sum over threads)
@@ -34,7 +43,18 @@
  *   reset                cuDevicePrimaryCtxReset (frees everything); forgets the live list
  *   ctxcycle BYTES       cuCtxCreate, allocate BYTES in it, cuCtxDestroy, back to the primary context
  *   dlcheck              dlsym interposition: prints 1/0 for (hooked symbol -> libgpulimit,
- *                        unhooked symbol -> libcuda, RTLD_NEXT malloc == libc malloc)
+ *                        unhooked symbol -> libcuda, RTLD_NEXT malloc == libc malloc,
+ *                        dlvsym of a versioned libc symbol == dlsym's)
+ *   rawalloc BYTES       cuMemAlloc_v2 found in libcuda's own symbol table (no dlsym): what
+ *                        the hook cannot stop in user space (the node agent does)
+ *   legacy BYTES         the legacy 32-bit cuMemAlloc, by dlsym
+ *   legacyproc BYTES     the same through cuGetProcAddress_v2("cuMemAlloc", cudaVersion 3000)
+ *   dlmopen FILE BYTES   dlmopen(LM_ID_NEWLM, FILE); if it loads, initialize the driver there and
+ *                        allocate BYTES through it; prints 1/0 (loaded) and the allocation's CUresult
+ *   deepbind LIB BYTES   dlopen(LIB, RTLD_NOW | RTLD_DEEPBIND) and call its usescuda_alloc(BYTES),
+ *                        which calls cuMemAlloc_v2 from inside LIB; prints the CUresult
+ *   nextalloc LIB BYTES  call LIB's usescuda_next(BYTES): cuMemAlloc_v2 by dlsym(RTLD_NEXT) from LIB
+ *   runpath              dlopen of a library found only through cudaprog's own RUNPATH; 1/0
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -52,43 +72,54 @@
 
 #define MAX_LIVE 65536
 
+/*
+ * The driver functions cudaprog uses: X(field of struct api, exported
+ * (versioned) name, the name cuGetProcAddress takes).
+ */
+/* clang-format off */
+#define API_FUNCS(X)                                                                    \
+	X(init, cuInit, "cuInit")                                                       \
+	X(deviceGet, cuDeviceGet, "cuDeviceGet")                                        \
+	X(ctxRetain, cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")              \
+	X(ctxSetCurrent, cuCtxSetCurrent, "cuCtxSetCurrent")                            \
+	X(ctxSynchronize, cuCtxSynchronize, "cuCtxSynchronize")                         \
+	X(ctxCreate, cuCtxCreate_v2, "cuCtxCreate")                                     \
+	X(ctxDestroy, cuCtxDestroy_v2, "cuCtxDestroy")                                  \
+	X(ctxReset, cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset")              \
+	X(moduleLoad, cuModuleLoadData, "cuModuleLoadData")                             \
+	X(getFunction, cuModuleGetFunction, "cuModuleGetFunction")                      \
+	X(streamSynchronize, cuStreamSynchronize, "cuStreamSynchronize")                \
+	X(memGetInfo, cuMemGetInfo_v2, "cuMemGetInfo")                                  \
+	X(totalMem, cuDeviceTotalMem_v2, "cuDeviceTotalMem")                            \
+	X(memAlloc, cuMemAlloc_v2, "cuMemAlloc")                                        \
+	X(memAllocPitch, cuMemAllocPitch_v2, "cuMemAllocPitch")                         \
+	X(memAllocManaged, cuMemAllocManaged, "cuMemAllocManaged")                      \
+	X(memFree, cuMemFree_v2, "cuMemFree")                                           \
+	X(memAllocAsync, cuMemAllocAsync, "cuMemAllocAsync")                            \
+	X(memAllocFromPoolAsync, cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync")    \
+	X(memFreeAsync, cuMemFreeAsync, "cuMemFreeAsync")                               \
+	X(poolCreate, cuMemPoolCreate, "cuMemPoolCreate")                               \
+	X(memCreate, cuMemCreate, "cuMemCreate")                                        \
+	X(memRelease, cuMemRelease, "cuMemRelease")                                     \
+	X(arrayCreate, cuArrayCreate_v2, "cuArrayCreate")                               \
+	X(array3DCreate, cuArray3DCreate_v2, "cuArray3DCreate")                         \
+	X(arrayDestroy, cuArrayDestroy, "cuArrayDestroy")                               \
+	X(mipmapCreate, cuMipmappedArrayCreate, "cuMipmappedArrayCreate")               \
+	X(mipmapDestroy, cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy")            \
+	X(graphCreate, cuGraphCreate, "cuGraphCreate")                                  \
+	X(graphAddMemAllocNode, cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode")       \
+	X(graphAddKernelNode, cuGraphAddKernelNode_v2, "cuGraphAddKernelNode")          \
+	X(graphInstantiate, cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags") \
+	X(graphLaunch, cuGraphLaunch, "cuGraphLaunch")                                  \
+	X(launchKernel, cuLaunchKernel, "cuLaunchKernel")                               \
+	X(launchKernelEx, cuLaunchKernelEx, "cuLaunchKernelEx")                         \
+	X(launchCoop, cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel")
+/* clang-format on */
+
 struct api {
-	__typeof__(&cuInit) init;
-	__typeof__(&cuDeviceGet) deviceGet;
-	__typeof__(&cuDevicePrimaryCtxRetain) ctxRetain;
-	__typeof__(&cuCtxSetCurrent) ctxSetCurrent;
-	__typeof__(&cuCtxSynchronize) ctxSynchronize;
-	__typeof__(&cuCtxCreate_v2) ctxCreate;
-	__typeof__(&cuCtxDestroy_v2) ctxDestroy;
-	__typeof__(&cuDevicePrimaryCtxReset_v2) ctxReset;
-	__typeof__(&cuModuleLoadData) moduleLoad;
-	__typeof__(&cuModuleGetFunction) getFunction;
-	__typeof__(&cuStreamSynchronize) streamSynchronize;
-	__typeof__(&cuMemGetInfo_v2) memGetInfo;
-	__typeof__(&cuDeviceTotalMem_v2) totalMem;
-	__typeof__(&cuMemAlloc_v2) memAlloc;
-	__typeof__(&cuMemAllocPitch_v2) memAllocPitch;
-	__typeof__(&cuMemAllocManaged) memAllocManaged;
-	__typeof__(&cuMemFree_v2) memFree;
-	__typeof__(&cuMemAllocAsync) memAllocAsync;
-	__typeof__(&cuMemAllocFromPoolAsync) memAllocFromPoolAsync;
-	__typeof__(&cuMemFreeAsync) memFreeAsync;
-	__typeof__(&cuMemPoolCreate) poolCreate;
-	__typeof__(&cuMemCreate) memCreate;
-	__typeof__(&cuMemRelease) memRelease;
-	__typeof__(&cuArrayCreate_v2) arrayCreate;
-	__typeof__(&cuArray3DCreate_v2) array3DCreate;
-	__typeof__(&cuArrayDestroy) arrayDestroy;
-	__typeof__(&cuMipmappedArrayCreate) mipmapCreate;
-	__typeof__(&cuMipmappedArrayDestroy) mipmapDestroy;
-	__typeof__(&cuGraphCreate) graphCreate;
-	__typeof__(&cuGraphAddMemAllocNode) graphAddMemAllocNode;
-	__typeof__(&cuGraphAddKernelNode_v2) graphAddKernelNode;
-	__typeof__(&cuGraphInstantiateWithFlags) graphInstantiate;
-	__typeof__(&cuGraphLaunch) graphLaunch;
-	__typeof__(&cuLaunchKernel) launchKernel;
-	__typeof__(&cuLaunchKernelEx) launchKernelEx;
-	__typeof__(&cuLaunchCooperativeKernel) launchCoop;
+#define API_FIELD(field, sym, base) __typeof__(&sym) field;
+	API_FUNCS(API_FIELD)
+#undef API_FIELD
 };
 
 static struct api A;
@@ -116,108 +147,107 @@ static uint64_t now_us(void)
 
 static void fill_direct(void)
 {
-	A = (struct api){
-	    .init = cuInit,
-	    .deviceGet = cuDeviceGet,
-	    .ctxRetain = cuDevicePrimaryCtxRetain,
-	    .ctxSetCurrent = cuCtxSetCurrent,
-	    .ctxSynchronize = cuCtxSynchronize,
-	    .ctxCreate = cuCtxCreate_v2,
-	    .ctxDestroy = cuCtxDestroy_v2,
-	    .ctxReset = cuDevicePrimaryCtxReset_v2,
-	    .moduleLoad = cuModuleLoadData,
-	    .getFunction = cuModuleGetFunction,
-	    .streamSynchronize = cuStreamSynchronize,
-	    .memGetInfo = cuMemGetInfo_v2,
-	    .totalMem = cuDeviceTotalMem_v2,
-	    .memAlloc = cuMemAlloc_v2,
-	    .memAllocPitch = cuMemAllocPitch_v2,
-	    .memAllocManaged = cuMemAllocManaged,
-	    .memFree = cuMemFree_v2,
-	    .memAllocAsync = cuMemAllocAsync,
-	    .memAllocFromPoolAsync = cuMemAllocFromPoolAsync,
-	    .memFreeAsync = cuMemFreeAsync,
-	    .poolCreate = cuMemPoolCreate,
-	    .memCreate = cuMemCreate,
-	    .memRelease = cuMemRelease,
-	    .arrayCreate = cuArrayCreate_v2,
-	    .array3DCreate = cuArray3DCreate_v2,
-	    .arrayDestroy = cuArrayDestroy,
-	    .mipmapCreate = cuMipmappedArrayCreate,
-	    .mipmapDestroy = cuMipmappedArrayDestroy,
-	    .graphCreate = cuGraphCreate,
-	    .graphAddMemAllocNode = cuGraphAddMemAllocNode,
-	    .graphAddKernelNode = cuGraphAddKernelNode_v2,
-	    .graphInstantiate = cuGraphInstantiateWithFlags,
-	    .graphLaunch = cuGraphLaunch,
-	    .launchKernel = cuLaunchKernel,
-	    .launchKernelEx = cuLaunchKernelEx,
-	    .launchCoop = cuLaunchCooperativeKernel,
-	};
+#define DIRECT(field, sym, base) A.field = sym;
+	API_FUNCS(DIRECT)
+#undef DIRECT
 }
 
-static int fill_procaddr(cuuint64_t flags)
+/* elf.c (linked in): a symbol from a loaded object's own table, without dlsym. */
+void *elf_loaded_symbol(const char *prefix, const char *name);
+
+static int g_cuda_version = 12040;
+static __typeof__(&cuGetProcAddress_v2) g_gpa2;
+static __typeof__(&cuGetProcAddress) g_gpa1;
+
+static CUresult get_proc(const char *name, void **p, cuuint64_t flags)
+{
+	return g_gpa2 ? g_gpa2(name, p, g_cuda_version, flags, NULL) : g_gpa1(name, p, g_cuda_version, flags);
+}
+
+/* fill_procaddr reaches every function through cuGetProcAddress (v2, or v1 with v1 set). */
+static int fill_procaddr(cuuint64_t flags, int v1)
 {
 	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (lib == NULL) {
 		fprintf(stderr, "dlopen libcuda.so.1: %s\n", dlerror());
 		return -1;
 	}
-	__typeof__(&cuGetProcAddress_v2) gpa = (__typeof__(&cuGetProcAddress_v2))dlsym(lib, "cuGetProcAddress_v2");
-	if (gpa == NULL)
+	void *entry = dlsym(lib, v1 ? "cuGetProcAddress" : "cuGetProcAddress_v2");
+	if (entry == NULL)
 		return -1;
-	/* The runtime also asks the driver for cuGetProcAddress itself. */
-	void *self = NULL;
-	if (gpa("cuGetProcAddress", &self, 12040, 0, NULL) != CUDA_SUCCESS || self == NULL)
-		return -1;
-	gpa = (__typeof__(&cuGetProcAddress_v2))self;
+	if (v1)
+		memcpy(&g_gpa1, &entry, sizeof(entry));
+	else
+		memcpy(&g_gpa2, &entry, sizeof(entry));
+	/* The runtime (v2) also asks the driver for cuGetProcAddress itself, and uses the answer. */
+	if (!v1) {
+		void *self = NULL;
+		if (get_proc("cuGetProcAddress", &self, 0) != CUDA_SUCCESS || self == NULL)
+			return -1;
+		memcpy(&g_gpa2, &self, sizeof(self));
+	}
 #define GET(field, name)                                                                                               \
 	do {                                                                                                           \
 		void *p_ = NULL;                                                                                       \
-		if (gpa(name, &p_, 12040, flags, NULL) != CUDA_SUCCESS || p_ == NULL) {                                \
+		if (get_proc(name, &p_, flags) != CUDA_SUCCESS || p_ == NULL) {                                        \
 			fprintf(stderr, "cuGetProcAddress(%s) failed\n", name);                                        \
 			return -1;                                                                                     \
 		}                                                                                                      \
 		memcpy(&A.field, &p_, sizeof(p_));                                                                     \
 	} while (0)
-	GET(init, "cuInit");
-	GET(deviceGet, "cuDeviceGet");
-	GET(ctxRetain, "cuDevicePrimaryCtxRetain");
-	GET(ctxSetCurrent, "cuCtxSetCurrent");
-	GET(ctxSynchronize, "cuCtxSynchronize");
-	GET(ctxCreate, "cuCtxCreate");
-	GET(ctxDestroy, "cuCtxDestroy");
-	GET(ctxReset, "cuDevicePrimaryCtxReset");
-	GET(moduleLoad, "cuModuleLoadData");
-	GET(getFunction, "cuModuleGetFunction");
-	GET(streamSynchronize, "cuStreamSynchronize");
-	GET(memGetInfo, "cuMemGetInfo");
-	GET(totalMem, "cuDeviceTotalMem");
-	GET(memAlloc, "cuMemAlloc");
-	GET(memAllocPitch, "cuMemAllocPitch");
-	GET(memAllocManaged, "cuMemAllocManaged");
-	GET(memFree, "cuMemFree");
-	GET(memAllocAsync, "cuMemAllocAsync");
-	GET(memAllocFromPoolAsync, "cuMemAllocFromPoolAsync");
-	GET(memFreeAsync, "cuMemFreeAsync");
-	GET(poolCreate, "cuMemPoolCreate");
-	GET(memCreate, "cuMemCreate");
-	GET(memRelease, "cuMemRelease");
-	GET(arrayCreate, "cuArrayCreate");
-	GET(array3DCreate, "cuArray3DCreate");
-	GET(arrayDestroy, "cuArrayDestroy");
-	GET(mipmapCreate, "cuMipmappedArrayCreate");
-	GET(mipmapDestroy, "cuMipmappedArrayDestroy");
-	GET(graphCreate, "cuGraphCreate");
-	GET(graphAddMemAllocNode, "cuGraphAddMemAllocNode");
-	GET(graphAddKernelNode, "cuGraphAddKernelNode");
-	GET(graphInstantiate, "cuGraphInstantiateWithFlags");
-	GET(graphLaunch, "cuGraphLaunch");
-	GET(launchKernel, "cuLaunchKernel");
-	GET(launchKernelEx, "cuLaunchKernelEx");
-	GET(launchCoop, "cuLaunchCooperativeKernel");
+#define GET_API(field, sym, base) GET(field, base);
+	API_FUNCS(GET_API)
+#undef GET_API
 #undef GET
 	return 0;
+}
+
+/* fill_dlsym reaches every function by dlsym on dlopen(path), under the exported (versioned) names. */
+static int fill_dlsym(const char *path)
+{
+	void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (lib == NULL) {
+		fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
+		return -1;
+	}
+#define SYM(field, name)                                                                                               \
+	do {                                                                                                           \
+		void *p_ = dlsym(lib, name);                                                                           \
+		if (p_ == NULL) {                                                                                      \
+			fprintf(stderr, "dlsym(%s) failed\n", name);                                                   \
+			return -1;                                                                                     \
+		}                                                                                                      \
+		memcpy(&A.field, &p_, sizeof(p_));                                                                     \
+	} while (0)
+#define SYM_API(field, sym, base) SYM(field, #sym);
+	API_FUNCS(SYM_API)
+#undef SYM_API
+#undef SYM
+	return 0;
+}
+
+/* dlmopen_alloc loads file into a new link-map namespace and, if that works, allocates there. */
+static void dlmopen_alloc(const char *file, uint64_t bytes)
+{
+	void *h = dlmopen(LM_ID_NEWLM, file, RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL) {
+		printf("dlmopen %d 0\n", CUDA_ERROR_NOT_PERMITTED);
+		return;
+	}
+	/* The driver may be file itself or one of its dependencies: look it up through h. */
+	__typeof__(&cuInit) init = (__typeof__(&cuInit))dlsym(h, "cuInit");
+	__typeof__(&cuDevicePrimaryCtxRetain) retain =
+	    (__typeof__(&cuDevicePrimaryCtxRetain))dlsym(h, "cuDevicePrimaryCtxRetain");
+	__typeof__(&cuCtxSetCurrent) set = (__typeof__(&cuCtxSetCurrent))dlsym(h, "cuCtxSetCurrent");
+	__typeof__(&cuMemAlloc_v2) alloc = (__typeof__(&cuMemAlloc_v2))dlsym(h, "cuMemAlloc_v2");
+	CUresult r = CUDA_ERROR_NOT_FOUND;
+	CUcontext c;
+	CUdeviceptr p;
+	if (init && retain && set && alloc && (r = init(0)) == CUDA_SUCCESS && (r = retain(&c, 0)) == CUDA_SUCCESS &&
+	    (r = set(c)) == CUDA_SUCCESS)
+		r = alloc(&p, bytes);
+	A.ctxSetCurrent(g_ctx);
+	printf("dlmopen %d 1\n", r);
 }
 
 static int kind_of(const char *s)
@@ -504,7 +534,9 @@ static int run(char **argv, int argc)
 		}
 		printf("saturate %d %llu\n", r, (unsigned long long)n);
 	} else if (strcmp(cmd, "loop") == 0 && argc >= 2) {
-		printf("looping 0\n");
+		/* "looping" once the first allocation holds memory: the process is in its loop. */
+		CUresult first = do_alloc(K_LINEAR, ARG(1));
+		printf("looping %d\n", first);
 		fflush(stdout);
 		for (;;) {
 			while (do_alloc(K_LINEAR, ARG(1)) == CUDA_SUCCESS) {
@@ -564,12 +596,50 @@ static int run(char **argv, int argc)
 		void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
 		Dl_info a, b;
 		void *hooked = lib ? dlsym(lib, "cuMemAlloc_v2") : NULL;
-		void *plain = lib ? dlsym(lib, "cuInit") : NULL;
+		void *plain = lib ? dlsym(lib, "cuDeviceGet") : NULL;
 		int hook_ok = hooked && dladdr(hooked, &a) && strstr(a.dli_fname, "libgpulimit") != NULL;
 		int plain_ok = plain && dladdr(plain, &b) && strstr(b.dli_fname, "libcuda") != NULL;
 		void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
 		int next_ok = libc && dlsym(RTLD_NEXT, "malloc") == dlsym(libc, "malloc");
-		printf("dlcheck 0 %d %d %d\n", hook_ok, plain_ok, next_ok);
+		int vsym_ok = libc && dlvsym(libc, "malloc", "GLIBC_2.2.5") == dlsym(libc, "malloc");
+		printf("dlcheck 0 %d %d %d %d\n", hook_ok, plain_ok, next_ok, vsym_ok);
+	} else if (strcmp(cmd, "rawalloc") == 0 && argc >= 2) {
+		__typeof__(&cuMemAlloc_v2) raw =
+		    (__typeof__(&cuMemAlloc_v2))elf_loaded_symbol("libcuda.so", "cuMemAlloc_v2");
+		CUdeviceptr p;
+		printf("rawalloc %d\n", raw ? raw(&p, ARG(1)) : CUDA_ERROR_NOT_FOUND);
+	} else if (strcmp(cmd, "legacy") == 0 && argc >= 2) {
+		void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+		__typeof__(&cuMemAlloc) v1 = lib ? (__typeof__(&cuMemAlloc))dlsym(lib, "cuMemAlloc") : NULL;
+		CUdeviceptr_v1 p;
+		printf("legacy %d\n", v1 ? v1(&p, (unsigned int)ARG(1)) : CUDA_ERROR_NOT_FOUND);
+	} else if (strcmp(cmd, "legacyproc") == 0 && argc >= 2) {
+		void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+		__typeof__(&cuGetProcAddress_v2) gpa =
+		    lib ? (__typeof__(&cuGetProcAddress_v2))dlsym(lib, "cuGetProcAddress_v2") : NULL;
+		void *p = NULL;
+		CUresult r = gpa ? gpa("cuMemAlloc", &p, 3000, 0, NULL) : CUDA_ERROR_NOT_FOUND;
+		__typeof__(&cuMemAlloc) v1 = NULL;
+		memcpy(&v1, &p, sizeof(p));
+		CUdeviceptr_v1 d;
+		printf("legacyproc %d\n", r == CUDA_SUCCESS && v1 ? v1(&d, (unsigned int)ARG(1)) : r);
+	} else if (strcmp(cmd, "dlmopen") == 0 && argc >= 3) {
+		dlmopen_alloc(argv[1], ARG(2));
+	} else if (strcmp(cmd, "deepbind") == 0 && argc >= 3) {
+		void *lib = dlopen(argv[1], RTLD_NOW | RTLD_DEEPBIND);
+		CUresult (*f)(uint64_t) = NULL;
+		void *sym = lib ? dlsym(lib, "usescuda_alloc") : NULL;
+		memcpy(&f, &sym, sizeof(sym));
+		printf("deepbind %d\n", f ? f(ARG(2)) : CUDA_ERROR_NOT_FOUND);
+	} else if (strcmp(cmd, "nextalloc") == 0 && argc >= 3) {
+		void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+		CUresult (*f)(uint64_t) = NULL;
+		void *sym = lib ? dlsym(lib, "usescuda_next") : NULL;
+		memcpy(&f, &sym, sizeof(sym));
+		printf("nextalloc %d\n", f ? f(ARG(2)) : CUDA_ERROR_NOT_FOUND);
+	} else if (strcmp(cmd, "runpath") == 0) {
+		void *lib = dlopen("libgpulimit-runpath-probe.so", RTLD_NOW | RTLD_LOCAL);
+		printf("runpath 0 %d\n", lib != NULL);
 	} else if (strcmp(cmd, "sync") == 0) {
 		printf("sync %d\n", A.ctxSynchronize());
 	} else {
@@ -583,21 +653,34 @@ static int run(char **argv, int argc)
 int main(int argc, char **argv)
 {
 	int procaddr = 0, interactive = 0, i = 1;
+	const char *path = NULL;
 	for (; i < argc && argv[i][0] == '-'; i++) {
 		if (strcmp(argv[i], "-p") == 0)
 			procaddr = 1;
 		else if (strcmp(argv[i], "-P") == 0)
 			procaddr = 2;
+		else if (strcmp(argv[i], "-1") == 0)
+			procaddr = 3;
+		else if (strcmp(argv[i], "-V") == 0 && i + 1 < argc)
+			g_cuda_version = atoi(argv[++i]);
+		else if (strcmp(argv[i], "-a") == 0 && i + 1 < argc)
+			path = argv[++i];
 		else if (strcmp(argv[i], "-i") == 0)
 			interactive = 1;
 	}
-	if (procaddr ? fill_procaddr(procaddr == 2 ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0) != 0
-	             : (fill_direct(), 0)) {
+	int bad;
+	if (path != NULL)
+		bad = fill_dlsym(path);
+	else if (procaddr)
+		bad = fill_procaddr(procaddr == 2 ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0, procaddr == 3);
+	else
+		bad = (fill_direct(), 0);
+	if (bad) {
 		printf("setup %d\n", CUDA_ERROR_NOT_FOUND);
 		return 1;
 	}
 	CUdevice dev;
-	CUcontext ctx;
+	CUcontext ctx = NULL;
 	CUresult r = A.init(0);
 	if (r == CUDA_SUCCESS)
 		r = A.deviceGet(&dev, 0);
@@ -616,7 +699,9 @@ int main(int argc, char **argv)
 	}
 	if (r != CUDA_SUCCESS) {
 		printf("setup %d\n", r);
-		return 1;
+		fflush(stdout);
+		if (!interactive)
+			return 1;
 	}
 	/* Commands: argv words split at "," so one invocation can run several. */
 	char *words[16];

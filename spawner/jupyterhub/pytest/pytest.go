@@ -16,34 +16,27 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
 )
 
 // Interpreter is the Python that runs the class: Debian's, which sees
 // Debian's jupyterhub, aiohttp, pytest and pytest-asyncio.
 const Interpreter = "/usr/bin/python3"
 
-// Modules are what the suite imports; DebianPackages installs them.
+// Modules are what the suite imports, each listed with its Debian package
+// in e2e/testdeps/packages (as py:<module>).
 var Modules = []string{"jupyterhub", "aiohttp", "pytest", "pytest_asyncio"}
 
-// DebianPackages is the apt-get line that provides Modules (and venv, for
-// the packaging test); .ci/run installs the same.
-const DebianPackages = "jupyterhub python3-aiohttp python3-pytest python3-pytest-asyncio python3-venv python3-setuptools python3-wheel"
-
 // Python returns Interpreter once it has checked that it can import
-// Modules and the extra modules named. When it cannot, the test is skipped
-// with the reason and the apt-get line, or fails if CI=true: CI must never
-// pass by skipping.
+// Modules and the extra probes named (as e2e/testdeps/packages lists them:
+// "venv,ensurepip", "setuptools", "wheel"). When it cannot, the test fails
+// naming the Debian packages and the command that installs them; only
+// under -short is it skipped (e2e/testdeps).
 func Python(t testing.TB, extra ...string) string {
 	t.Helper()
-	mods := append(append([]string{}, Modules...), extra...)
-	out, err := exec.Command(Interpreter, "-c", "import "+strings.Join(mods, ", ")).CombinedOutput()
-	if err != nil {
-		why := fmt.Sprintf("%s cannot import %s (%v): %s; install them with apt-get install %s",
-			Interpreter, strings.Join(mods, ", "), err, lastLine(out), DebianPackages)
-		if os.Getenv("CI") == "true" {
-			t.Fatal(why)
-		}
-		t.Skip(why)
+	for _, m := range append(append([]string{}, Modules...), extra...) {
+		testdeps.Need(t, "py:"+m)
 	}
 	return Interpreter
 }

@@ -1,0 +1,26 @@
+// Package dev is the composition root of gpubroker-dev, the whole product
+// in one process on embedded defaults: it builds an app.Infra in which the
+// parts a cluster would provide are embedded or simulated, each only where
+// the configuration leaves it unset, and hands it to app.Run:
+//   - Redis: miniredis, in memory (--redis-url or Sentinel: the real one);
+//   - the OIDC issuer: broker/devissuer with an admin user dev and a
+//     non-admin alice, a web login that signs dev in with one click, and a
+//     token minted for the printed curl commands (--oidc-issuer: the real
+//     one);
+//   - the cluster: spawner/devcluster, one node whose pods "run" at once
+//     (--kubeconfig: the real one);
+//   - the GPUs: --dev-gpus NVIDIA H200s from go-nvml's mock/dgxh200,
+//     discovered through the node agent's own code and registered with
+//     fixed UUIDs (so a run against a real Redis reuses them);
+//   - the profiles: catalog.Default (--profiles-file: the real one).
+//
+// Every simulated part is named in the log, in the banner and in every API
+// answer (header X-Gpubroker-Mode: dev-simulated).
+//
+// It lives in its own binary so that the production one (gpubroker serve,
+// broker/internal/app) links none of it: no miniredis, fake clientset,
+// NVML mock, httptest or token minting, and no cgo (go-nvml needs it; dev
+// mode does, the broker does not). A build tag would do the same, but a
+// second main keeps both builds in every `go build ./...`, `go vet` and
+// test run, with nothing to remember.
+package dev

@@ -1,0 +1,38 @@
+package cliconfig_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/gpubroker/gpubroker/limiter/cliconfig"
+)
+
+func TestKubeFlagsSetTheClientsRateLimit(t *testing.T) {
+	kc := writeFile(t, "kubeconfig", `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://api.example:6443"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`)
+	var k cliconfig.Kube
+	tab := &cliconfig.Table{Program: "t", EnvPrefix: "T_", Flags: k.Flags(cliconfig.KubeDefaults{QPS: 50, Burst: 100, Source: "the scheduler's"})}
+	if _, err := tab.Load([]string{"--kubeconfig=" + kc, "--kube-api-burst=7"}, []string{"T_KUBE_API_QPS=12.5"}); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := k.RESTConfig("ua/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.QPS != 12.5 || rc.Burst != 7 || rc.UserAgent != "ua/1" || rc.Host != "https://api.example:6443" || k.Where() != rc.Host {
+		t.Errorf("rest config QPS %g burst %d agent %q host %q, where %q", rc.QPS, rc.Burst, rc.UserAgent, rc.Host, k.Where())
+	}
+	_, err = tab.Load([]string{"--kube-api-qps=0", "--kube-api-burst=0"}, nil)
+	want := "--kube-api-qps (T_KUBE_API_QPS): must be > 0, got 0\n--kube-api-burst (T_KUBE_API_BURST): must be at least 1, got 0"
+	if err == nil || err.Error() != want {
+		t.Errorf("zero limits: %v, want\n%s", err, want)
+	}
+	if !strings.Contains(tab.Usage(), "env T_KUBE_API_QPS, default \"50\"") {
+		t.Errorf("usage:\n%s", tab.Usage())
+	}
+}
