@@ -190,10 +190,10 @@ type serverData struct {
 	// UpdatedMS is the record's last change (Unix ms): the stream's events
 	// up to it are already on the page.
 	UpdatedMS int64
-	Events string
-	API    string // the server's API path
-	CSRF   string
-	Chart  template.HTML // "" while there are no samples
+	Events    string
+	API       string // the server's API path
+	CSRF      string
+	Chart     template.HTML // "" while there are no samples
 	// UsageNote says why there is no chart.
 	UsageNote string
 	// IdleState and Countdown are the reclaimer's view of the server.
@@ -226,7 +226,7 @@ func (h *Handler) renderServer(w http.ResponseWriter, r *http.Request, v Viewer,
 	page := "/servers/" + url.PathEscape(name)
 	d := serverData{S: s, Step: stepOf(s.State), Steps: len(spawnSteps), CSRF: v.CSRF, Live: !terminal(s.State), Page: page,
 		UpdatedMS: s.UpdatedAt.UnixMilli(),
-		Events: serverPath(v.User, name) + "/events", API: serverPath(v.User, name),
+		Events:    serverPath(v.User, name) + "/events", API: serverPath(v.User, name),
 		Resize: resizeInputs(forms.resize, s), ResizeProblem: forms.resize.Problem,
 		Extend: extendInput(forms.extend), ExtendProblem: forms.extend.Problem,
 		AgainIdem: "again-" + s.SpawnID, AgainProblem: forms.launch.Problem}
