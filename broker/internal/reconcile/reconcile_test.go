@@ -77,6 +77,17 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 			got.Allocation == nil || got.Allocation.GPUUUID != want.Allocation.GPUUUID {
 			t.Errorf("restored %+v, want spawn %s running at %s on %s", got, want.SpawnID, want.URL, want.Allocation.GPUUUID)
 		}
+		// The rebuilt event stream starts at running and never steps back
+		// to starting (a live page would show a progress bar again).
+		evs, err := f.Service.Events(ctx, want.ServerKey, "", 0)
+		if err != nil || len(evs) == 0 {
+			t.Fatalf("events of %v after the rebuild: %v %v", want.ServerKey, evs, err)
+		}
+		for _, ev := range evs {
+			if ev.State != v1.StateRunning {
+				t.Errorf("event of %v after the rebuild: %s %q, want only running", want.ServerKey, ev.State, ev.Message)
+			}
+		}
 	}
 	f.Verify(t)
 
