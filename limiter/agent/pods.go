@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -252,15 +253,7 @@ func (w *PodWatcher) Slices() []SliceInfo {
 		out = append(out, s)
 	}
 	w.mu.RUnlock()
-	slices.SortFunc(out, func(a, b SliceInfo) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b SliceInfo) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
 

@@ -191,18 +191,8 @@ func placeResult(req fleet.PlaceRequest, res any) (fleet.Allocation, error, erro
 	case "notready":
 		return fleet.Allocation{}, fmt.Errorf("%w: GPU allocations are being rebuilt from the cluster after Redis lost its data; try again in a moment", fleet.ErrNotReady), nil
 	case "quota":
-		f, err := stringsN(rest, 6)
+		qe, err := quotaReply(rest)
 		if err != nil {
-			return fleet.Allocation{}, nil, err
-		}
-		qe := &fleet.QuotaError{Scope: f[0], Name: f[1], Resource: f[2]}
-		var errs []error
-		for i, dst := range []*int64{&qe.Limit, &qe.Used, &qe.Want} {
-			n, err := atoi64(f[2], f[3+i])
-			errs = append(errs, err)
-			*dst = n
-		}
-		if err := errors.Join(errs...); err != nil {
 			return fleet.Allocation{}, nil, err
 		}
 		return fleet.Allocation{}, qe, nil

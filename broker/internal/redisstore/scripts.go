@@ -2,10 +2,13 @@ package redisstore
 
 import (
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
 // The scripts. lib.lua and servers.lua hold helpers and are prepended to the
@@ -157,4 +160,25 @@ func atoi64(field, s string) (int64, error) {
 		return 0, fmt.Errorf("field %s: %w", field, err)
 	}
 	return n, nil
+}
+
+// quotaReply decodes the rest of a script's {"quota", scope, name,
+// resource, limit, used, want} reply (place_slice.lua, resize_slice.lua)
+// into the refusal it names.
+func quotaReply(rest []any) (*fleet.QuotaError, error) {
+	f, err := stringsN(rest, 6)
+	if err != nil {
+		return nil, err
+	}
+	qe := &fleet.QuotaError{Scope: f[0], Name: f[1], Resource: f[2]}
+	var errs []error
+	for i, dst := range []*int64{&qe.Limit, &qe.Used, &qe.Want} {
+		n, err := atoi64(f[2], f[3+i])
+		errs = append(errs, err)
+		*dst = n
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return qe, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -119,15 +120,7 @@ func (st *Store) Nodes(ctx context.Context, now time.Time) ([]NodeStatus, error)
 		}
 		out = append(out, ns)
 	}
-	slices.SortFunc(out, func(a, b NodeStatus) int {
-		switch {
-		case a.Node < b.Node:
-			return -1
-		case a.Node > b.Node:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b NodeStatus) int { return strings.Compare(a.Node, b.Node) })
 	return out, errors.Join(errs...)
 }
 
