@@ -129,7 +129,7 @@ func (h *Handler) launch(w http.ResponseWriter, r *http.Request, v Viewer) {
 	var ae *apiError
 	switch {
 	case err == nil && !terminal(cur.State):
-		http.Redirect(w, r, "/servers/"+url.PathEscape(form.Name), http.StatusSeeOther)
+		h.afterLaunch(w, r, form.Name)
 		return
 	case err == nil && cur.Profile != form.Profile && pf.Get("confirm") != form.Profile:
 		form.Confirm = form.Profile
@@ -141,7 +141,7 @@ func (h *Handler) launch(w http.ResponseWriter, r *http.Request, v Viewer) {
 	}
 	_, err = h.api.create(r.Context(), r, v, form.Name, pf.Get("idem"), v1.CreateServerRequest{Profile: form.Profile})
 	if err == nil {
-		http.Redirect(w, r, "/servers/"+url.PathEscape(form.Name), http.StatusSeeOther)
+		h.afterLaunch(w, r, form.Name)
 		return
 	}
 	f := newForm()
@@ -156,6 +156,18 @@ func (h *Handler) launch(w http.ResponseWriter, r *http.Request, v Viewer) {
 	}
 	form.Problem, form.ProfileError = f.Problem, f.Errors["profile"]
 	h.renderServers(w, r, v, statusOf(err), form)
+}
+
+// afterLaunch sends the browser on after a start, or a start of a server
+// that is already live: back to the notebook's page when the start came
+// from there (it follows the start and enters the notebook; only notebook
+// paths are accepted), else to the server's page.
+func (h *Handler) afterLaunch(w http.ResponseWriter, r *http.Request, name string) {
+	if next := r.PostForm.Get("next"); strings.HasPrefix(next, "/user/") && !strings.Contains(next, "//") && !strings.ContainsAny(next, "\\\r\n") {
+		http.Redirect(w, r, next, http.StatusSeeOther)
+		return
+	}
+	http.Redirect(w, r, "/servers/"+url.PathEscape(name), http.StatusSeeOther)
 }
 
 // terminal reports whether a server's state ends its start: stopped or failed.

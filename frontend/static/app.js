@@ -49,8 +49,10 @@
   function follow(box) {
     var url = box.getAttribute('data-events');
     var page = box.getAttribute('data-page');
+    var enter = box.getAttribute('data-enter') === 'true'; // a notebook's page (notebook.html)
     var main = document.querySelector('main');
-    if (!url || !page || !main || !window.EventSource || !window.fetch) { return; }
+    if (!url || !main || !window.EventSource) { return; }
+    if (!enter && (!page || !window.fetch)) { return; }
     var es = new EventSource(url);
     var timer = null;
     var inFlight = false;
@@ -94,15 +96,23 @@
       try { ev = JSON.parse(e.data); } catch (err) { ev = null; }
       var at = ev && Date.parse(ev.time);
       if (at && at <= shown) { return; }
+      if (enter) {
+        // A notebook's own page: load it again, so that it shows the start
+        // as it is now, or, once the server runs, the notebook itself.
+        stop();
+        window.location.reload();
+        return;
+      }
       refresh();
     });
     es.addEventListener('error', function (e) {
       if (e.data) { // the API's own error event: the stream ended; show the page as it is
+        if (enter) { stop(); return; } // a reload could meet the same end again
         refresh();
       }
       // Otherwise the connection dropped; EventSource reconnects with Last-Event-ID.
     });
-    timer = setInterval(refresh, REFRESH_MS);
+    if (!enter) { timer = setInterval(refresh, REFRESH_MS); }
   }
 
   document.addEventListener('DOMContentLoaded', function () {

@@ -1,13 +1,13 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"regexp"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -253,7 +253,7 @@ func (w *PodWatcher) Slices() []SliceInfo {
 		out = append(out, s)
 	}
 	w.mu.RUnlock()
-	slices.SortFunc(out, func(a, b SliceInfo) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b SliceInfo) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 

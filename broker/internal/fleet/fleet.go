@@ -3,6 +3,7 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -161,10 +162,5 @@ type Allocation struct {
 
 // SortedGroups returns the names of m sorted, for deterministic charging.
 func SortedGroups(m map[string]Quota) []string {
-	out := make([]string, 0, len(m))
-	for g := range m {
-		out = append(out, g)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(m))
 }

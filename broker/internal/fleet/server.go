@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"slices"
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
@@ -52,6 +53,12 @@ type Profile struct {
 	Model string
 	// Groups that may use the profile; empty means everyone.
 	Groups []string
+	// Command and Args start the notebook when a create request sets
+	// neither (Kubernetes meaning: Command replaces the image's ENTRYPOINT,
+	// Args its CMD; nil keeps the image's). They may use $(GPUBROKER_BASE_URL)
+	// and $(GPUBROKER_POD_IP); the notebook token reaches the notebook as
+	// JUPYTER_TOKEN from the server's Secret.
+	Command, Args []string
 }
 
 // Allows reports whether a member of groups may use p.
@@ -59,14 +66,7 @@ func (p Profile) Allows(groups []string) bool {
 	if len(p.Groups) == 0 {
 		return true
 	}
-	for _, g := range groups {
-		for _, a := range p.Groups {
-			if g == a {
-				return true
-			}
-		}
-	}
-	return false
+	return slices.ContainsFunc(groups, func(g string) bool { return slices.Contains(p.Groups, g) })
 }
 
 // ServerPatch lists the fields a transition may set besides state and
@@ -110,4 +110,18 @@ type ResizeResult struct {
 	// Deadline is, when not Applied, the time by which the agent is
 	// expected to apply Generation (service clock); zero when Applied.
 	Deadline time.Time
+}
+
+// ProxyActivity is what the broker's notebook proxy saw of one spawn: the
+// time of the last request it forwarded and the WebSockets (kernel channels,
+// terminals) open through it. It is one activity signal among others for
+// the reclaimer; its absence means "not used through the broker", never
+// "idle" (ARCHITECTURE.md invariant 4).
+type ProxyActivity struct {
+	// LastRequest is when the last proxied request of the spawn began (UTC);
+	// zero when none was seen.
+	LastRequest time.Time
+	// OpenWebSockets is the number of WebSockets open through the proxy now,
+	// summed over the broker replicas that reported recently.
+	OpenWebSockets int
 }

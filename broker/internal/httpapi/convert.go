@@ -8,10 +8,29 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
-// toServer converts a server record to its wire form. The GPU reference
-// comes from the allocation, and only while the server holds it: a stopped
-// or failed server holds no GPU.
-func toServer(s fleet.Server) v1.Server {
+// toServer converts a server record to its wire form, with its browser
+// address when the broker serves notebooks (Deps.OpenURL).
+func (a *api) toServer(s fleet.Server) v1.Server {
+	out := toServerRecord(s)
+	if a.deps.OpenURL != nil {
+		out.OpenURL = a.deps.OpenURL(s.User, s.Name)
+	}
+	return out
+}
+
+// toServers converts a list, keeping its order; never nil.
+func (a *api) toServers(in []fleet.Server) []v1.Server {
+	out := make([]v1.Server, 0, len(in))
+	for _, s := range in {
+		out = append(out, a.toServer(s))
+	}
+	return out
+}
+
+// toServerRecord converts a server record to its wire form. The GPU
+// reference comes from the allocation, and only while the server holds
+// it: a stopped or failed server holds no GPU.
+func toServerRecord(s fleet.Server) v1.Server {
 	out := v1.Server{
 		User:      s.User,
 		Name:      s.Name,
@@ -34,15 +53,6 @@ func toServer(s fleet.Server) v1.Server {
 // toAmounts is a quota's amounts in wire form.
 func toAmounts(q fleet.Quota) v1.QuotaAmounts {
 	return v1.QuotaAmounts{Servers: q.Servers, MemoryMiB: q.MemoryMiB, ComputePercent: q.ComputePercent}
-}
-
-// toServers converts a list, keeping its order; never nil.
-func toServers(in []fleet.Server) []v1.Server {
-	out := make([]v1.Server, 0, len(in))
-	for _, s := range in {
-		out = append(out, toServer(s))
-	}
-	return out
 }
 
 // toProfile converts a profile to its wire form.

@@ -113,7 +113,7 @@ func (a *api) writeServers(c echo.Context, user string) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, v1.ServerPage{Servers: toServers(list), Next: next})
+	return c.JSON(http.StatusOK, v1.ServerPage{Servers: a.toServers(list), Next: next})
 }
 
 // userQuota answers the caps that apply to {user} and what is in use
@@ -181,7 +181,7 @@ func (a *api) createServer(c echo.Context) error {
 	if created {
 		status = http.StatusCreated
 	}
-	return c.JSON(status, toServer(s))
+	return c.JSON(status, a.toServer(s))
 }
 
 // getServer answers the server, or 404.
@@ -197,7 +197,7 @@ func (a *api) getServer(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, toServer(s))
+	return c.JSON(http.StatusOK, a.toServer(s))
 }
 
 // deleteServer stops the server: 202 with its state after the call
@@ -237,7 +237,7 @@ func (a *api) deleteServer(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusAccepted, toServer(s))
+	return c.JSON(http.StatusAccepted, a.toServer(s))
 }
 
 // visibleKey reads the server key and checks that the caller may act for

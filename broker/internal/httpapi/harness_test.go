@@ -70,6 +70,7 @@ type harnessConfig struct {
 	mode     Mode
 	checkers []Checker
 	opts     []Option
+	openURL  func(user, name string) string
 }
 
 var testNow = time.Date(2026, 11, 29, 15, 0, 0, 0, time.UTC)
@@ -104,6 +105,7 @@ func newHarness(t *testing.T, cfgs ...harnessConfig) *harness {
 		Version:  "1.2.3",
 		Mode:     cfg.mode,
 		Now:      now,
+		OpenURL:  cfg.openURL,
 	}, cfg.opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -143,7 +145,7 @@ func (h *harness) do(t *testing.T, r req) *httptest.ResponseRecorder {
 
 // contract is openapi.yaml loaded once.
 var contract = sync.OnceValues(func() (routers.Router, error) {
-	doc, err := openapi3.NewLoader().LoadFromData(OpenAPI())
+	doc, err := openapi3.NewLoader().LoadFromData(openapiYAML)
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,7 @@ import (
 // "`GET`, `PUT /path`" for two methods of one path) and every row names
 // operations the document has.
 func TestREADMEAPITableIsTheDocument(t *testing.T) {
-	doc, err := openapi3.NewLoader().LoadFromData(OpenAPI())
+	doc, err := openapi3.NewLoader().LoadFromData(openapiYAML)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -337,18 +337,18 @@ func (p Policy) validateOverride(i int, o Override, top []FieldProblem) []FieldP
 	return ps
 }
 
-// Normalize trims and sorts ExemptGroups and ExemptUsers (dropping empty
-// and duplicate names) and trims Reason.
+// Normalize trims and sorts ExemptGroups and ExemptUsers (dropping empty and duplicate
+// names) and trims Reason.
 func (p Policy) Normalize() Policy {
-	p.ExemptGroups = nameSet(p.ExemptGroups)
-	p.ExemptUsers = nameSet(p.ExemptUsers)
+	p.ExemptGroups = cleanNames(p.ExemptGroups)
+	p.ExemptUsers = cleanNames(p.ExemptUsers)
 	p.Reason = strings.TrimSpace(p.Reason)
 	return p
 }
 
-// nameSet returns names trimmed, sorted, without empty and duplicate ones
-// (nil when none is left).
-func nameSet(names []string) []string {
+// cleanNames returns names trimmed, without empty ones, sorted and without
+// duplicates; nil when none is left.
+func cleanNames(names []string) []string {
 	var out []string
 	for _, n := range names {
 		if n = strings.TrimSpace(n); n != "" {

@@ -13,17 +13,24 @@ import (
 )
 
 // allocRecord is the stored form of a fleet.Allocation, written by
-// alloc_json in scripts/lib.lua.
+// alloc_json in scripts/lib.lua: its head (recordHead) and the GPU's ref
+// (allocRef).
 type allocRecord struct {
+	allocHead
+	GPU   string `json:"gpu"`
+	Node  string `json:"node"`
+	Model string `json:"model"`
+}
+
+// allocHead is the part of an allocRecord that the allocation itself
+// gives.
+type allocHead struct {
 	SliceID             string   `json:"sliceId"`
 	User                string   `json:"user"`
 	Groups              []string `json:"groups"`
 	MemoryMiB           int64    `json:"memoryMiB"`
 	ComputePercent      int      `json:"computePercent"`
 	ComputeLimitPercent int      `json:"computeLimitPercent"`
-	GPU                 string   `json:"gpu"`
-	Node                string   `json:"node"`
-	Model               string   `json:"model"`
 }
 
 func decodeAlloc(raw string) (fleet.Allocation, error) {
@@ -61,14 +68,7 @@ func recordHead(a fleet.Allocation) (string, error) {
 	if groups == nil {
 		groups = []string{}
 	}
-	b, err := json.Marshal(struct {
-		SliceID             string   `json:"sliceId"`
-		User                string   `json:"user"`
-		Groups              []string `json:"groups"`
-		MemoryMiB           int64    `json:"memoryMiB"`
-		ComputePercent      int      `json:"computePercent"`
-		ComputeLimitPercent int      `json:"computeLimitPercent"`
-	}{a.SliceID, a.User, groups, a.Slice.MemoryMiB, a.Slice.ComputePercent, a.Slice.ComputeLimitPercent})
+	b, err := json.Marshal(allocHead{a.SliceID, a.User, groups, a.Slice.MemoryMiB, a.Slice.ComputePercent, a.Slice.ComputeLimitPercent})
 	if err != nil {
 		return "", fmt.Errorf("encode allocation: %w", err)
 	}

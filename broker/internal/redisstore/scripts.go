@@ -153,18 +153,8 @@ func flatMap(v any) (map[string]string, error) {
 	return m, nil
 }
 
-// atoi64 parses a decimal integer from a script reply or hash field.
-func atoi64(field, s string) (int64, error) {
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("field %s: %w", field, err)
-	}
-	return n, nil
-}
-
-// quotaReply decodes the rest of a script's {"quota", scope, name,
-// resource, limit, used, want} reply (place_slice.lua, resize_slice.lua)
-// into the refusal it names.
+// quotaReply decodes the rest of the "quota" reply of place.lua and
+// resize.lua (scope, name, resource, limit, used, want) into the refusal.
 func quotaReply(rest []any) (*fleet.QuotaError, error) {
 	f, err := stringsN(rest, 6)
 	if err != nil {
@@ -177,8 +167,14 @@ func quotaReply(rest []any) (*fleet.QuotaError, error) {
 		errs = append(errs, err)
 		*dst = n
 	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
+	return qe, errors.Join(errs...)
+}
+
+// atoi64 parses a decimal integer from a script reply or hash field.
+func atoi64(field, s string) (int64, error) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("field %s: %w", field, err)
 	}
-	return qe, nil
+	return n, nil
 }

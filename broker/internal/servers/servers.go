@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
@@ -58,7 +59,7 @@ type Service struct {
 	catalog Catalog
 	log     *slog.Logger
 	policy  fleet.Policy
-	timeout time.Duration
+	timeout time.Duration // bounds the steps a create or delete runs after the caller's context is detached
 	now     func() time.Time
 	newID   func() string
 	kick    func()
@@ -77,10 +78,6 @@ func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = 
 
 // WithSpawnIDs sets the spawn id generator; default 16 random hex digits.
 func WithSpawnIDs(f func() string) Option { return func(s *Service) { s.newID = f } }
-
-// WithStepTimeout bounds the steps a create or delete runs after the
-// caller's context is detached; default 30s.
-func WithStepTimeout(d time.Duration) Option { return func(s *Service) { s.timeout = d } }
 
 // WithReconcileTrigger sets a function called when placement is refused
 // because allocations are being rebuilt, so the reconciler runs at once.
@@ -179,9 +176,18 @@ func (s *Service) Create(ctx context.Context, by audit.Actor, user string, group
 	if !created && !starting(rec.State) {
 		return rec, false, nil // a retry of a create that got past its steps
 	}
+	// Every spawn gets its own notebook token, in its Secret only; the
+	// proxy adds it to the requests it forwards (ARCHITECTURE.md invariant 7).
+	// A same-key retry makes a new one: only the attempt that creates the
+	// pod writes its Secret.
+	secret[v1.EnvNotebookToken] = newNotebookToken()
+	command, args := req.Command, req.Args
+	if command == nil && args == nil {
+		command, args = prof.Command, prof.Args
+	}
 	// A new start, or the same-key retry of one that did not finish its
 	// steps (still running, or cut off by an outage): carry it on.
-	out, err := s.spawn(ctx, rec, prof, groups, plain, secret, req.Command, req.Args)
+	out, err := s.spawn(ctx, rec, prof, groups, plain, secret, command, args)
 	if !created && errors.Is(err, errUndone) {
 		// The first attempt was refused and undone while this retry
 		// joined it: the retry runs again, as a start of its own.
@@ -442,7 +448,7 @@ func (s *Service) stop(ctx context.Context, by audit.Actor, rec fleet.Server) (f
 	key := rec.ServerKey
 	var err error
 	if rec.State != v1.StateStopping {
-		rec, err = s.store.Transition(ctx, key, rec.SpawnID, v1.StateStopping, "stopping: deleting the pod"+byText(by, key.User), fleet.ServerPatch{})
+		rec, err = s.store.Transition(ctx, key, rec.SpawnID, v1.StateStopping, msgStopping+byText(by, key.User), fleet.ServerPatch{})
 		if err != nil {
 			return rec, unknown(err, key.Name+" may or may not be stopping")
 		}
@@ -496,6 +502,20 @@ func (s *Service) podPresent(rec fleet.Server) bool {
 		}
 	}
 	return false
+}
+
+// msgStopping starts the message of a stop that was asked for (who asked
+// follows: byText).
+const msgStopping = "stopping: deleting the pod"
+
+// stoppedMessage is the final message of a stopping server: "stopped" for
+// a stop that was asked for, else the reason it is stopping (the notebook
+// ended by itself), so the stopped server still says why.
+func stoppedMessage(rec fleet.Server) string {
+	if rec.Message == "" || strings.HasPrefix(rec.Message, msgStopping) {
+		return "stopped"
+	}
+	return rec.Message
 }
 
 // finishStop releases a stopping server's slice and records it stopped,

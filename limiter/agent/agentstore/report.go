@@ -1,12 +1,12 @@
 package agentstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -120,7 +120,7 @@ func (st *Store) Nodes(ctx context.Context, now time.Time) ([]NodeStatus, error)
 		}
 		out = append(out, ns)
 	}
-	slices.SortFunc(out, func(a, b NodeStatus) int { return strings.Compare(a.Node, b.Node) })
+	slices.SortFunc(out, func(a, b NodeStatus) int { return cmp.Compare(a.Node, b.Node) })
 	return out, errors.Join(errs...)
 }
 

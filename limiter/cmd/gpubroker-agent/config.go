@@ -154,12 +154,6 @@ func nonNegative(name string, p *time.Duration, def time.Duration, help string) 
 		}}
 }
 
-// envName is the environment twin of a flag.
-func envName(flagName string) string {
-	var c Config
-	return c.table().EnvName(flagName)
-}
-
 // usage is the --help text: every flag with its env twin and default.
 func usage() string {
 	var c Config
