@@ -94,7 +94,7 @@ func newRunnerNodes(t testing.TB, c *harness.Cluster, ns string, n int) (*runner
 	}
 	r, err := runner.New(runner.Config{
 		Client: c.Client, Namespace: ns, Nodes: names, Dir: filepath.Join(dir, "pods"), HostRoot: host, CIDR: nextRunnerCIDR(),
-		Images:  map[string]runner.Image{notebookImage: {}},
+		Images:  map[string]runner.Image{notebookImage: {}, hubImage: hubImageRun},
 		Backoff: 500 * time.Millisecond, MaxBackoff: 5 * time.Second, StopGrace: 5 * time.Second,
 		ProbeInterval: 100 * time.Millisecond,
 	})
