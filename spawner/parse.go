@@ -27,6 +27,9 @@ type ManagedPod struct {
 	Slice v1.Slice
 	// QuotaGroups are the raw groups charged; nil when none.
 	QuotaGroups []string
+	// IdempotencyKey is the key of the create that started the spawn; ""
+	// when none.
+	IdempotencyKey string
 	// Phase and Message are Classify's reading; ParsePod leaves them empty,
 	// Client.Pods fills them.
 	Phase   Phase
@@ -93,6 +96,7 @@ func ParsePod(pod *corev1.Pod) (ManagedPod, error) {
 	if g := a[v1.AnnotationGroups]; g != "" {
 		m.QuotaGroups = strings.Split(g, ",")
 	}
+	m.IdempotencyKey = a[v1.AnnotationIdempotencyKey]
 	if l := pod.Labels[v1.LabelSpawnID]; m.SpawnID != "" && l != m.SpawnID {
 		errs = append(errs, fmt.Errorf("label %s=%q disagrees with annotation %s=%q", v1.LabelSpawnID, l, v1.AnnotationSpawnID, m.SpawnID))
 	}

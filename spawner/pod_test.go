@@ -312,6 +312,7 @@ func TestParsePodRoundTrip(t *testing.T) {
 	for _, mod := range []func(Spec) Spec{
 		func(s Spec) Spec { return s },
 		func(s Spec) Spec { s.User, s.Server, s.QuotaGroups = "Zoë@Example.org", "Mon Carnet", nil; return s },
+		func(s Spec) Spec { s.IdempotencyKey = "hub-spawn-7"; return s },
 	} {
 		spec := mod(testSpec())
 		pod, err := Pod(testConfig(), spec)
@@ -328,7 +329,7 @@ func TestParsePodRoundTrip(t *testing.T) {
 		want := ManagedPod{
 			Name: PodName(spec.User, spec.Server), User: spec.User, Server: spec.Server, Profile: spec.Profile,
 			SpawnID: spec.SpawnID, Node: spec.GPU.Node, GPUUUID: spec.GPU.UUID, Slice: spec.Slice,
-			QuotaGroups: spec.QuotaGroups, URL: "http://10.88.0.7:8888", CreatedAt: created,
+			QuotaGroups: spec.QuotaGroups, IdempotencyKey: spec.IdempotencyKey, URL: "http://10.88.0.7:8888", CreatedAt: created,
 		}
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("ParsePod (-want +got):\n%s", diff)

@@ -286,6 +286,13 @@ func (p *Process) Stop() {
 // Clients reconnect on their next command.
 func (p *Process) Restart(ctx context.Context) error {
 	p.Stop()
+	return p.Rerun(ctx)
+}
+
+// Rerun starts a fresh, empty server on the port of a stopped one (after
+// Stop: Redis was down meanwhile, and comes back without its data). It
+// returns once the server answers PING.
+func (p *Process) Rerun(ctx context.Context) error {
 	p.mu.Lock()
 	port := p.port
 	p.mu.Unlock()

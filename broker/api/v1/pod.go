@@ -22,6 +22,10 @@ const (
 	AnnotationComputePercent      = "gpubroker.io/compute-percent"
 	AnnotationComputeLimitPercent = "gpubroker.io/compute-limit-percent"
 	AnnotationGroups              = "gpubroker.io/quota-groups" // comma-separated raw group names charged
+	// AnnotationIdempotencyKey is the Idempotency-Key of the create that
+	// started the spawn (absent when none): a record rebuilt from the pod
+	// after Redis lost it still answers that key's retry.
+	AnnotationIdempotencyKey = "gpubroker.io/idempotency-key"
 )
 
 // EnvLogLevel is the one variable the limiter hook reads: how much it says

@@ -435,6 +435,11 @@ func userAgent() string { return "gpubroker/" + cliconfig.Version() }
 // outside /api/ and the probes).
 func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) {
 	rdb, kube, cat, mode, ws := infra.Redis, infra.Kube, infra.Catalog, infra.Mode, infra.Web
+	// An unreachable Redis is a 503 naming it, never a 500.
+	rdb.AddHook(redisstore.OutageHook{})
+	if infra.Streams != nil && infra.Streams != rdb {
+		infra.Streams.AddHook(redisstore.OutageHook{})
+	}
 	store := redisstore.New(rdb, cfg.Redis.Prefix, redisstore.WithBlockingClient(infra.Streams),
 		redisstore.WithWaitReplicas(cfg.WaitReplicas(), cfg.RedisWaitTimeout))
 	sp := spawner.New(kube, spawner.Config{
@@ -445,7 +450,9 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 	p := &parts{log: log, redis: rdb, store: store, kube: kube, spawner: sp, metrics: m,
 		agents: agentstore.New(rdb, cfg.Redis.Prefix), drain: make(chan struct{})}
 	var rec *reconcile.Reconciler
+	audit := redisstore.NewAuditLog(rdb, cfg.Redis.Prefix, p.agents)
 	p.service = servers.New(store, sp, cat, log.With("part", "servers"),
+		servers.WithAudit(audit),
 		servers.WithPolicy(fleet.Policy(cfg.PlacementPolicy)),
 		servers.WithReconcileTrigger(func() { rec.Trigger() }),
 		servers.WithResize(servers.ResizeConfig{Store: store, Quotas: p.agents, Pods: sp}),
@@ -454,7 +461,6 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 	rec.SetMetrics(m)
 	p.reconciler = rec
 	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.Redis.Prefix), nil)
-	audit := redisstore.NewAuditLog(rdb, cfg.Redis.Prefix, p.agents)
 	var err error
 	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies, audit); err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -181,15 +182,34 @@ func oneLine(s string) string {
 	return strings.NewReplacer("\r", "", "\n", "").Replace(s)
 }
 
-// validEventID checks a Last-Event-ID: at most 255 bytes of printable ASCII.
+// validEventID checks a Last-Event-ID: an event id as the stream writes
+// them, "<milliseconds>-<sequence>" (or just "<milliseconds>"), both
+// unsigned 64-bit numbers.
 func validEventID(id string) error {
-	if len(id) > 255 {
-		return fmt.Errorf("last event id is %d bytes long, at most 255 are allowed: %w", len(id), fleet.ErrInvalid)
+	if id == "" {
+		return nil
 	}
-	for i := 0; i < len(id); i++ {
-		if id[i] < 0x21 || id[i] > 0x7e {
-			return fmt.Errorf("last event id must be printable ASCII: %w", fleet.ErrInvalid)
+	ms, seq, two := strings.Cut(id, "-")
+	if !decimal64(ms) || (two && !decimal64(seq)) {
+		shown := id
+		if len(shown) > 64 {
+			shown = shown[:64] + "…"
 		}
+		return fmt.Errorf("%w: last event id %q is not an event id of this stream (<milliseconds>-<sequence>, each a number below 2^64)", fleet.ErrInvalid, shown)
 	}
 	return nil
+}
+
+// decimal64 reports whether s is an unsigned decimal that fits 64 bits.
+func decimal64(s string) bool {
+	if s == "" || len(s) > 20 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	_, err := strconv.ParseUint(s, 10, 64)
+	return err == nil
 }

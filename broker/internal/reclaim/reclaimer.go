@@ -24,9 +24,10 @@ type Servers interface {
 	Transition(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, error)
 }
 
-// Stopper stops a server without deleting its data (servers.Service.Delete).
+// Stopper stops a server without deleting its data, for by
+// (servers.Service.Delete, which audits the stop).
 type Stopper interface {
-	Delete(ctx context.Context, key fleet.ServerKey) (fleet.Server, error)
+	Delete(ctx context.Context, by audit.Actor, key fleet.ServerKey) (fleet.Server, error)
 }
 
 // Shrinker sets a running server's compute share (guarantee and burst
@@ -70,6 +71,10 @@ type AuditLog interface {
 
 // Actor is the audit actor of the reclaimer's own actions.
 const Actor = "reclaimer"
+
+// ActorOf is Actor as an audit.Actor, for the lifecycle actions the
+// reclaimer asks for (stop, shrink).
+var ActorOf = audit.Actor{Name: Actor, Kind: v1.ActorReclaimer}
 
 // Audit actions written by the reclaimer.
 const (
@@ -423,7 +428,7 @@ func (r *Reclaimer) do(ctx context.Context, now time.Time, s fleet.Server, pol P
 		switch {
 		case a.stop:
 			if _, err = r.servers.Transition(ctx, s.ServerKey, s.SpawnID, v1.StateRunning, a.message, fleet.ServerPatch{}); err == nil {
-				_, err = r.stopper.Delete(ctx, s.ServerKey)
+				_, err = r.stopper.Delete(ctx, ActorOf, s.ServerKey)
 			}
 		case a.compute > 0:
 			if err = r.shrinker.SetCompute(ctx, s, a.compute, a.limit); err == nil {

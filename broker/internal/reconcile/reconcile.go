@@ -338,17 +338,22 @@ func allocationOf(p spawner.ManagedPod) fleet.Allocation {
 		Slice: p.Slice, GPUUUID: p.GPUUUID, Node: p.Node}
 }
 
-// recordOf rebuilds a server record from its pod. It starts as starting, and
-// the pod's phase is then replayed into it like any pod event.
+// recordOf rebuilds a server record from its pod: running (with its URL)
+// when the pod runs, else starting, so that the rebuilt event stream starts
+// at the phase the server is in and never steps back from running to
+// starting; the pod's phase is then replayed into it like any pod event.
 func recordOf(p spawner.ManagedPod, a fleet.Allocation, now time.Time) fleet.Server {
-	pod := p.Name
-	return fleet.Server{
+	rec := fleet.Server{
 		ServerKey: fleet.ServerKey{User: p.User, Name: p.Server},
-		Profile:   p.Profile, SpawnID: p.SpawnID, State: v1.StateStarting,
+		Profile:   p.Profile, SpawnID: p.SpawnID, IdempotencyKey: p.IdempotencyKey, State: v1.StateStarting,
 		Message: "restored from its pod after the broker's store lost it",
-		Slice:   p.Slice, Allocation: &a, Pod: pod,
+		Slice:   p.Slice, Allocation: &a, Pod: p.Name,
 		CreatedAt: p.CreatedAt, UpdatedAt: now,
 	}
+	if p.Phase == spawner.PhaseRunning && p.URL != "" {
+		rec.State, rec.URL = v1.StateRunning, p.URL
+	}
+	return rec
 }
 
 func eventOf(p spawner.ManagedPod) spawner.PodEvent {

@@ -34,7 +34,7 @@ func newReconciler(f *serverstest.Fixture) *reconcile.Reconciler {
 // runningServer creates a server and drives its pod to running.
 func runningServer(t *testing.T, f *serverstest.Fixture, user, name, ip string) fleet.Server {
 	t.Helper()
-	if _, _, err := f.Service.Create(t.Context(), user, nil, name, v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
+	if _, _, err := f.Service.Create(t.Context(), serverstest.By, user, nil, name, v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
 		t.Fatalf("create %s/%s: %v", user, name, err)
 	}
 	f.SetPodRunning(t, user, name, ip)
@@ -50,7 +50,7 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 	if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := f.Service.Create(ctx, "carol", nil, "three", v1.CreateServerRequest{Profile: "small"}, "k")
+	_, _, err := f.Service.Create(ctx, serverstest.By, "carol", nil, "three", v1.CreateServerRequest{Profile: "small"}, "k")
 	if !errors.Is(err, fleet.ErrNotReady) {
 		t.Fatalf("create before the rebuild = %v, want ErrNotReady", err)
 	}
@@ -77,16 +77,27 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 			got.Allocation == nil || got.Allocation.GPUUUID != want.Allocation.GPUUUID {
 			t.Errorf("restored %+v, want spawn %s running at %s on %s", got, want.SpawnID, want.URL, want.Allocation.GPUUUID)
 		}
+		// The rebuilt event stream starts at running and never steps back
+		// to starting (a live page would show a progress bar again).
+		evs, err := f.Service.Events(ctx, want.ServerKey, "", 0)
+		if err != nil || len(evs) == 0 {
+			t.Fatalf("events of %v after the rebuild: %v %v", want.ServerKey, evs, err)
+		}
+		for _, ev := range evs {
+			if ev.State != v1.StateRunning {
+				t.Errorf("event of %v after the rebuild: %s %q, want only running", want.ServerKey, ev.State, ev.Message)
+			}
+		}
 	}
 	f.Verify(t)
 
 	// Placement resumes and counts the restored slices: binpack put both
 	// small slices (10240 MiB each) on gpu-a, so one 30720 MiB slice fits
 	// (on gpu-b) and a second does not.
-	if _, _, err := f.Service.Create(ctx, "u1", []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k"); err != nil {
+	if _, _, err := f.Service.Create(ctx, serverstest.By, "u1", []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k"); err != nil {
 		t.Fatalf("big slice after rebuild: %v", err)
 	}
-	_, _, err = f.Service.Create(ctx, "u2", []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k")
+	_, _, err = f.Service.Create(ctx, serverstest.By, "u2", []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k")
 	if !errors.Is(err, fleet.ErrNoCapacity) || !strings.Contains(err.Error(), "largest free block is 20480 MiB") {
 		t.Errorf("a second big slice = %v, want no capacity with 20480 MiB left on gpu-a", err)
 	}
