@@ -38,6 +38,23 @@ func TestReclaimOnRealNotebooks(t *testing.T) {
 			if _, err := c.Execute(ctx, id, "import time; time.sleep(3600)", false); err != nil {
 				t.Fatal(err)
 			}
+			// The notebook server learns the kernel is busy from the kernel's
+			// own status message, a moment after Execute saw it: wait for
+			// its API to say so, as the probe reads it.
+			for {
+				ks, err := c.Kernels(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(ks) == 1 && ks[0].ExecutionState == "busy" {
+					break
+				}
+				select {
+				case <-ctx.Done():
+					t.Fatalf("the notebook never reported its kernel busy: %+v", ks)
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
 		}, want: outcome{State: v1.StateRunning, Verdict: reclaim.VerdictActive, Reason: "a kernel is running code"}},
 		{name: "no kernels and an idle GPU: warned, then stopped",
 			want: outcome{State: v1.StateStopped, Verdict: reclaim.VerdictIdle, Audits: 2, Stops: 1}},
