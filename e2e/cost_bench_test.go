@@ -222,8 +222,8 @@ func brokerCreates(ctx context.Context, e *env, clients []*harness.Client, round
 		return fmt.Errorf("create through the broker: %w", err)
 	}
 	return harness.Poll(ctx, 200*time.Millisecond, 2*time.Minute, func(ctx context.Context) (bool, string, error) {
-		var all []v1.Server
-		if _, err := e.admin.Do(ctx, "GET", "/api/v1/servers?all=true", nil, nil, &all); err != nil {
+		all, err := e.admin.AllServers(ctx)
+		if err != nil {
 			return false, err.Error(), nil
 		}
 		running := 0

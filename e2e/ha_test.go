@@ -240,8 +240,8 @@ func rollingRestart(t *testing.T, e *env, replicas []*harness.Broker) {
 	sort.Strings(keys)
 	last := ""
 	err := harness.Poll(ctx, 250*time.Millisecond, 60*time.Second, func(ctx context.Context) (bool, string, error) {
-		var all []v1.Server
-		if _, err := e.admin.Do(ctx, http.MethodGet, "/api/v1/servers?all=true", nil, nil, &all); err != nil {
+		all, err := e.admin.AllServers(ctx)
+		if err != nil {
 			return false, last + " (then: " + err.Error() + ")", nil
 		}
 		byKey := map[string]v1.Server{}
@@ -356,8 +356,8 @@ func (l *load) do(ctx context.Context, cl *harness.Client, call func(c *harness.
 func (e *env) stopAll(t *testing.T) {
 	t.Helper()
 	ctx := t.Context()
-	var all []v1.Server
-	if _, err := e.admin.Do(ctx, http.MethodGet, "/api/v1/servers?all=true", nil, nil, &all); err != nil {
+	all, err := e.admin.AllServers(ctx)
+	if err != nil {
 		t.Fatalf("list servers: %v", err)
 	}
 	for _, s := range all {
@@ -365,7 +365,7 @@ func (e *env) stopAll(t *testing.T) {
 			t.Fatalf("delete %s/%s: %v", s.User, s.Name, err)
 		}
 	}
-	err := harness.Poll(ctx, 100*time.Millisecond, 60*time.Second, func(ctx context.Context) (bool, string, error) {
+	err = harness.Poll(ctx, 100*time.Millisecond, 60*time.Second, func(ctx context.Context) (bool, string, error) {
 		pods, err := e.pods(ctx)
 		if err != nil {
 			return false, err.Error(), nil

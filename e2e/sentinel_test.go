@@ -33,7 +33,9 @@ const sentinelRecovery = 5 * time.Second
 func TestSentinelFailoverLosesNoPlacement(t *testing.T) {
 	t.Parallel()
 	f := redistest.StartFailover(t, redistest.FailoverOptions{DownAfter: time.Second})
-	e := newEnv(t, envOptions{nodes: 2, gpusPerNode: 2, redis: &harness.BrokerOptions{
+	// Eight GPUs (10 small slices each) hold the 50 creates and the probes, so
+	// a probe after the failover finds room whatever share got through.
+	e := newEnv(t, envOptions{nodes: 2, gpusPerNode: 4, redis: &harness.BrokerOptions{
 		RedisSentinelMaster: f.MasterName, RedisSentinelAddrs: f.SentinelAddrs()}})
 	brokers := []*harness.Broker{e.broker, e.startBroker()}
 	ctx := t.Context()

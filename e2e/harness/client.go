@@ -125,6 +125,29 @@ func (c *Client) GetServer(ctx context.Context, user, name string) (v1.Server, e
 	return s, err
 }
 
+// AllServers lists every server the caller may see (all users' for an
+// admin), following the list's pages (GET /api/v1/servers?all=true and
+// its cursors) to the last.
+func (c *Client) AllServers(ctx context.Context) ([]v1.Server, error) {
+	var out []v1.Server
+	cursor := ""
+	for {
+		path := "/api/v1/servers?all=true"
+		if cursor != "" {
+			path += "&cursor=" + url.QueryEscape(cursor)
+		}
+		var page v1.ServerPage
+		if _, err := c.Do(ctx, http.MethodGet, path, nil, nil, &page); err != nil {
+			return nil, err
+		}
+		out = append(out, page.Servers...)
+		if page.Next == "" {
+			return out, nil
+		}
+		cursor = page.Next
+	}
+}
+
 // DeleteServer sends DELETE ServerPath and returns the status (202 expected).
 func (c *Client) DeleteServer(ctx context.Context, user, name string) (int, error) {
 	return c.Do(ctx, http.MethodDelete, ServerPath(user, name), nil, nil, nil)
