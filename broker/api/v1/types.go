@@ -12,6 +12,54 @@ type Slice struct {
 	ComputeLimitPercent int `json:"computeLimitPercent"`
 }
 
+// SharingMode is how a server shares its GPU, and the one mode a GPU is in
+// at a time (ARCHITECTURE.md, "Sharing mode").
+type SharingMode string
+
+// The sharing modes.
+const (
+	// SharingSliced is time division: a memory cap and a paced compute
+	// share enforced by the in-pod limiter; elastic (resizable while it
+	// runs). The default.
+	SharingSliced SharingMode = "sliced"
+	// SharingExclusive is a whole GPU held by one server.
+	SharingExclusive SharingMode = "exclusive"
+	// SharingMIG is one MIG instance (a hardware partition of a GPU in MIG
+	// mode) of a named MIG profile, held whole by one server.
+	SharingMIG SharingMode = "mig"
+	// SharingMPS is space division through NVIDIA MPS: an MPS client with a
+	// pinned device-memory limit and an active-thread percentage.
+	SharingMPS SharingMode = "mps"
+)
+
+// SharingModes lists every sharing mode, default first.
+var SharingModes = []SharingMode{SharingSliced, SharingExclusive, SharingMIG, SharingMPS}
+
+// Valid reports whether m is one of SharingModes.
+func (m SharingMode) Valid() bool {
+	switch m {
+	case SharingSliced, SharingExclusive, SharingMIG, SharingMPS:
+		return true
+	}
+	return false
+}
+
+// Words names m for people: "time-sliced slice", "whole GPU", "MIG
+// instance", "MPS client"; "" for an invalid mode.
+func (m SharingMode) Words() string {
+	switch m {
+	case SharingSliced:
+		return "time-sliced slice"
+	case SharingExclusive:
+		return "whole GPU"
+	case SharingMIG:
+		return "MIG instance"
+	case SharingMPS:
+		return "MPS client"
+	}
+	return ""
+}
+
 // ServerState is a step of the server lifecycle:
 // pending → placing → creating → starting → running → stopping → stopped,
 // with failed reachable from every state before running.
@@ -29,11 +77,27 @@ const (
 	StateFailed   ServerState = "failed"
 )
 
-// GPURef names the GPU a slice was placed on.
+// GPURef names the GPU a slice was placed on: for a MIG server, the MIG
+// instance (UUID "MIG-…", MIGProfile set, ParentUUID its GPU).
 type GPURef struct {
-	UUID  string `json:"uuid"`
-	Node  string `json:"node"`
-	Model string `json:"model"`
+	UUID       string `json:"uuid"`
+	Node       string `json:"node"`
+	Model      string `json:"model"`
+	MIGProfile string `json:"migProfile,omitempty"`
+	ParentUUID string `json:"parentUuid,omitempty"`
+}
+
+// ResizeInfo says whether a server's slice can change while it runs, and
+// if not, why and which profiles a restart could use instead.
+type ResizeInfo struct {
+	// Supported is true for time-sliced servers (PATCH .../slice).
+	Supported bool `json:"supported"`
+	// Reason says in words why not; "" when Supported.
+	Reason string `json:"reason,omitempty"`
+	// RestartProfiles are the profiles of the same sharing mode, offered to
+	// the server's user, that a restart could use instead ("restart with
+	// profile X"): stop the server and create it again with one of them.
+	RestartProfiles []string `json:"restartProfiles,omitempty"`
 }
 
 // Server is one user's notebook server, as the API reports it.
@@ -44,9 +108,13 @@ type Server struct {
 	SpawnID string      `json:"spawnId"` // changes on every start; also the slice id
 	State   ServerState `json:"state"`
 	// Message is a readable sentence about the current state.
-	Message string  `json:"message"`
-	Slice   Slice   `json:"slice"`
-	GPU     *GPURef `json:"gpu,omitempty"` // nil until placed
+	Message string `json:"message"`
+	Slice   Slice  `json:"slice"`
+	// Sharing is the sharing mode of the server's profile; Resize says
+	// whether its slice can change while it runs.
+	Sharing SharingMode `json:"sharing"`
+	Resize  ResizeInfo  `json:"resize"`
+	GPU     *GPURef     `json:"gpu,omitempty"` // nil until placed
 	// URL is the notebook's in-cluster address (http://podIP:port), set when running.
 	URL       string    `json:"url,omitempty"`
 	Pod       string    `json:"pod,omitempty"`
@@ -105,13 +173,24 @@ type Profile struct {
 	Description string `json:"description,omitempty"`
 	Image       string `json:"image"`
 	// CPU and Memory are Kubernetes quantities ("2", "500m", "8Gi").
-	CPU    string   `json:"cpu"`
-	Memory string   `json:"memory"`
-	Slice  Slice    `json:"slice"`
-	Groups []string `json:"groups,omitempty"` // empty: everyone
+	CPU    string `json:"cpu"`
+	Memory string `json:"memory"`
+	// Slice is the GPU share. For exclusive and MIG profiles it is what one
+	// device of the kind holds (the whole GPU or instance) and is fixed by
+	// the device placed on; the server's own slice says what it got.
+	Slice Slice `json:"slice"`
+	// Sharing is the profile's sharing mode; SharingWords says it in words
+	// ("MIG instance 3g.71gb", "time-sliced slice").
+	Sharing      SharingMode `json:"sharing"`
+	SharingWords string      `json:"sharingWords"`
+	// MIGProfile is the MIG profile of a mig profile, e.g. "3g.71gb".
+	MIGProfile string   `json:"migProfile,omitempty"`
+	Groups     []string `json:"groups,omitempty"` // empty: everyone
 }
 
-// GPU is one physical device as registered for placement.
+// GPU is one device as registered for placement: a physical GPU, or a MIG
+// instance of a GPU in MIG mode (UUID "MIG-…", ParentUUID and MIGProfile
+// set), which placement treats as a device of its own.
 type GPU struct {
 	UUID      string `json:"uuid"`
 	Node      string `json:"node"`
@@ -119,6 +198,22 @@ type GPU struct {
 	MemoryMiB int64  `json:"memoryMiB"`
 	SMCount   int    `json:"smCount"`
 	Healthy   bool   `json:"healthy"`
+	// Mode is the device's sharing mode: as reported by a node agent, the
+	// mode its node's label asks for ("" = no label; SharingMIG for a GPU
+	// whose MIG mode is on and for its instances, a hardware fact); as
+	// registered, the mode in force.
+	Mode SharingMode `json:"mode,omitempty"`
+	// PendingMode is a mode asked for (node label or admin) that waits for
+	// the GPU to hold no server; "" when none waits. Registered GPUs only.
+	PendingMode SharingMode `json:"pendingMode,omitempty"`
+	// MIGProfile is a MIG instance's profile, e.g. "3g.71gb".
+	MIGProfile string `json:"migProfile,omitempty"`
+	// ParentUUID is a MIG instance's GPU.
+	ParentUUID string `json:"parentUuid,omitempty"`
+	// ComputePercent is, for a MIG instance, its SMs as a percent of its
+	// GPU's (1..100): what a server holding it is charged against compute
+	// quotas. 0 for a physical GPU (a whole GPU is 100).
+	ComputePercent int `json:"computePercent,omitempty"`
 }
 
 // Error is the body of every 4xx and 5xx answer.

@@ -41,8 +41,10 @@ type profileDoc struct {
 	Image       string   `json:"image"`
 	CPU         string   `json:"cpu"`
 	Memory      string   `json:"memory"`
-	Slice       sliceDoc `json:"slice"`
-	Model       string   `json:"model"`
+	Slice       *sliceDoc `json:"slice"` // nil: omitted (exclusive, mig)
+	Sharing     string    `json:"sharing"`
+	MIGProfile  string    `json:"migProfile"`
+	Model       string    `json:"model"`
 	Groups      []string `json:"groups"`
 }
 
@@ -162,11 +164,15 @@ func build(doc fileDoc) (*Catalog, []error) {
 		if err := checkQuantity("memory", pd.Memory, `"8Gi", "512Mi"`); err != nil {
 			add(err)
 		}
-		s := fleet.Slice{MemoryMiB: pd.Slice.MemoryMiB, ComputePercent: pd.Slice.ComputePercent, ComputeLimitPercent: pd.Slice.ComputePercent}
-		if pd.Slice.ComputeLimitPercent != nil {
-			s.ComputeLimitPercent = *pd.Slice.ComputeLimitPercent
+		var s fleet.Slice
+		if pd.Slice != nil {
+			s = fleet.Slice{MemoryMiB: pd.Slice.MemoryMiB, ComputePercent: pd.Slice.ComputePercent, ComputeLimitPercent: pd.Slice.ComputePercent}
+			if pd.Slice.ComputeLimitPercent != nil {
+				s.ComputeLimitPercent = *pd.Slice.ComputeLimitPercent
+			}
 		}
-		for _, err := range unjoin(fleet.ValidateSlice(s)) {
+		mode := fleet.ModeOf(fleet.SharingMode(pd.Sharing))
+		for _, err := range fleet.ValidateSharing(mode, pd.MIGProfile, s, pd.Slice != nil) {
 			add(err)
 		}
 		for j, g := range pd.Groups {
@@ -182,6 +188,8 @@ func build(doc fileDoc) (*Catalog, []error) {
 			CPU:         pd.CPU,
 			Memory:      pd.Memory,
 			Slice:       s,
+			Sharing:     mode,
+			MIGProfile:  pd.MIGProfile,
 			Model:       pd.Model,
 			Groups:      slices.Clone(pd.Groups),
 		})
@@ -232,17 +240,6 @@ func quotaMap(place, what string, m map[string]quotaDoc, errs []error) (map[stri
 		out[name], errs = quota(place+"."+name, m[name], errs)
 	}
 	return out, errs
-}
-
-// unjoin returns the errors joined in err (one level), or err itself.
-func unjoin(err error) []error {
-	if err == nil {
-		return nil
-	}
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
-	}
-	return []error{err}
 }
 
 // shapeErrors walks the decoded JSON v against the document type t and

@@ -47,12 +47,21 @@ type Profile struct {
 	Image       string
 	CPU         string // Kubernetes quantity, e.g. "2"
 	Memory      string // Kubernetes quantity, e.g. "8Gi"
-	Slice       Slice
+	// Slice is the share of a sliced or mps profile; zero for exclusive
+	// and mig, whose device is held whole.
+	Slice Slice
+	// Sharing is the profile's sharing mode; "" reads as SharingSliced.
+	Sharing SharingMode
+	// MIGProfile is the MIG profile of a mig profile, e.g. "3g.71gb".
+	MIGProfile string
 	// Model restricts placement to one GPU model; "" means any.
 	Model string
 	// Groups that may use the profile; empty means everyone.
 	Groups []string
 }
+
+// Words names p's sharing in words (SharingWords).
+func (p Profile) Words() string { return SharingWords(p.Sharing, p.MIGProfile) }
 
 // Allows reports whether a member of groups may use p.
 func (p Profile) Allows(groups []string) bool {

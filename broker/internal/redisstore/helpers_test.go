@@ -53,7 +53,7 @@ func newStore(t *testing.T, srv *redistest.Server) (*Store, *fakeClock) {
 
 // h200 returns a healthy H200 (143771 MiB, 132 SMs) on node.
 func h200(uuid, node string) fleet.GPU {
-	return fleet.GPU{UUID: uuid, Node: node, Model: "NVIDIA H200", MemoryMiB: 143771, SMCount: 132, Healthy: true}
+	return fleet.GPU{UUID: uuid, Node: node, Model: "NVIDIA H200", MemoryMiB: 143771, SMCount: 132, Healthy: true, Mode: fleet.SharingSliced}
 }
 
 func register(t *testing.T, s *Store, gpus ...fleet.GPU) {
