@@ -1,6 +1,9 @@
 package v1
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Slice is a share of one GPU held by one server.
 type Slice struct {
@@ -115,11 +118,58 @@ type Server struct {
 	Sharing SharingMode `json:"sharing"`
 	Resize  ResizeInfo  `json:"resize"`
 	GPU     *GPURef     `json:"gpu,omitempty"` // nil until placed
+	// Guarantee is promised vs delivered over the last hour, from the node
+	// agent's latest sample; nil when unknown (not running, no fresh
+	// sample, or a whole-device server).
+	Guarantee *Guarantee `json:"guarantee,omitempty"`
 	// URL is the notebook's in-cluster address (http://podIP:port), set when running.
 	URL       string    `json:"url,omitempty"`
 	Pod       string    `json:"pod,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+// Guarantee is promised vs delivered for one server (a sliced or MPS
+// slice) over the node agent's window: of the time in which the server had
+// work waiting (the in-pod limiter throttled it, or it launched kernels
+// continuously), the time it received its guaranteed share of the SMs
+// (at least 90 % of it, as NVML measures). For a GPU (GPUStatus) it is the
+// tenant that fared worst.
+type Guarantee struct {
+	// Percent is the guaranteed compute, percent of the GPU's SMs.
+	Percent int `json:"percent"`
+	// WindowSeconds is the span the figures cover (3600: the last hour).
+	WindowSeconds int64 `json:"windowSeconds"`
+	// WantedSeconds is the time the server asked for its guarantee, and
+	// MetSeconds of that the time it got it; both within the window.
+	WantedSeconds int64 `json:"wantedSeconds"`
+	MetSeconds    int64 `json:"metSeconds"`
+	// Slice is, for a GPU, the worst tenant's slice (spawn id), and
+	// Tenants the number of its tenants that asked in the window.
+	Slice   string `json:"slice,omitempty"`
+	Tenants int    `json:"tenants,omitempty"`
+}
+
+// Ratio is MetSeconds over WantedSeconds, 0..1; 1 when nothing was asked.
+func (g Guarantee) Ratio() float64 {
+	if g.WantedSeconds <= 0 {
+		return 1
+	}
+	return float64(g.MetSeconds) / float64(g.WantedSeconds)
+}
+
+// Words says g in a sentence: "got its 25 % guarantee 99.2 % of the time
+// it asked for it over the last hour", or "has not asked for its 25 %
+// guarantee over the last hour".
+func (g Guarantee) Words() string {
+	span := "the last hour"
+	if g.WindowSeconds != 3600 && g.WindowSeconds > 0 {
+		span = fmt.Sprintf("the last %d s", g.WindowSeconds)
+	}
+	if g.WantedSeconds <= 0 {
+		return fmt.Sprintf("has not asked for its %d %% guarantee over %s", g.Percent, span)
+	}
+	return fmt.Sprintf("got its %d %% guarantee %.1f %% of the time it asked for it over %s", g.Percent, 100*g.Ratio(), span)
 }
 
 // CreateServerRequest is the body of PUT /api/v1/users/{user}/servers/{name}.

@@ -35,17 +35,17 @@ type fileDoc struct {
 }
 
 type profileDoc struct {
-	Name        string   `json:"name"`
-	DisplayName string   `json:"displayName"`
-	Description string   `json:"description"`
-	Image       string   `json:"image"`
-	CPU         string   `json:"cpu"`
-	Memory      string   `json:"memory"`
+	Name        string    `json:"name"`
+	DisplayName string    `json:"displayName"`
+	Description string    `json:"description"`
+	Image       string    `json:"image"`
+	CPU         string    `json:"cpu"`
+	Memory      string    `json:"memory"`
 	Slice       *sliceDoc `json:"slice"` // nil: omitted (exclusive, mig)
 	Sharing     string    `json:"sharing"`
 	MIGProfile  string    `json:"migProfile"`
 	Model       string    `json:"model"`
-	Groups      []string `json:"groups"`
+	Groups      []string  `json:"groups"`
 }
 
 type sliceDoc struct {

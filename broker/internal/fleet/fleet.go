@@ -198,3 +198,17 @@ func SortedGroups(m map[string]Quota) []string {
 	slices.Sort(out)
 	return out
 }
+
+// GPUFromWire converts the wire form of a GPU (v1.GPU: the API's, and the
+// node agents' reports) to the domain's. It is the one converter in this
+// direction; Wire is its inverse.
+func GPUFromWire(g v1.GPU) GPU {
+	return GPU{UUID: g.UUID, Node: g.Node, Model: g.Model, MemoryMiB: g.MemoryMiB, SMCount: g.SMCount, Healthy: g.Healthy,
+		Mode: g.Mode, PendingMode: g.PendingMode, MIGProfile: g.MIGProfile, Parent: g.ParentUUID, ComputePercent: g.ComputePercent}
+}
+
+// Wire returns g's wire form (see GPUFromWire).
+func (g GPU) Wire() v1.GPU {
+	return v1.GPU{UUID: g.UUID, Node: g.Node, Model: g.Model, MemoryMiB: g.MemoryMiB, SMCount: g.SMCount, Healthy: g.Healthy,
+		Mode: g.Mode, PendingMode: g.PendingMode, MIGProfile: g.MIGProfile, ParentUUID: g.Parent, ComputePercent: g.ComputePercent}
+}

@@ -28,12 +28,18 @@ type Server struct {
 	IdempotencyKey string // of the create that started this spawn
 	State          State
 	Message        string
-	Slice          Slice
-	Allocation     *Allocation // nil until placed
-	Pod            string
-	URL            string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
+	// Slice is the profile's slice until placed, then the allocation's
+	// (for exclusive and mig servers, the size of the device they hold).
+	Slice Slice
+	// Sharing and MIGProfile are the profile's sharing mode and MIG
+	// profile; Sharing "" reads as SharingSliced (records made before).
+	Sharing    SharingMode
+	MIGProfile string
+	Allocation *Allocation // nil until placed
+	Pod        string
+	URL        string
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
 }
 
 // Event is one transition of a server, appended to its event stream.
@@ -79,7 +85,8 @@ func (p Profile) Allows(groups []string) bool {
 }
 
 // ServerPatch lists the fields a transition may set besides state and
-// message; nil fields are left as they are.
+// message; nil fields are left as they are. Setting Allocation sets the
+// record's Slice to the allocation's too.
 type ServerPatch struct {
 	Allocation *Allocation
 	Pod        *string

@@ -148,7 +148,25 @@ func (a *api) getServer(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, toServer(s))
+	out := toServer(s)
+	if !out.Resize.Supported {
+		offered, err := a.offeredTo(c, k.User)
+		if err != nil {
+			return err
+		}
+		out = withRestartProfiles(out, s, offered)
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// offeredTo returns the profiles offered to user as the caller acts for
+// them (their groups, see actFor).
+func (a *api) offeredTo(c echo.Context, user string) ([]fleet.Profile, error) {
+	who, ok, err := actFor(c, user)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return a.deps.Profiles.For(who.Groups), nil
 }
 
 // deleteServer stops the server: 202 with its state after the call

@@ -30,6 +30,11 @@ func patchFields(p Patch) ([]any, error) {
 			return nil, fmt.Errorf("encode allocation: %w", err)
 		}
 		out = append(out, "alloc", string(b))
+		sl, err := json.Marshal(p.Allocation.Slice)
+		if err != nil {
+			return nil, fmt.Errorf("encode slice: %w", err)
+		}
+		out = append(out, "slice", string(sl))
 	}
 	if p.Pod != nil {
 		out = append(out, "pod", *p.Pod)
@@ -61,6 +66,7 @@ func serverFields(s fleet.Server) ([]any, error) {
 		"slice", string(slice), "alloc", alloc,
 		"pod", s.Pod, "url", s.URL,
 		"created", unixNano(s.CreatedAt), "updated", unixNano(s.UpdatedAt),
+		"sharing", string(fleet.ModeOf(s.Sharing)), "migp", s.MIGProfile,
 	}, nil
 }
 
@@ -85,6 +91,8 @@ func decodeServer(h map[string]string) (fleet.Server, error) {
 		Message:        h["msg"],
 		Pod:            h["pod"],
 		URL:            h["url"],
+		Sharing:        fleet.ModeOf(fleet.SharingMode(h["sharing"])),
+		MIGProfile:     h["migp"],
 	}
 	var errs []error
 	if err := json.Unmarshal([]byte(h["slice"]), &s.Slice); err != nil {
