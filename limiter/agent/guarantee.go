@@ -21,7 +21,11 @@ import (
 //
 // A window in which it wanted is met when the SM share NVML measured for
 // the slice is at least metFraction of its guaranteed percent (the
-// current quota's). Windows whose SM share is unknown count for neither.
+// current quota's), or when the SMs it fell short by were left idle: the
+// GPU's measured use plus the shortfall fit in 100 %, so no other tenant
+// took them and the shortfall was the program's own pace (a CPU-starved
+// launcher, a controller catching up), not a broken promise. Windows
+// whose SM share is unknown count for neither.
 // The last GuaranteeWindow of windows are kept per slice in a ring; the
 // figures are the counts in it times the interval. The launch counts come
 // from the usage region, which the tenant can write: a tenant can make
@@ -99,6 +103,7 @@ type window struct {
 	slice, gpu string
 	percent    int  // guaranteed compute, percent
 	sm         *int // measured SM share, percent; nil = unknown
+	device     *int // the GPU's measured SM use, percent; nil = unknown
 	wait       time.Duration
 	waitKnown  bool // the usage region was read
 }
@@ -124,7 +129,10 @@ func (g *guarantees) round(w window) (out v1.Guarantee, wanted, met bool) {
 		t.ticks, t.busy = 0, 0
 	}
 	wanted = (throttled || continuous) && w.sm != nil && w.percent > 0
-	met = wanted && float64(*w.sm) >= metFraction*float64(w.percent)
+	if wanted {
+		short := metFraction*float64(w.percent) - float64(*w.sm)
+		met = short <= 0 || (w.device != nil && float64(*w.device)+short <= 100)
+	}
 	v := uint8(0)
 	switch {
 	case met:
@@ -212,7 +220,7 @@ func (a *Agent) measureGuarantee(sr *sliceRound, u usageView) {
 		return
 	}
 	w := window{slice: sr.Info.ID, gpu: sr.Info.GPU, percent: a.guaranteed(sr.Info), sm: sr.Sample.SMPercent,
-		wait: u.paceWait, waitKnown: u.read}
+		device: sr.DeviceSMPercent, wait: u.paceWait, waitKnown: u.read}
 	f, wanted, met := a.guarantees.round(w)
 	sr.Sample.Guarantee = &f
 	labels := []string{sr.Info.ID, sr.Info.GPU}

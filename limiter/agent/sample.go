@@ -56,6 +56,9 @@ type sliceRound struct {
 	// (replaced, not a regular file, corrupt); "" when it was read or does
 	// not exist yet.
 	UsageProblem string
+	// DeviceSMPercent is its GPU's SM use in the round, percent; nil when
+	// unknown.
+	DeviceSMPercent *int
 }
 
 // round is the result of one sampling pass over every device.
@@ -71,6 +74,7 @@ type deviceRound struct {
 	missing   []string // reasons why figures of its slices are missing
 	memKnown  bool     // the running-process list (pids and memory) is known
 	smKnown   bool     // per-process utilization is known
+	smPercent int      // the device's SM use, percent (sum over processes, at most 100); valid when smKnown
 	processes []gpuProcess
 }
 
@@ -149,6 +153,8 @@ func (a *Agent) sampleRound(ctx context.Context) round {
 		if dr.smKnown {
 			sm = min(sm, 100)
 			sample.SMPercent = &sm
+			dev := dr.smPercent
+			sr.DeviceSMPercent = &dev
 		}
 		if dr.memKnown {
 			n := len(sr.Processes)
@@ -277,7 +283,8 @@ func (a *Agent) sampleDevice(ctx context.Context, d *device, now time.Time, byID
 		dr.processes = append(dr.processes, gp)
 	}
 	if dr.smKnown {
-		a.metrics.gpuSM.WithLabelValues(uuid).Set(float64(min(gpuSM, 100)))
+		dr.smPercent = int(min(gpuSM, 100))
+		a.metrics.gpuSM.WithLabelValues(uuid).Set(float64(dr.smPercent))
 	}
 	if dr.memKnown {
 		a.metrics.gpuMemUsed.WithLabelValues(uuid).Set(float64(gpuMem))
