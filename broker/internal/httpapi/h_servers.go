@@ -156,6 +156,13 @@ func (a *api) getServer(c echo.Context) error {
 		}
 		out = withRestartProfiles(out, s, offered)
 	}
+	if a.deps.Guarantees != nil && s.State == v1.StateRunning && !fleet.Whole(s.Sharing) {
+		g, err := a.deps.Guarantees.ServerGuarantee(c.Request().Context(), s.SpawnID)
+		if err != nil {
+			a.deps.Log.WarnContext(c.Request().Context(), "guarantee figures not read", "err", err, "slice_id", s.SpawnID)
+		}
+		out.Guarantee = g
+	}
 	return c.JSON(http.StatusOK, out)
 }
 

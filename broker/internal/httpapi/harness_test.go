@@ -65,6 +65,7 @@ type harness struct {
 type harnessConfig struct {
 	policy   Policy // nil: the reclaim routes are not served
 	audit    Audit  // nil: the audit route is not served
+	guar     Guarantees
 	mode     Mode
 	checkers []Checker
 	opts     []Option
@@ -93,13 +94,14 @@ func newHarness(t *testing.T, cfgs ...harnessConfig) *harness {
 			tokExpired: &auth.Error{Reason: "token expired at 2026-11-29T15:04:05Z"},
 			tokIdPDown: errors.Join(auth.ErrUnavailable, errors.New("dial tcp 10.0.0.9:443: connection refused")),
 		},
-		Checkers: cfg.checkers,
-		Policy:   cfg.policy,
-		Audit:    cfg.audit,
-		Log:      slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Version:  "1.2.3",
-		Mode:     cfg.mode,
-		Now:      now,
+		Checkers:   cfg.checkers,
+		Policy:     cfg.policy,
+		Audit:      cfg.audit,
+		Guarantees: cfg.guar,
+		Log:        slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Version:    "1.2.3",
+		Mode:       cfg.mode,
+		Now:        now,
 	}, cfg.opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)

@@ -38,6 +38,7 @@ func (a *api) routes(e *echo.Echo) {
 
 	e.GET("/api/v1/admin/gpus", a.listGPUs, user, a.adminOnly)
 	e.PUT("/api/v1/admin/gpus/:uuid", a.putGPU, user, a.adminOnly)
+	e.PUT("/api/v1/admin/gpus/:uuid/mode", a.putGPUMode, user, a.adminOnly)
 	if a.deps.Policy != nil {
 		e.GET("/api/v1/admin/reclaim-policy", a.getReclaimPolicy, user, a.adminOnly)
 		e.PUT("/api/v1/admin/reclaim-policy", a.putReclaimPolicy, user, a.adminOnly)
