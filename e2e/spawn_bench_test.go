@@ -20,7 +20,7 @@ import (
 	"github.com/gpubroker/gpubroker/e2e/harness"
 )
 
-// The spawn benchmark's shape (issue 16.0): 12 clients at a time on 4 nodes
+// The spawn benchmark's shape: 12 clients at a time on 4 nodes
 // × 8 GPUs, each spawning spawnsPerClient servers one after the other.
 const (
 	spawnClients    = 12

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -16,10 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
@@ -27,30 +24,13 @@ import (
 // FieldManager is the field manager of every write the spawner makes.
 const FieldManager = "gpubroker"
 
-// DefaultResync is how often Run re-classifies every cached pod, so that
-// deadline-based failures fire without a new pod update.
-const DefaultResync = 5 * time.Second
+// owned is the label every object the spawner writes carries
+// (app.kubernetes.io/managed-by=gpubroker): the informer watches only such
+// pods, and nothing without it is ever modified or deleted.
+func owned() labels.Set { return labels.Set{v1.LabelManagedBy: v1.ManagedByValue} }
 
 // maxConflictRetries bounds the get/compare/write loops of Create and Delete.
 const maxConflictRetries = 3
-
-// PodEvent is a change in a notebook pod's phase or message. Events of one
-// pod incarnation are keyed by its spawn id, so an event of an old spawn can
-// always be told from the current one.
-type PodEvent struct {
-	// User, Server are the raw names; SpawnID the spawn the pod belongs to.
-	// They are "" when the pod's annotations are unreadable (see
-	// ManagedPod.Err).
-	User, Server, SpawnID string
-	// Pod is the pod name.
-	Pod string
-	// Phase is Classify's reading; PhaseGone once the pod is deleted.
-	Phase Phase
-	// Message is a sentence for the user.
-	Message string
-	// URL is http://<podIP>:<port>, set only when Phase is PhaseRunning.
-	URL string
-}
 
 // Option configures a Client.
 type Option func(*Client)
@@ -112,141 +92,6 @@ func New(cs kubernetes.Interface, cfg Config, log *slog.Logger, opts ...Option) 
 		o(c)
 	}
 	return c
-}
-
-// Run watches the namespace's pods labelled managed-by=gpubroker, delivers
-// PodEvents to subscribers and re-classifies every pod each resync period.
-// It blocks until ctx is done, then stops the informers and waits for every
-// goroutine it started; it returns nil after a normal stop, or an error for
-// an invalid config or a second call.
-func (c *Client) Run(ctx context.Context) error {
-	if err := c.cfg.Validate(); err != nil {
-		return fmt.Errorf("spawner: config: %w", err)
-	}
-	select {
-	case <-c.started:
-		return errors.New("spawner: Run called twice")
-	default:
-		close(c.started)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	factory := informers.NewSharedInformerFactoryWithOptions(c.cs, 0,
-		informers.WithNamespace(c.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = labels.Set{v1.LabelManagedBy: v1.ManagedByValue}.String()
-		}),
-	)
-	pods := factory.Core().V1().Pods()
-	informer := pods.Informer()
-	reg, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { c.observe(obj, false) },
-		UpdateFunc: func(_, obj any) { c.observe(obj, false) },
-		DeleteFunc: func(obj any) { c.observe(obj, true) },
-	})
-	if err != nil {
-		cancel()
-		return fmt.Errorf("spawner: add pod handler: %w", err)
-	}
-	var wg sync.WaitGroup
-	defer func() {
-		c.mu.Lock()
-		c.lister = nil // the cache is no longer maintained: reads fail again
-		c.mu.Unlock()
-		cancel()
-		factory.Shutdown() // waits for the informer goroutines
-		wg.Wait()
-	}()
-	factory.Start(ctx.Done())
-	wg.Go(func() { c.dispatch(ctx) })
-
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced, reg.HasSynced) {
-		return nil // ctx ended before the sync
-	}
-	c.mu.Lock()
-	c.lister = pods.Lister()
-	c.mu.Unlock()
-	close(c.syncedCh)
-	c.log.InfoContext(ctx, "spawner cache synced")
-
-	ticker := time.NewTicker(c.resync)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-			c.reclassify()
-		}
-	}
-}
-
-// Synced reports whether the pod cache has synced and Run is still
-// maintaining it; reads succeed exactly then.
-func (c *Client) Synced() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.lister != nil
-}
-
-// WaitSynced blocks until the cache has first synced or ctx is done; the
-// error then wraps ErrNotSynced and ctx's error.
-func (c *Client) WaitSynced(ctx context.Context) error {
-	select {
-	case <-c.syncedCh:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("%w: %w", ErrNotSynced, ctx.Err())
-	}
-}
-
-// Subscribe calls fn with every PodEvent from now until ctx is done. Calls
-// come one at a time, in order, from Run's dispatcher goroutine; fn must not
-// block for long and must not call Subscribe. Consecutive identical events of
-// a pod are delivered once, and a burst of changes may be coalesced into the
-// latest one, so a subscriber that needs the current state of every pod reads
-// Pods after subscribing.
-func (c *Client) Subscribe(ctx context.Context, fn func(PodEvent)) {
-	c.mu.Lock()
-	id := c.nextSub
-	c.nextSub++
-	c.subs[id] = fn
-	c.mu.Unlock()
-	context.AfterFunc(ctx, func() {
-		c.mu.Lock()
-		delete(c.subs, id)
-		c.mu.Unlock()
-	})
-}
-
-// Pods returns every cached notebook pod, sorted by name, with Phase and
-// Message filled by Classify at the client's clock; URL is kept only for
-// running pods. A pod whose annotations cannot be read is included with Err
-// set and what could be read. Before the cache has synced, and after Run has
-// returned, the error wraps ErrNotSynced.
-func (c *Client) Pods() ([]ManagedPod, error) {
-	c.mu.Lock()
-	lister := c.lister
-	c.mu.Unlock()
-	if lister == nil {
-		return nil, fmt.Errorf("list pods: %w", ErrNotSynced)
-	}
-	objs, err := lister.Pods(c.cfg.Namespace).List(labels.SelectorFromSet(labels.Set{v1.LabelManagedBy: v1.ManagedByValue}))
-	if err != nil {
-		return nil, fmt.Errorf("list pods: %w", err)
-	}
-	now := c.now()
-	out := make([]ManagedPod, 0, len(objs))
-	for _, pod := range objs {
-		m, err := ParsePod(pod)
-		m.Err = err
-		m.Phase, m.Message = Classify(pod, now, c.cfg)
-		if m.Phase != PhaseRunning {
-			m.URL = ""
-		}
-		out = append(out, m)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
 }
 
 // Create creates the Secret (when secretEnv is non-empty) and then the pod of
@@ -435,143 +280,4 @@ func spawnOf(obj metav1.Object) string {
 		return id
 	}
 	return obj.GetLabels()[v1.LabelSpawnID]
-}
-
-// observe turns an informer notification into a queued event. It never
-// blocks and never modifies the cached object.
-func (c *Client) observe(obj any, deleted bool) {
-	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj, deleted = tomb.Obj, true
-	}
-	pod, ok := obj.(*corev1.Pod)
-	if !ok || pod.Labels[v1.LabelManagedBy] != v1.ManagedByValue || pod.Namespace != c.cfg.Namespace {
-		return
-	}
-	c.enqueue(pod, deleted)
-}
-
-func (c *Client) enqueue(pod *corev1.Pod, deleted bool) {
-	m, _ := ParsePod(pod) // a garbled pod still yields its name and what could be read
-	ev := PodEvent{User: m.User, Server: m.Server, SpawnID: m.SpawnID, Pod: pod.Name}
-	if deleted {
-		ev.Phase, ev.Message = Classify(nil, c.now(), c.cfg)
-	} else {
-		ev.Phase, ev.Message = Classify(pod, c.now(), c.cfg)
-		if ev.Phase == PhaseRunning {
-			ev.URL = m.URL
-		}
-	}
-	c.queue.push(pod.Name+"/"+pod.Labels[v1.LabelSpawnID]+"/"+string(pod.UID), ev)
-}
-
-// reclassify queues every cached pod again so deadlines fire; unchanged
-// readings are dropped by the dispatcher.
-func (c *Client) reclassify() {
-	c.mu.Lock()
-	lister := c.lister
-	c.mu.Unlock()
-	pods, err := lister.Pods(c.cfg.Namespace).List(labels.Everything())
-	if err != nil { // the cache lister cannot fail; keep the loop alive regardless
-		c.log.Error("list cached pods", "err", err)
-		return
-	}
-	for _, pod := range pods {
-		if pod.Labels[v1.LabelManagedBy] == v1.ManagedByValue {
-			c.enqueue(pod, false)
-		}
-	}
-}
-
-// tombstoneTTL is how long the dispatcher remembers a pod incarnation it
-// reported gone, to drop a late event for it (a resync that read the cache
-// just before the deletion). Measured with the client's clock.
-const tombstoneTTL = 10 * time.Minute
-
-// dispatch delivers queued events to subscribers until ctx is done. It drops
-// an event equal to the last one delivered for the same pod incarnation, and
-// any event for an incarnation already reported gone, so a late event never
-// resurrects a pod.
-func (c *Client) dispatch(ctx context.Context) {
-	last := map[string]PodEvent{}
-	gone := map[string]time.Time{}
-	for {
-		for {
-			key, ev, ok := c.queue.pop()
-			if !ok {
-				break
-			}
-			if _, dead := gone[key]; dead {
-				continue
-			}
-			if prev, seen := last[key]; seen && prev == ev {
-				continue
-			}
-			if ev.Phase == PhaseGone {
-				delete(last, key)
-				gone[key] = c.now()
-			} else {
-				last[key] = ev
-			}
-			c.mu.Lock()
-			subs := slices.Collect(maps.Values(c.subs))
-			c.mu.Unlock()
-			for _, fn := range subs {
-				fn(ev)
-			}
-			if ctx.Err() != nil {
-				return
-			}
-		}
-		now := c.now()
-		for key, at := range gone {
-			if now.Sub(at) > tombstoneTTL {
-				delete(gone, key)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-c.queue.wake:
-		}
-	}
-}
-
-// eventQueue is an unbounded, coalescing FIFO of pod events: pushing never
-// blocks, and a key pushed again before it is popped keeps its place but
-// takes the newer event, so the queue holds at most one event per pod.
-type eventQueue struct {
-	mu      sync.Mutex
-	pending map[string]PodEvent
-	order   []string
-	wake    chan struct{} // capacity 1: "there may be work"
-}
-
-func newEventQueue() eventQueue {
-	return eventQueue{pending: map[string]PodEvent{}, wake: make(chan struct{}, 1)}
-}
-
-func (q *eventQueue) push(key string, ev PodEvent) {
-	q.mu.Lock()
-	if _, ok := q.pending[key]; !ok {
-		q.order = append(q.order, key)
-	}
-	q.pending[key] = ev
-	q.mu.Unlock()
-	select {
-	case q.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (q *eventQueue) pop() (string, PodEvent, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if len(q.order) == 0 {
-		return "", PodEvent{}, false
-	}
-	key := q.order[0]
-	q.order = q.order[1:]
-	ev := q.pending[key]
-	delete(q.pending, key)
-	return key, ev, true
 }

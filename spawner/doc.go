@@ -13,8 +13,9 @@
 //     durable record of allocations (invariant 2).
 //   - Classify, URL: the pure reading of a pod's status into a Phase and a
 //     sentence for the user, failing fast on terminal conditions.
-//   - Client: create, watch (informer) and delete, with subscriptions to
-//     PodEvents.
+//   - Client: create and delete, checking ownership (client.go); watch: the
+//     informer cache behind Pods, and PodEvents delivered to subscribers in
+//     order per pod (watch.go).
 //   - devcluster: a simulated cluster for dev mode.
 //
 // # Invariants

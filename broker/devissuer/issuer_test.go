@@ -182,7 +182,7 @@ func TestSignatureAgainstJWKS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			jws, err := jose.ParseSigned(tok, []jose.SignatureAlgorithm{jose.RS256})
+			jws, err := jose.ParseSignedCompact(tok, []jose.SignatureAlgorithm{jose.RS256})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -85,12 +85,6 @@ func WithClient(c Client) Option {
 	}
 }
 
-// WithTokenTTL sets the lifetime of the ID and access tokens that /token
-// issues (default DefaultExpiresIn).
-func WithTokenTTL(d time.Duration) Option {
-	return func(i *Issuer) { i.login.tokenTTL = d }
-}
-
 // loginState is the flow's in-memory state, guarded by mu.
 type loginState struct {
 	mu          sync.Mutex
@@ -98,7 +92,6 @@ type loginState struct {
 	order       []string
 	clients     map[string]*Client
 	autoApprove string
-	tokenTTL    time.Duration
 	codes       map[string]*grant // by code; kept after use to detect replays
 	refresh     map[string]*grant // by refresh token
 	stats       Stats
@@ -121,7 +114,6 @@ func (s *loginState) init() {
 	s.clients = map[string]*Client{}
 	s.codes = map[string]*grant{}
 	s.refresh = map[string]*grant{}
-	s.tokenTTL = DefaultExpiresIn
 }
 
 // SetGroups replaces the groups of user username; the next refresh-token
@@ -336,7 +328,7 @@ func (i *Issuer) token(r *http.Request) (tokenResponse, error) {
 		return tokenResponse{}, invalidGrant("the user no longer exists")
 	}
 	claims := Claims{Subject: u.Subject, Username: u.Username, Email: u.Email, Groups: slices.Clone(u.Groups),
-		Audience: c.ID, ExpiresIn: i.login.tokenTTL}
+		Audience: c.ID, ExpiresIn: DefaultExpiresIn}
 	if claims.Groups == nil {
 		claims.Groups = []string{}
 	}
@@ -357,7 +349,7 @@ func (i *Issuer) token(r *http.Request) (tokenResponse, error) {
 		i.login.codes[code].refresh = rt
 	}
 	return tokenResponse{
-		AccessToken: access, TokenType: "Bearer", ExpiresIn: int64(i.login.tokenTTL / time.Second),
+		AccessToken: access, TokenType: "Bearer", ExpiresIn: int64(DefaultExpiresIn / time.Second),
 		RefreshToken: rt, IDToken: id, Scope: "openid profile email groups",
 	}, nil
 }

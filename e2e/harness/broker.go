@@ -202,20 +202,5 @@ func (b *Broker) Stop() error {
 	return p.Stop(15 * time.Second)
 }
 
-// Running reports whether the broker process is running.
-func (b *Broker) Running() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.proc == nil {
-		return false
-	}
-	select {
-	case <-b.proc.Exited():
-		return false
-	default:
-		return true
-	}
-}
-
 // LogTail returns the last n lines of the broker's log.
 func (b *Broker) LogTail(n int) string { return TailFile(b.LogPath, n) }

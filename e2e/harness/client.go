@@ -42,13 +42,6 @@ type Client struct {
 	HTTP *http.Client
 }
 
-// WithToken returns a copy of c that sends token.
-func (c *Client) WithToken(token string) *Client {
-	cp := *c
-	cp.Token = token
-	return &cp
-}
-
 var defaultHTTP = &http.Client{Timeout: 30 * time.Second}
 
 // Do sends a request with an optional JSON body and header, decodes a 2xx

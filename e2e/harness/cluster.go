@@ -18,13 +18,14 @@ import (
 	"strings"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 )
 
 // RuntimeClassName is the RuntimeClass the cluster offers for GPU pods; the
@@ -36,7 +37,8 @@ const RuntimeClassName = "nvidia"
 const BrokerUser = "gpubroker"
 
 // BrokerClusterRole is the ClusterRole bound to BrokerUser, with the rules
-// of the broker's Role in deploy/broker/rbac.yaml.
+// of the broker's Role in the notebooks' namespace that the Helm chart
+// ships (deploy/helm/gpubroker/files/rbac/broker-notebooks.yaml).
 const BrokerClusterRole = "gpubroker-e2e"
 
 // Cluster is a running etcd + kube-apiserver + kwok with admin and broker
@@ -221,8 +223,9 @@ func (c *Cluster) startAPIServer(ctx context.Context, tools Tools, etcdURL, admi
 
 // bootstrap creates what a real cluster's controllers or installers would:
 // the broker's RBAC and the RuntimeClass. The broker gets exactly the rules
-// of the Role that deploy/broker ships (as a ClusterRole, since every test
-// has its own namespace), so the e2e tests prove those rules are enough.
+// of the Role that the chart ships for the notebooks' namespace (as a
+// ClusterRole, since every test has its own namespace), so the e2e tests
+// prove those rules are enough.
 func (c *Cluster) bootstrap(ctx context.Context) error {
 	rules, err := deployRules()
 	if err != nil {
@@ -356,26 +359,41 @@ func lastLines(s string, n int) string {
 	return strings.Join(lines, " | ")
 }
 
-// deployRules reads the rules of the Role in deploy/broker/rbac.yaml, found
+// deployRules reads the rules of the broker's Role in the notebooks'
+// namespace from the chart's file (a YAML list of PolicyRules), found
 // relative to this source file.
 func deployRules() ([]rbacv1.PolicyRule, error) {
 	_, self, _, ok := runtime.Caller(0)
 	if !ok {
 		return nil, errors.New("deploy rbac: cannot locate the harness source")
 	}
-	path := filepath.Join(filepath.Dir(self), "..", "..", "deploy", "broker", "rbac.yaml")
+	path := filepath.Join(filepath.Dir(self), "..", "..", "deploy", "helm", "gpubroker", "files", "rbac", "broker-notebooks.yaml")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("deploy rbac: %w", err)
 	}
-	for _, doc := range strings.Split(string(data), "\n---\n") {
-		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
-		if err != nil {
-			return nil, fmt.Errorf("deploy rbac %s: %w", path, err)
-		}
-		if role, ok := obj.(*rbacv1.Role); ok {
-			return role.Rules, nil
-		}
+	var rules []rbacv1.PolicyRule
+	if err := yaml.UnmarshalStrict(data, &rules); err != nil {
+		return nil, fmt.Errorf("deploy rbac %s: %w", path, err)
 	}
-	return nil, fmt.Errorf("deploy rbac %s: no Role", path)
+	if len(rules) == 0 {
+		return nil, fmt.Errorf("deploy rbac %s: no rules", path)
+	}
+	return rules, nil
+}
+
+// ServiceAccountKubeconfig writes to path a kubeconfig that authenticates
+// as the ServiceAccount namespace/name with a token from the TokenRequest
+// API (valid for an hour, bound to the account), the way a pod of that
+// account reaches the API server: a process started with it has exactly
+// the account's rights. The account must exist.
+func (c *Cluster) ServiceAccountKubeconfig(ctx context.Context, namespace, name, path string) error {
+	hour := int64(3600)
+	tr, err := c.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &hour},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("token for service account %s/%s: %w", namespace, name, err)
+	}
+	return writeKubeconfig(path, c.URL, c.CAFile, "system:serviceaccount:"+namespace+":"+name, tr.Status.Token)
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -151,13 +152,14 @@ func (s StaticPods) ByPodUID(uid string) (SliceInfo, bool) {
 
 // PodWatcher keeps the slices of the gpubroker pods on one node, from a
 // client-go informer restricted to spec.nodeName=<node> and the managed-by
-// label. Its methods are safe for concurrent use; until Run has synced its
-// cache they report no slices.
+// label, in one namespace or in all (WithNamespace). Its methods are safe
+// for concurrent use; until Run has synced its cache they report no slices.
 type PodWatcher struct {
-	client kubernetes.Interface
-	node   string
-	resync time.Duration
-	log    func(err error)
+	client    kubernetes.Interface
+	node      string
+	namespace string // "": every namespace
+	resync    time.Duration
+	log       func(err error)
 
 	mu      sync.RWMutex
 	byUID   map[string]SliceInfo
@@ -165,20 +167,35 @@ type PodWatcher struct {
 	changed chan struct{} // one pending notice that a slice appeared or changed
 }
 
+// PodWatcherOption configures a PodWatcher.
+type PodWatcherOption func(*PodWatcher)
+
+// WithNamespace watches only the pods of namespace (the broker's notebook
+// namespace), so that the agent needs a Role there and no ClusterRole; ""
+// (the default) watches every namespace.
+func WithNamespace(namespace string) PodWatcherOption {
+	return func(w *PodWatcher) { w.namespace = namespace }
+}
+
 // NewPodWatcher returns a watcher of node's gpubroker pods. bad is called
 // for each pod whose annotations are unusable (nil: ignored). It does no I/O.
-func NewPodWatcher(client kubernetes.Interface, node string, bad func(err error)) *PodWatcher {
+func NewPodWatcher(client kubernetes.Interface, node string, bad func(err error), opts ...PodWatcherOption) *PodWatcher {
 	if bad == nil {
 		bad = func(error) {}
 	}
-	return &PodWatcher{client: client, node: node, resync: 10 * time.Minute, log: bad, byUID: map[string]SliceInfo{},
+	w := &PodWatcher{client: client, node: node, resync: 10 * time.Minute, log: bad, byUID: map[string]SliceInfo{},
 		changed: make(chan struct{}, 1)}
+	for _, o := range opts {
+		o(w)
+	}
+	return w
 }
 
 // Run runs the informer until ctx ends; it returns an error when the cache
 // cannot sync, and nil after ctx ends.
 func (w *PodWatcher) Run(ctx context.Context) error {
 	f := informers.NewSharedInformerFactoryWithOptions(w.client, w.resync,
+		informers.WithNamespace(w.namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", w.node).String()
 			o.LabelSelector = labels.SelectorFromSet(labels.Set{v1.LabelManagedBy: v1.ManagedByValue}).String()
@@ -270,15 +287,7 @@ func (w *PodWatcher) Slices() []SliceInfo {
 		out = append(out, s)
 	}
 	w.mu.RUnlock()
-	slices.SortFunc(out, func(a, b SliceInfo) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b SliceInfo) int { return cmp.Compare(a.ID, b.ID) })
 	return out
 }
 

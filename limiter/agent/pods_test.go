@@ -86,15 +86,7 @@ func TestPodWatcherFollowsThisNodesPods(t *testing.T) {
 		notebookPod("elsewhere", "gpu-2", uidX, "spawn-9"))
 	var bad []error
 	w := NewPodWatcher(client, "gpu-1", func(err error) { bad = append(bad, err) })
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	ctx := runWatcher(t, w)
 	ids := func() []string {
 		var out []string
 		for _, s := range w.Slices() {
@@ -132,6 +124,38 @@ func TestPodWatcherFollowsThisNodesPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, "deleted spawn-1 removed", func() bool { return len(ids()) == 0 })
+}
+
+func TestPodWatcherWithNamespaceSeesOnlyThatNamespace(t *testing.T) {
+	other := notebookPod("other-ns", "gpu-1", uidB, "spawn-2")
+	other.Namespace = "elsewhere"
+	client := fake.NewClientset(notebookPod("a", "gpu-1", uidA, "spawn-1"), other)
+	w := NewPodWatcher(client, "gpu-1", nil, WithNamespace("ns"))
+	runWatcher(t, w)
+	waitUntil(t, "synced", w.Synced)
+	var ids []string
+	for _, s := range w.Slices() {
+		ids = append(ids, s.ID)
+	}
+	if diff := cmp.Diff([]string{"spawn-1"}, ids); diff != "" {
+		t.Errorf("slices in namespace ns (-want +got):\n%s", diff)
+	}
+}
+
+// runWatcher runs w until t ends, and fails t if Run fails; the context
+// returned ends then too.
+func runWatcher(t *testing.T, w *PodWatcher) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return ctx
 }
 
 // waitUntil polls cond every 5 ms for up to 20 s.

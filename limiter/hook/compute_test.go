@@ -46,7 +46,7 @@ func TestComputeShareTracksTarget(t *testing.T) {
 		{name: "50 next to a bursting 50", members: []member{{50, 50, 50}, {50, 100, 50}}},
 		{name: "75 next to a bursting 25", members: []member{{75, 75, 75}, {25, 100, 25}}},
 		{name: "30/70 pair", members: []member{{30, 30, 30}, {70, 70, 70}}},
-		// Work-conserving compute (issue 5): guarantees 30/70, each may burst
+		// Work-conserving compute: guarantees 30/70, each may burst
 		// to 100. Alone each takes ≥ 90 % (95 ± 5, as a share cannot pass
 		// 100); together each gets its guarantee.
 		{name: "30 with limit 100 alone", members: []member{{30, 100, 95}}},

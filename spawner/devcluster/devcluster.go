@@ -140,9 +140,6 @@ func node(name string) *corev1.Node {
 // Clientset returns the simulated cluster's client.
 func (c *Cluster) Clientset() kubernetes.Interface { return c.cs }
 
-// Namespace returns the namespace the cluster was created with.
-func (c *Cluster) Namespace() string { return c.namespace }
-
 // Run plays kubelet for every pod until ctx is done, then stops its informer
 // and returns nil once every goroutine it started has exited.
 func (c *Cluster) Run(ctx context.Context) error {

@@ -150,7 +150,7 @@ func TestPrefilledObjects(t *testing.T) {
 func TestWithSpawnerClient(t *testing.T) {
 	c := New([]string{"gpu-1"}, discard(), WithStepDelay(5*time.Millisecond))
 	start(t, c)
-	client := spawner.New(c.Clientset(), spawner.Config{Namespace: c.Namespace()}, discard(), spawner.WithResync(20*time.Millisecond))
+	client := spawner.New(c.Clientset(), spawner.Config{Namespace: DefaultNamespace}, discard(), spawner.WithResync(20*time.Millisecond))
 	events := make(chan spawner.PodEvent, 100)
 	ctx, cancel := context.WithCancel(t.Context())
 	client.Subscribe(ctx, func(ev spawner.PodEvent) { events <- ev })

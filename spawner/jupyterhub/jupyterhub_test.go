@@ -41,7 +41,7 @@ print(version("gpubroker-jupyterhub"), gpubroker_jupyterhub.__file__)
 `
 
 // TestPackageInstallsAndTheHubFindsIt installs the package the way a hub
-// image does without PyPI (JUPYTERHUB-RIG.md §6): a venv that sees Debian's
+// image does without PyPI: a venv that sees Debian's
 // packages, pip without an index or build isolation; then JupyterHub must
 // resolve c.JupyterHub.spawner_class = "gpubroker" to the class.
 func TestPackageInstallsAndTheHubFindsIt(t *testing.T) {

@@ -18,12 +18,18 @@ import (
 	"github.com/go-jose/go-jose/v4"
 )
 
-// Defaults of BearerConfig and the Bearer options.
+// Defaults of BearerConfig, and the Bearer's discovery and key intervals.
 const (
-	DefaultUsernameClaim     = "preferred_username"
-	DefaultGroupsClaim       = "groups"
-	DefaultRetryInterval     = time.Second
-	DefaultDiscoveryTimeout  = 5 * time.Second
+	DefaultUsernameClaim = "preferred_username"
+	DefaultGroupsClaim   = "groups"
+	// DefaultRetryInterval is how long a failed discovery is remembered
+	// before the next request retries it.
+	DefaultRetryInterval = time.Second
+	// DefaultDiscoveryTimeout bounds one discovery attempt, JWKS fetch
+	// included.
+	DefaultDiscoveryTimeout = 5 * time.Second
+	// DefaultKeyRefreshMinimum is the least time between two JWKS fetches
+	// caused by tokens with unknown keys.
 	DefaultKeyRefreshMinimum = 10 * time.Second
 )
 
@@ -58,13 +64,10 @@ type BearerConfig struct {
 // Bearer authenticates "Authorization: Bearer <JWT>" with OIDC discovery and
 // go-oidc verification. Create it with NewBearer. Safe for concurrent use.
 type Bearer struct {
-	cfg              BearerConfig
-	client           *http.Client
-	now              func() time.Time
-	algs             []string
-	retry            time.Duration
-	discoveryTimeout time.Duration
-	keyRefresh       time.Duration
+	cfg    BearerConfig
+	client *http.Client
+	now    func() time.Time
+	algs   []string
 
 	sem chan struct{} // one discovery at a time
 
@@ -98,23 +101,6 @@ func WithSigningAlgs(algs ...string) BearerOption {
 	}
 }
 
-// WithRetryInterval sets how long a failed discovery is remembered before
-// the next request retries it (default DefaultRetryInterval; 0 retries on
-// every request).
-func WithRetryInterval(d time.Duration) BearerOption { return func(b *Bearer) { b.retry = d } }
-
-// WithDiscoveryTimeout bounds one discovery attempt, JWKS fetch included
-// (default DefaultDiscoveryTimeout).
-func WithDiscoveryTimeout(d time.Duration) BearerOption {
-	return func(b *Bearer) { b.discoveryTimeout = d }
-}
-
-// WithKeyRefreshMinimum sets the least time between two JWKS fetches caused
-// by tokens with unknown keys (default DefaultKeyRefreshMinimum).
-func WithKeyRefreshMinimum(d time.Duration) BearerOption {
-	return func(b *Bearer) { b.keyRefresh = d }
-}
-
 // NewBearer checks cfg and returns a Bearer. It does no I/O: discovery runs
 // on the first Authenticate or Ready (the issuer may start after the broker,
 // as the embedded one in dev mode does), is retried after failures, and until
@@ -137,14 +123,11 @@ func NewBearer(ctx context.Context, cfg BearerConfig, opts ...BearerOption) (*Be
 		errs = append(errs, errors.New("audience is empty"))
 	}
 	b := &Bearer{
-		cfg:              cfg,
-		client:           &http.Client{Timeout: 10 * time.Second},
-		now:              time.Now,
-		algs:             DefaultSigningAlgs(),
-		retry:            DefaultRetryInterval,
-		discoveryTimeout: DefaultDiscoveryTimeout,
-		keyRefresh:       DefaultKeyRefreshMinimum,
-		sem:              make(chan struct{}, 1),
+		cfg:    cfg,
+		client: &http.Client{Timeout: 10 * time.Second},
+		now:    time.Now,
+		algs:   DefaultSigningAlgs(),
+		sem:    make(chan struct{}, 1),
 	}
 	for _, o := range opts {
 		o(b)
@@ -183,7 +166,7 @@ func (b *Bearer) discover(ctx context.Context) (*oidc.IDTokenVerifier, *keySet, 
 	b.mu.Lock()
 	lastErr, lastTry := b.lastErr, b.lastTry
 	b.mu.Unlock()
-	if lastErr != nil && b.now().Sub(lastTry) < b.retry {
+	if lastErr != nil && b.now().Sub(lastTry) < DefaultRetryInterval {
 		return nil, nil, lastErr
 	}
 	v, k, err := b.discoverOnce(ctx)
@@ -212,7 +195,7 @@ func (b *Bearer) loaded() (*oidc.IDTokenVerifier, *keySet) {
 }
 
 func (b *Bearer) discoverOnce(ctx context.Context) (*oidc.IDTokenVerifier, *keySet, error) {
-	ctx, cancel := context.WithTimeout(ctx, b.discoveryTimeout)
+	ctx, cancel := context.WithTimeout(ctx, DefaultDiscoveryTimeout)
 	defer cancel()
 	p, err := oidc.NewProvider(oidc.ClientContext(ctx, b.client), b.cfg.IssuerURL)
 	if err != nil {
@@ -231,7 +214,7 @@ func (b *Bearer) discoverOnce(ctx context.Context) (*oidc.IDTokenVerifier, *keyS
 	for i, a := range b.algs {
 		algs[i] = jose.SignatureAlgorithm(a)
 	}
-	ks := newKeySet(meta.JWKSURI, b.client, b.now, algs, b.keyRefresh)
+	ks := newKeySet(meta.JWKSURI, b.client, b.now, algs, DefaultKeyRefreshMinimum)
 	if _, err := ks.refresh(ctx); err != nil {
 		return nil, nil, err
 	}

@@ -70,7 +70,7 @@ func (k *keySet) VerifySignature(ctx context.Context, jwt string) ([]byte, error
 	if v, ok := ctx.Value(verifiedKey{}).(verifiedToken); ok && v.raw == jwt {
 		return v.payload, nil
 	}
-	jws, err := jose.ParseSigned(jwt, k.algs)
+	jws, err := jose.ParseSignedCompact(jwt, k.algs)
 	if err != nil || len(jws.Signatures) != 1 {
 		return nil, errMalformed
 	}

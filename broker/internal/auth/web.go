@@ -134,10 +134,6 @@ type WebOption func(*Web)
 // token expiry; default time.Now.
 func WithWebClock(now func() time.Time) WebOption { return func(w *Web) { w.now = now } }
 
-// WithWebHTTPClient sets the client for discovery, JWKS and token requests;
-// default a client with a 10 s timeout.
-func WithWebHTTPClient(c *http.Client) WebOption { return func(w *Web) { w.client = c } }
-
 // WithPages sets the renderer of the login's pages.
 func WithPages(p Pages) WebOption { return func(w *Web) { w.pages = p } }
 

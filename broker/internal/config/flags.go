@@ -203,7 +203,7 @@ func (c *Config) Table() *cliconfig.Table {
 // kubelet since v1.27 (kubeAPIQPS 50, kubeAPIBurst 100), the components
 // that create and bind pods; kube-controller-manager uses 20 and 30.
 // client-go's own 5 and 10 made every spawn beyond the tenth in a burst wait
-// for a token (issue 16: 5 spawns per second).
+// for a token (5 spawns per second in `go tool task bench:spawn`).
 const (
 	KubeAPIQPS   = 50
 	KubeAPIBurst = 100

@@ -3,6 +3,7 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -191,12 +192,7 @@ type Allocation struct {
 
 // SortedGroups returns the names of m sorted, for deterministic charging.
 func SortedGroups(m map[string]Quota) []string {
-	out := make([]string, 0, len(m))
-	for g := range m {
-		out = append(out, g)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(m))
 }
 
 // GPUFromWire converts the wire form of a GPU (v1.GPU: the API's, and the

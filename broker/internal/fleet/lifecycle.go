@@ -22,13 +22,3 @@ var transitions = map[State][]State{
 func TransitionSources(to State) []State {
 	return transitions[to]
 }
-
-// CanTransition reports whether a server may move from one state to another.
-func CanTransition(from, to State) bool {
-	for _, s := range transitions[to] {
-		if s == from {
-			return true
-		}
-	}
-	return false
-}

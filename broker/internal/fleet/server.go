@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"slices"
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
@@ -74,14 +75,7 @@ func (p Profile) Allows(groups []string) bool {
 	if len(p.Groups) == 0 {
 		return true
 	}
-	for _, g := range groups {
-		for _, a := range p.Groups {
-			if g == a {
-				return true
-			}
-		}
-	}
-	return false
+	return slices.ContainsFunc(groups, func(g string) bool { return slices.Contains(p.Groups, g) })
 }
 
 // ServerPatch lists the fields a transition may set besides state and

@@ -13,8 +13,7 @@
 // Files: routes.go registers every route; one middleware per mw_*.go file;
 // handlers are methods of api, one idea per h_*.go file; errors.go is the
 // error table; decode.go and validate.go check input at the edge; convert.go
-// maps domain types to the wire types of broker/api/v1; wire.go holds the
-// few answer types that have no v1 type yet.
+// maps domain types to the wire types of broker/api/v1.
 //
 // # Middleware order
 //

@@ -17,9 +17,6 @@ import (
 //go:embed openapi.yaml
 var openapiYAML []byte
 
-// OpenAPI returns the embedded OpenAPI document (a copy).
-func OpenAPI() []byte { return append([]byte(nil), openapiYAML...) }
-
 // healthz answers 200 while the process serves HTTP at all.
 func (a *api) healthz(c echo.Context) error {
 	return c.JSON(http.StatusOK, v1.Health{Status: "ok"})

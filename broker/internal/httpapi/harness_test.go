@@ -141,7 +141,7 @@ func (h *harness) do(t *testing.T, r req) *httptest.ResponseRecorder {
 
 // contract is openapi.yaml loaded once.
 var contract = sync.OnceValues(func() (routers.Router, error) {
-	doc, err := openapi3.NewLoader().LoadFromData(OpenAPI())
+	doc, err := openapi3.NewLoader().LoadFromData(openapiYAML)
 	if err != nil {
 		return nil, err
 	}

@@ -73,7 +73,7 @@ func BenchmarkCycle10k(b *testing.B) {
 	}
 	rec, err := reclaim.New(reclaim.Config{Policies: policies, Audit: redisstore.NewAuditLog(rdb, prefix, nil), States: states,
 		Samples: redisstore.AgentSamples{Agents: agents}, Servers: store,
-		Stopper: &stopper{store: store}, Shrinker: reclaim.QuotaShrinker{Quotas: agents}, Prober: failProber{},
+		Stopper: &stopper{store: store}, Shrinker: quotaShrinker(agents), Prober: failProber{},
 		SamplesPerServer: perServer, Now: c.Now})
 	if err != nil {
 		b.Fatal(err)

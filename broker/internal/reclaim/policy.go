@@ -337,27 +337,26 @@ func (p Policy) validateOverride(i int, o Override, top []FieldProblem) []FieldP
 	return ps
 }
 
-// Normalize trims and sorts ExemptGroups (dropping empty and duplicate
+// Normalize trims and sorts ExemptGroups and ExemptUsers (dropping empty and duplicate
 // names) and trims Reason.
 func (p Policy) Normalize() Policy {
-	var gs []string
-	for _, g := range p.ExemptGroups {
-		if g = strings.TrimSpace(g); g != "" {
-			gs = append(gs, g)
-		}
-	}
-	slices.Sort(gs)
-	p.ExemptGroups = slices.Compact(gs)
-	var us []string
-	for _, u := range p.ExemptUsers {
-		if u = strings.TrimSpace(u); u != "" {
-			us = append(us, u)
-		}
-	}
-	slices.Sort(us)
-	p.ExemptUsers = slices.Compact(us)
+	p.ExemptGroups = cleanNames(p.ExemptGroups)
+	p.ExemptUsers = cleanNames(p.ExemptUsers)
 	p.Reason = strings.TrimSpace(p.Reason)
 	return p
+}
+
+// cleanNames returns names trimmed, without empty ones, sorted and without
+// duplicates; nil when none is left.
+func cleanNames(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if n = strings.TrimSpace(n); n != "" {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // changes lists the fields that differ from old to p as "old → new", keyed

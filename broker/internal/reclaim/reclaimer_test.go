@@ -121,6 +121,18 @@ func (s *stopper) Delete(ctx context.Context, k fleet.ServerKey) (fleet.Server, 
 	return s.store.Transition(ctx, k, rec.SpawnID, v1.StateStopped, "stopped", fleet.ServerPatch{})
 }
 
+// quotaShrinker shrinks and restores compute through the node agent's
+// desired quota only, as the resize service does last; the tests read the
+// desired quota back to see what the reclaimer asked for.
+func quotaShrinker(agents *agentstore.Store) reclaim.ShrinkFunc {
+	return func(ctx context.Context, srv fleet.Server, computePercent, computeLimitPercent int) error {
+		sl := srv.Slice
+		sl.ComputePercent, sl.ComputeLimitPercent = computePercent, max(computeLimitPercent, computePercent)
+		_, err := agents.SetDesiredQuota(ctx, srv.SpawnID, sl)
+		return err
+	}
+}
+
 type fixture struct {
 	t        *testing.T
 	prefix   string
@@ -161,7 +173,7 @@ func (f *fixture) reclaimer(hub reclaim.HubNotifier) *reclaim.Reclaimer {
 	f.t.Helper()
 	rec, err := reclaim.New(reclaim.Config{
 		Policies: f.policies, Audit: f.log, States: f.states, Samples: redisstore.AgentSamples{Agents: f.agents},
-		Servers: f.store, Stopper: f.stopper, Shrinker: reclaim.QuotaShrinker{Quotas: f.agents},
+		Servers: f.store, Stopper: f.stopper, Shrinker: quotaShrinker(f.agents),
 		Prober: reclaim.NewProber(nil, 0), Hub: hub, Interval: interval, Now: f.clock.Now,
 	})
 	if err != nil {

@@ -51,9 +51,9 @@
 // Record times (CreatedAt, UpdatedAt), event times and the reconcile
 // marker's value come from the injected clock (WithClock, default
 // time.Now), passed to scripts through ARGV; scripts never read Redis's
-// TIME. Redis TTLs (WithRetention, default 7 days, for terminal server
+// TIME. Redis TTLs (DefaultRetention, 7 days, for terminal server
 // records and idle event streams) only collect garbage; no decision depends
-// on them. Per-operation deadlines (WithOpTimeout, default 2 s) are
+// on them. Per-operation deadlines (DefaultOpTimeout, 2 s) are
 // context timeouts, which reach the socket only if the client was built
 // with ContextTimeoutEnabled.
 //

@@ -14,20 +14,27 @@ import (
 )
 
 // allocRecord is the stored form of a fleet.Allocation, written by
-// alloc_json in scripts/lib.lua.
+// alloc_json in scripts/lib.lua: its head (recordHead), the slice members,
+// the device's ref (allocRef) and its sharing mode.
 type allocRecord struct {
-	SliceID             string   `json:"sliceId"`
-	User                string   `json:"user"`
-	Groups              []string `json:"groups"`
-	MemoryMiB           int64    `json:"memoryMiB"`
-	ComputePercent      int      `json:"computePercent"`
-	ComputeLimitPercent int      `json:"computeLimitPercent"`
-	GPU                 string   `json:"gpu"`
-	Node                string   `json:"node"`
-	Model               string   `json:"model"`
-	MIGProfile          string   `json:"migProfile,omitempty"`
-	Parent              string   `json:"parent,omitempty"`
-	Sharing             string   `json:"sharing,omitempty"` // absent: before sharing modes (sliced)
+	allocHead
+	MemoryMiB           int64  `json:"memoryMiB"`
+	ComputePercent      int    `json:"computePercent"`
+	ComputeLimitPercent int    `json:"computeLimitPercent"`
+	GPU                 string `json:"gpu"`
+	Node                string `json:"node"`
+	Model               string `json:"model"`
+	MIGProfile          string `json:"migProfile,omitempty"`
+	Parent              string `json:"parent,omitempty"`
+	Sharing             string `json:"sharing,omitempty"` // absent: before sharing modes (sliced)
+}
+
+// allocHead is the part of an allocRecord that the allocation itself
+// gives; the rest depends on the device placement chose.
+type allocHead struct {
+	SliceID string   `json:"sliceId"`
+	User    string   `json:"user"`
+	Groups  []string `json:"groups"`
 }
 
 func decodeAlloc(raw string) (fleet.Allocation, error) {
@@ -71,11 +78,7 @@ func recordHead(a fleet.Allocation) (string, error) {
 	if groups == nil {
 		groups = []string{}
 	}
-	b, err := json.Marshal(struct {
-		SliceID string   `json:"sliceId"`
-		User    string   `json:"user"`
-		Groups  []string `json:"groups"`
-	}{a.SliceID, a.User, groups})
+	b, err := json.Marshal(allocHead{a.SliceID, a.User, groups})
 	if err != nil {
 		return "", fmt.Errorf("encode allocation: %w", err)
 	}
@@ -225,18 +228,8 @@ func placeResult(req fleet.PlaceRequest, res any) (fleet.Allocation, error, erro
 	case "notready":
 		return fleet.Allocation{}, fmt.Errorf("%w: GPU allocations are being rebuilt from the cluster after Redis lost its data; try again in a moment", fleet.ErrNotReady), nil
 	case "quota":
-		f, err := stringsN(rest, 6)
+		qe, err := quotaReply(rest)
 		if err != nil {
-			return fleet.Allocation{}, nil, err
-		}
-		qe := &fleet.QuotaError{Scope: f[0], Name: f[1], Resource: f[2]}
-		var errs []error
-		for i, dst := range []*int64{&qe.Limit, &qe.Used, &qe.Want} {
-			n, err := atoi64(f[2], f[3+i])
-			errs = append(errs, err)
-			*dst = n
-		}
-		if err := errors.Join(errs...); err != nil {
 			return fleet.Allocation{}, nil, err
 		}
 		return fleet.Allocation{}, qe, nil

@@ -150,18 +150,8 @@ func resizeResult(k fleet.ServerKey, req fleet.PlaceRequest, res any) (fleet.Ser
 		return fleet.Server{}, false, fmt.Errorf("%w: GPU %s on node %s has room for at most %d MiB and %d%% compute for this slice; %d MiB and %d%% were asked",
 			fleet.ErrNoCapacity, f[0], f[1], free, cpFree, req.Slice.MemoryMiB, req.Slice.ComputePercent), nil
 	case "quota":
-		f, err := stringsN(rest, 6)
+		qe, err := quotaReply(rest)
 		if err != nil {
-			return fleet.Server{}, false, nil, err
-		}
-		qe := &fleet.QuotaError{Scope: f[0], Name: f[1], Resource: f[2]}
-		var errs []error
-		for i, dst := range []*int64{&qe.Limit, &qe.Used, &qe.Want} {
-			n, err := atoi64(f[2], f[3+i])
-			errs = append(errs, err)
-			*dst = n
-		}
-		if err := errors.Join(errs...); err != nil {
 			return fleet.Server{}, false, nil, err
 		}
 		return fleet.Server{}, false, qe, nil

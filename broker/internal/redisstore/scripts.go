@@ -2,10 +2,13 @@ package redisstore
 
 import (
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
 // The scripts. lib.lua and servers.lua hold helpers and are prepended to the
@@ -148,6 +151,23 @@ func flatMap(v any) (map[string]string, error) {
 		m[k] = val
 	}
 	return m, nil
+}
+
+// quotaReply decodes the rest of the "quota" reply of place.lua and
+// resize.lua (scope, name, resource, limit, used, want) into the refusal.
+func quotaReply(rest []any) (*fleet.QuotaError, error) {
+	f, err := stringsN(rest, 6)
+	if err != nil {
+		return nil, err
+	}
+	qe := &fleet.QuotaError{Scope: f[0], Name: f[1], Resource: f[2]}
+	var errs []error
+	for i, dst := range []*int64{&qe.Limit, &qe.Used, &qe.Want} {
+		n, err := atoi64(f[2], f[3+i])
+		errs = append(errs, err)
+		*dst = n
+	}
+	return qe, errors.Join(errs...)
 }
 
 // atoi64 parses a decimal integer from a script reply or hash field.

@@ -133,7 +133,8 @@ func (s *Store) recordTTL(st fleet.State) int64 {
 
 // CreateServer stores a new spawn of server s.ServerKey, whose State must be
 // pending, and appends its "pending" event; CreatedAt and UpdatedAt are set
-// from the store's clock. It returns (the stored record, true).
+// from the store's clock and an empty Sharing becomes sliced. It returns
+// (the stored record, true).
 //
 // If the record holds the same non-empty IdempotencyKey, it returns that
 // record and false (a retried create). If it holds a live spawn (not
@@ -155,6 +156,7 @@ func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Serve
 	}
 	now := s.now()
 	srv.CreatedAt, srv.UpdatedAt = now, now
+	srv.Sharing = fleet.ModeOf(srv.Sharing)
 	fields, err := serverFields(srv)
 	if err != nil {
 		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)

@@ -12,7 +12,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
-// Defaults of the Store options.
+// The stores' deadline and the lifetime of finished records.
 const (
 	// DefaultOpTimeout bounds each store operation (one or a few round trips).
 	DefaultOpTimeout = 2 * time.Second
@@ -36,8 +36,8 @@ type Store struct {
 	blocking  redis.UniversalClient // Events' blocking reads; rdb unless WithBlockingClient
 	k         redisschema.Keys
 	now       func() time.Time
-	opTimeout time.Duration
-	retention time.Duration
+	opTimeout time.Duration // DefaultOpTimeout
+	retention time.Duration // DefaultRetention
 }
 
 // Option configures a Store.
@@ -47,38 +47,16 @@ type Option func(*Store)
 // reconcile marker; default time.Now. Scripts never read Redis's clock.
 func WithClock(now func() time.Time) Option { return func(s *Store) { s.now = now } }
 
-// WithOpTimeout bounds each operation; default DefaultOpTimeout. A blocking
-// Events call waits its block duration plus this timeout. d <= 0 keeps the
-// default.
-func WithOpTimeout(d time.Duration) Option {
-	return func(s *Store) {
-		if d > 0 {
-			s.opTimeout = d
-		}
-	}
-}
-
 // WithBlockingClient makes Events' blocking reads (XREAD BLOCK) use c
 // instead of the store's client. A waiting read holds its connection for
 // its whole block, even after the event stream's client went away, so many
 // streams would otherwise take the connections that placement and every
-// other operation need (issue 16: creates timing out behind streams).
+// other operation need (creates timed out behind streams before).
 // Default: the store's client.
 func WithBlockingClient(c redis.UniversalClient) Option {
 	return func(s *Store) {
 		if c != nil {
 			s.blocking = c
-		}
-	}
-}
-
-// WithRetention sets how long terminal server records and idle event
-// streams are kept; default DefaultRetention. It is garbage collection only:
-// no decision depends on it. d <= 0 keeps the default.
-func WithRetention(d time.Duration) Option {
-	return func(s *Store) {
-		if d > 0 {
-			s.retention = d
 		}
 	}
 }

@@ -47,7 +47,7 @@ type Service struct {
 	catalog Catalog
 	log     *slog.Logger
 	policy  fleet.Policy
-	timeout time.Duration
+	timeout time.Duration // bounds the steps a create or delete runs after the caller's context is detached
 	now     func() time.Time
 	newID   func() string
 	kick    func()
@@ -65,10 +65,6 @@ func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = 
 
 // WithSpawnIDs sets the spawn id generator; default 16 random hex digits.
 func WithSpawnIDs(f func() string) Option { return func(s *Service) { s.newID = f } }
-
-// WithStepTimeout bounds the steps a create or delete runs after the
-// caller's context is detached; default 30s.
-func WithStepTimeout(d time.Duration) Option { return func(s *Service) { s.timeout = d } }
 
 // WithReconcileTrigger sets a function called when placement is refused
 // because allocations are being rebuilt, so the reconciler runs at once.

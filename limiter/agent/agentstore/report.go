@@ -1,6 +1,7 @@
 package agentstore
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -129,15 +130,7 @@ func (st *Store) Nodes(ctx context.Context, now time.Time) ([]NodeStatus, error)
 		}
 		out = append(out, ns)
 	}
-	slices.SortFunc(out, func(a, b NodeStatus) int {
-		switch {
-		case a.Node < b.Node:
-			return -1
-		case a.Node > b.Node:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b NodeStatus) int { return cmp.Compare(a.Node, b.Node) })
 	return out, errors.Join(errs...)
 }
 

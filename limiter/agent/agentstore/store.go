@@ -77,16 +77,6 @@ func WithSampleTTL(d time.Duration) Option {
 	}
 }
 
-// WithOpTimeout bounds each operation; default DefaultOpTimeout. d <= 0
-// keeps the default.
-func WithOpTimeout(d time.Duration) Option {
-	return func(s *Store) {
-		if d > 0 {
-			s.opTimeout = d
-		}
-	}
-}
-
 // WithAuditRetry sets how long a record FollowAudit handed out may stay
 // unacknowledged (its handler failed, or its consumer died) before it is
 // handed out again; default 30 s. d <= 0 keeps the default.

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"time"
 
@@ -30,6 +31,9 @@ type Config struct {
 	// Kube is the API server, for watching this node's pods; "" kubeconfig
 	// means the in-cluster config.
 	Kube cliconfig.Kube
+	// Namespace is the notebook pods' namespace (the broker's --namespace);
+	// "" watches every namespace.
+	Namespace string
 	// MetricsAddr is where /metrics and /healthz listen; default ":9400".
 	MetricsAddr string
 	// LogLevel is debug, info, warn or error; default info.
@@ -74,6 +78,14 @@ that bypass their slice.`,
 		Help: "Path of libnvidia-ml.so.1."})
 	add(c.Kube.Flags(cliconfig.KubeDefaults{Kubeconfig: "none: in-cluster config", QPS: 5, Burst: 10,
 		Source: "client-go's too: the agent lists and watches one node's pods"})...)
+	add(cliconfig.Flag{Name: "namespace", Placeholder: "NAME", Value: cliconfig.String(&c.Namespace), DefaultDoc: "every namespace",
+		Help: "Namespace of the notebook pods (the broker's --namespace), so that a Role there is all the agent needs; empty: every namespace (a ClusterRole).",
+		Check: func() error {
+			if c.Namespace != "" && (len(c.Namespace) > 63 || !dns1123Label.MatchString(c.Namespace)) {
+				return fmt.Errorf("%q is not a Kubernetes namespace name (lowercase letters, digits and '-', at most 63)", c.Namespace)
+			}
+			return nil
+		}})
 	add(nonNegative("sample-interval", &c.Agent.SampleInterval, agent.DefaultSampleInterval,
 		"Time between usage samples; samples are stale after three intervals."))
 	add(nonNegative("heartbeat-interval", &c.Agent.HeartbeatInterval, agent.DefaultHeartbeatInterval,
@@ -128,6 +140,9 @@ that bypass their slice.`,
 	return t
 }
 
+// dns1123Label is a Kubernetes namespace name.
+var dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
 // nonNegative is a duration flag that must not be negative.
 func nonNegative(name string, p *time.Duration, def time.Duration, help string) cliconfig.Flag {
 	return cliconfig.Flag{Name: name, Placeholder: "DURATION", Value: cliconfig.Duration(p), Default: def.String(), Help: help,
@@ -137,12 +152,6 @@ func nonNegative(name string, p *time.Duration, def time.Duration, help string) 
 			}
 			return nil
 		}}
-}
-
-// envName is the environment twin of a flag.
-func envName(flagName string) string {
-	var c Config
-	return c.table().EnvName(flagName)
 }
 
 // usage is the --help text: every flag with its env twin and default.

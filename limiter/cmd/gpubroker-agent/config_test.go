@@ -122,3 +122,9 @@ func TestAgentVersionAndProblems(t *testing.T) {
 		t.Errorf("--check-config with problems: exit %d\n%s", code, stderr.String())
 	}
 }
+
+// envName is the environment twin of a flag.
+func envName(flagName string) string {
+	var c Config
+	return c.table().EnvName(flagName)
+}

@@ -73,7 +73,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	pods := agent.NewPodWatcher(kube, cfg.Agent.Node, func(err error) {
 		log.Warn("pod ignored", "err", err)
-	})
+	}, agent.WithNamespace(cfg.Namespace))
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -147,14 +147,18 @@ func nvmlLibrary(cfg Config) nvml.Interface {
 // (this node's pods, as the agent watches them) and NVML (loaded,
 // initialised and asked for its device count).
 func dependencies(cfg Config) []cliconfig.Dependency {
+	where := cfg.Kube.Where() + ", node " + cfg.Agent.Node
+	if cfg.Namespace != "" {
+		where += ", namespace " + cfg.Namespace
+	}
 	return []cliconfig.Dependency{
 		cfg.Redis.Dependency(),
-		{Name: "kubernetes", Where: cfg.Kube.Where() + ", node " + cfg.Agent.Node, Check: func(ctx context.Context) error {
+		{Name: "kubernetes", Where: where, Check: func(ctx context.Context) error {
 			kube, err := cfg.Kube.Clientset(userAgent)
 			if err != nil {
 				return err
 			}
-			_, err = kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + cfg.Agent.Node, Limit: 1})
+			_, err = kube.CoreV1().Pods(cfg.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + cfg.Agent.Node, Limit: 1})
 			if err != nil {
 				return fmt.Errorf("list this node's pods: %w", err)
 			}

@@ -5,7 +5,7 @@ delete and the event stream of one server. Every call goes through its own
 ``aiohttp.ClientSession`` (one per :class:`BrokerClient`, which is an async
 context manager), never through JupyterHub's shared tornado client: the hub
 allows that client 10 connections, and a few long event streams on it starve
-the hub's own requests (JUPYTERHUB-RIG.md §5). aiohttp also closes a stream
+the hub's own requests. aiohttp also closes a stream
 cleanly when the hub cancels the task reading it.
 
 Errors:

@@ -5,7 +5,7 @@ GPU slice, creates the pod, follows it and reclaims it. The hub keeps its
 own job (users, OAuth, proxy, the spawn page) and passes the broker what a
 pod spawner passes a pod: the single-user command and its environment.
 
-Contract with the hub (JupyterHub 3.0 to 5.x; JUPYTERHUB-RIG.md §4):
+Contract with the hub (JupyterHub 3.0 to 5.x):
 
 - ``start()`` creates the broker server with an idempotency key of its own,
   unique per hub spawn, follows the broker's event stream until the spawn

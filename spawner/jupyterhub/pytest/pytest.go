@@ -4,7 +4,7 @@
 // only tests import it.
 //
 // The interpreter is always /usr/bin/python3: the python3 on PATH may be
-// another one that cannot import Debian's jupyterhub (JUPYTERHUB-RIG.md §1).
+// another one that cannot import Debian's jupyterhub.
 package pytest
 
 import (
@@ -63,9 +63,4 @@ func Run(ctx context.Context, python string, env []string, args ...string) (stri
 		return string(out), fmt.Errorf("%s %s: %w", python, strings.Join(argv, " "), err)
 	}
 	return string(out), nil
-}
-
-func lastLine(b []byte) string {
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	return lines[len(lines)-1]
 }
