@@ -19,15 +19,8 @@ import (
 // real redis-server: a node agent's heartbeat makes its GPUs placeable, a
 // lost GPU in the report is marked unhealthy, and placement follows.
 func TestAgentReportsBecomePlacementInventory(t *testing.T) {
-	srv := redistest.Start(t)
-	prefix := srv.Prefix(t)
-	rdb := srv.Client(t)
-	store := redisstore.New(rdb, prefix)
-	agents := agentstore.New(rdb, prefix)
+	store, agents := inventoryStores(t)
 	ctx := t.Context()
-	if err := store.MarkReconciled(ctx); err != nil {
-		t.Fatal(err)
-	}
 	gpu := func(uuid string, healthy bool) agentstore.GPUReport {
 		return agentstore.GPUReport{GPU: v1.GPU{UUID: uuid, Node: "gpu-7", Model: "NVIDIA H200",
 			MemoryMiB: 143771, SMCount: 132, Healthy: healthy}}
@@ -82,15 +75,8 @@ func TestAgentReportsBecomePlacementInventory(t *testing.T) {
 // force; the agent is told them; a label change waits for the GPU to
 // empty; placement follows the modes.
 func TestReportedModesBecomeInventory(t *testing.T) {
-	srv := redistest.Start(t)
-	prefix := srv.Prefix(t)
-	rdb := srv.Client(t)
-	store := redisstore.New(rdb, prefix)
-	agents := agentstore.New(rdb, prefix)
+	store, agents := inventoryStores(t)
 	ctx := t.Context()
-	if err := store.MarkReconciled(ctx); err != nil {
-		t.Fatal(err)
-	}
 	h200 := func(uuid string, mode v1.SharingMode) agentstore.GPUReport {
 		return agentstore.GPUReport{GPU: v1.GPU{UUID: uuid, Node: "gpu-8", Model: "NVIDIA H200", MemoryMiB: 143771, SMCount: 132, Healthy: true, Mode: mode}}
 	}
@@ -166,4 +152,18 @@ func TestSyncInventoryLoopStopsWithItsContext(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("syncInventory did not return after its context ended")
 	}
+}
+
+// inventoryStores returns the placement store, marked reconciled, and the
+// agents' store over one fresh Redis.
+func inventoryStores(t *testing.T) (*redisstore.Store, *agentstore.Store) {
+	t.Helper()
+	srv := redistest.Start(t)
+	prefix := srv.Prefix(t)
+	rdb := srv.Client(t)
+	store := redisstore.New(rdb, prefix)
+	if err := store.MarkReconciled(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return store, agentstore.New(rdb, prefix)
 }

@@ -229,13 +229,8 @@ func TestGPUModes(t *testing.T) {
 // atomic snapshots, and the admin flips an MPS GPU's mode whenever it is
 // empty. Every refusal is a readable capacity or quota sentence.
 func TestRacingCreatesOfEveryModeNeverOvercommitOrMix(t *testing.T) {
-	srv := redistest.Start(t)
-	prefix := srv.Prefix(t)
-	replicas := []*Store{New(srv.Client(t), prefix), New(srv.Client(t), prefix)}
+	replicas := twoReplicas(t)
 	s := replicas[0]
-	if err := s.MarkReconciled(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	mixedFleet(t, s)
 	userQuota := fleet.Quota{Servers: 4, MemoryMiB: 400000}
 	const workers, rounds = 12, 50
@@ -266,76 +261,47 @@ func TestRacingCreatesOfEveryModeNeverOvercommitOrMix(t *testing.T) {
 	var mu sync.Mutex
 	placed := map[fleet.SharingMode]int{}
 	refusals := map[string]bool{}
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rnd := rand.New(rand.NewPCG(uint64(w), 7))
-			st := replicas[w%2]
-			var held []string
-			for r := range rounds {
-				if len(held) > 0 && rnd.IntN(3) == 0 {
-					i := rnd.IntN(len(held))
-					if ok, err := st.Release(t.Context(), held[i]); err != nil || !ok {
-						errs <- fmt.Errorf("release %s = %v, %v", held[i], ok, err)
-						return
-					}
-					held = append(held[:i], held[i+1:]...)
-					continue
-				}
-				req := fleet.PlaceRequest{SliceID: fmt.Sprintf("w%d-r%d", w, r), User: fmt.Sprintf("user%d", rnd.IntN(5)),
-					UserQuota: userQuota, Policy: []fleet.Policy{fleet.PolicyBinpack, fleet.PolicySpread}[rnd.IntN(2)]}
-				switch rnd.IntN(4) {
-				case 0:
-					cp := 5 + rnd.IntN(30)
-					req.Slice = fleet.Slice{MemoryMiB: int64(8192 * (1 + rnd.IntN(4))), ComputePercent: cp, ComputeLimitPercent: 50}
-				case 1:
-					req.Sharing = fleet.SharingExclusive
-				case 2:
-					req.Sharing, req.MIGProfile = fleet.SharingMIG, []string{"1g.18gb", "3g.71gb"}[rnd.IntN(2)]
-				case 3:
-					cp := []int{20, 25}[rnd.IntN(2)]
-					req.Sharing, req.Slice = fleet.SharingMPS, slice(int64(cp)*1024, cp)
-				}
-				a, err := st.Place(t.Context(), req)
-				switch {
-				case err == nil:
-					if a.Sharing != fleet.ModeOf(req.Sharing) {
-						errs <- fmt.Errorf("%s asked %q, placed as %q on %s", req.SliceID, req.Sharing, a.Sharing, a.GPUUUID)
-						return
-					}
-					held = append(held, req.SliceID)
-					mu.Lock()
-					placed[a.Sharing]++
-					mu.Unlock()
-				case errors.Is(err, fleet.ErrNoCapacity), errors.Is(err, fleet.ErrQuotaExceeded):
-					msg := fleet.Message(err)
-					if strings.Contains(msg, "fleet:") || !strings.Contains(msg, " ") {
-						errs <- fmt.Errorf("refusal not readable: %q", msg)
-						return
-					}
-					mu.Lock()
-					refusals[msg[:min(len(msg), 40)]] = true
-					mu.Unlock()
-				default:
-					errs <- fmt.Errorf("place %s: %w", req.SliceID, err)
-					return
-				}
+	errs := raceWorkers(t, replicas, workers, rounds, 7, func(w, r int, rnd *rand.Rand) fleet.PlaceRequest {
+		req := fleet.PlaceRequest{SliceID: fmt.Sprintf("w%d-r%d", w, r), User: fmt.Sprintf("user%d", rnd.IntN(5)),
+			UserQuota: userQuota, Policy: []fleet.Policy{fleet.PolicyBinpack, fleet.PolicySpread}[rnd.IntN(2)]}
+		switch rnd.IntN(4) {
+		case 0:
+			cp := 5 + rnd.IntN(30)
+			req.Slice = fleet.Slice{MemoryMiB: int64(8192 * (1 + rnd.IntN(4))), ComputePercent: cp, ComputeLimitPercent: 50}
+		case 1:
+			req.Sharing = fleet.SharingExclusive
+		case 2:
+			req.Sharing, req.MIGProfile = fleet.SharingMIG, []string{"1g.18gb", "3g.71gb"}[rnd.IntN(2)]
+		case 3:
+			cp := []int{20, 25}[rnd.IntN(2)]
+			req.Sharing, req.Slice = fleet.SharingMPS, slice(int64(cp)*1024, cp)
+		}
+		return req
+	}, func(req fleet.PlaceRequest, a fleet.Allocation, err error) (bool, error) {
+		switch {
+		case err == nil:
+			if a.Sharing != fleet.ModeOf(req.Sharing) {
+				return false, fmt.Errorf("%s asked %q, placed as %q on %s", req.SliceID, req.Sharing, a.Sharing, a.GPUUUID)
 			}
-			for _, id := range held {
-				if _, err := st.Release(t.Context(), id); err != nil {
-					errs <- err
-					return
-				}
+			mu.Lock()
+			placed[a.Sharing]++
+			mu.Unlock()
+			return true, nil
+		case errors.Is(err, fleet.ErrNoCapacity), errors.Is(err, fleet.ErrQuotaExceeded):
+			msg := fleet.Message(err)
+			if strings.Contains(msg, "fleet:") || !strings.Contains(msg, " ") {
+				return false, fmt.Errorf("refusal not readable: %q", msg)
 			}
-		}()
-	}
-	wg.Wait()
+			mu.Lock()
+			refusals[msg[:min(len(msg), 40)]] = true
+			mu.Unlock()
+			return false, nil
+		default:
+			return false, fmt.Errorf("place %s: %w", req.SliceID, err)
+		}
+	})
 	stop()
-	close(errs)
-	for err := range errs {
+	for _, err := range errs {
 		t.Error(err)
 	}
 	if err := <-checkerDone; err != nil {
