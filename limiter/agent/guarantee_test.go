@@ -126,7 +126,7 @@ func TestGuaranteeOnStubDriver(t *testing.T) {
 	if testing.Short() {
 		t.Skip("two 25 s measurements; skipped with -short")
 	}
-	const interval = time.Second // the agent's default window
+	const interval = time.Second                // the agent's default window
 	measured := map[string]map[string]float64{} // case → slice → ratio
 	for _, tc := range []struct {
 		name     string
