@@ -205,6 +205,15 @@ var rules = []rule{
 			"contract (v1) and, through agentstore, the Redis schema",
 	},
 	{
+		group: "limiter/hook/podhook", pkgs: []string{"limiter/hook/podhook"}, tests: true,
+		may:     []string{"broker/api/v1", "limiter/agent", "limiter/hook/stubtest"},
+		testMay: join(testSupport, []string{"limiter/region", "spawner", "spawner/runner"}),
+		never:   join(httpServer, identity, []string{"broker/internal/..."}),
+		why: "the pod runner's limiter (the real hook over the stub driver, the slice laid out by the agent's own " +
+			"code): it hands the runner a Wrap function and never imports it, so spawner and limiter stay apart; " +
+			"its test runs pods through the runner",
+	},
+	{
 		group: "limiter/agent/agentstore", pkgs: []string{"limiter/agent/agentstore"}, tests: true, testMay: testSupport,
 		may:   []string{"broker/api/v1", "broker/api/redisschema"},
 		never: join(kubeClient, httpServer, identity, gpuDriver, []string{"broker/internal/..."}),
@@ -244,11 +253,11 @@ var rules = []rule{
 	},
 	{
 		group: "e2e", pkgs: []string{"e2e/..."}, tests: true, testMay: testSupport,
-		may:   []string{"broker/api/v1", "e2e/harness", "limiter/agent/agentstore", "spawner", "spawner/runner"},
+		may:   []string{"broker/api/v1", "e2e/harness", "limiter/agent/agentstore", "limiter/hook/podhook", "spawner", "spawner/runner"},
 		never: []string{"broker/internal/..."},
 		why: "end-to-end tests through public interfaces only: the binaries, the REST API (v1), client-go, " +
 			"the agent contract, the public test helpers, the pod runner that plays the kubelet for the notebook " +
-			"pods and the spawner's names of the pod contract (PodName, SecretName)",
+			"pods, its limiter (limiter/hook/podhook: the real hook over the stub driver) and the spawner's names of the pod contract (PodName, SecretName)",
 	},
 }
 

@@ -185,6 +185,26 @@ async def test_leftover_server_of_an_earlier_hub_session_is_stopped_and_recreate
 
 
 @contract
+async def test_a_hub_restarted_after_dying_inside_start_stops_the_lost_spawn(broker, make_spawner, user_name):
+    user = user_name("hugo")
+    lost = small(make_spawner, broker.url, user)
+    await lost.start()  # as far as the broker goes; the hub dies before saving
+
+    # The restarted hub has the server's record, no state, and polls it.
+    restarted = make_spawner(broker.url, user)
+    restarted.load_state({})
+    assert await restarted.poll() == 0
+    rec = await broker_server(broker, user, "(default)")
+    assert rec["state"] == "stopped"
+    assert await restarted.poll() == 0  # nothing left: a no-op
+
+    # Without a record of the server (never started), poll asks nothing.
+    never = make_spawner(broker.url, user_name("ines"))
+    never.orm_spawner.server = None
+    assert await never.poll() == 0
+
+
+@contract
 async def test_load_state_after_a_hub_restart_finds_the_server(broker, make_spawner, user_name):
     user = user_name("ivan")
     first = small(make_spawner, broker.url, user, name="lab")
