@@ -47,7 +47,7 @@ func TestPagesShowSharingModes(t *testing.T) {
 		"<dd>MIG instance 3g.71gb</dd>",
 		"<p>a MIG instance has a fixed size: another MIG profile means a restart</p>",
 		"start it again with another profile: <strong>mig1</strong>, <strong>mig7</strong>.",
-		"<br>on GPU <code>GPU-1</code>",
+		`<br>on GPU <code class="uuid" title="GPU-1">GPU-1</code>`,
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("MIG server's page lacks %q", want)

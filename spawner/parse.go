@@ -31,6 +31,9 @@ type ManagedPod struct {
 	MIGProfile, ParentUUID string
 	// QuotaGroups are the raw groups charged; nil when none.
 	QuotaGroups []string
+	// IdempotencyKey is the key of the create that started the spawn; ""
+	// when none.
+	IdempotencyKey string
 	// Phase and Message are Classify's reading; ParsePod leaves them empty,
 	// Client.Pods fills them.
 	Phase   Phase
@@ -107,6 +110,7 @@ func ParsePod(pod *corev1.Pod) (ManagedPod, error) {
 		m.MIGProfile = get(v1.AnnotationMIGProfile, true)
 		m.ParentUUID = get(v1.AnnotationParentUUID, true)
 	}
+	m.IdempotencyKey = a[v1.AnnotationIdempotencyKey]
 	if l := pod.Labels[v1.LabelSpawnID]; m.SpawnID != "" && l != m.SpawnID {
 		errs = append(errs, fmt.Errorf("label %s=%q disagrees with annotation %s=%q", v1.LabelSpawnID, l, v1.AnnotationSpawnID, m.SpawnID))
 	}

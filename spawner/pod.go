@@ -66,6 +66,10 @@ type Spec struct {
 	// QuotaGroups are the raw group names the slice is charged to; none may
 	// be empty or contain ','.
 	QuotaGroups []string
+	// IdempotencyKey is the key of the create that started the spawn, kept
+	// in an annotation (v1.AnnotationIdempotencyKey) so a record rebuilt
+	// from the pod still answers that key's retry; "" sets none.
+	IdempotencyKey string
 	// Env is plain environment for the notebook; names must be valid and may
 	// not start with GPUBROKER_ or NVIDIA_ or be LD_PRELOAD. Never put
 	// credentials here: they belong in the Secret (SecretEnv).
@@ -171,6 +175,9 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 	if mode == v1.SharingMIG {
 		annotations[v1.AnnotationMIGProfile] = s.GPU.MIGProfile
 		annotations[v1.AnnotationParentUUID] = s.GPU.ParentUUID
+	}
+	if s.IdempotencyKey != "" {
+		annotations[v1.AnnotationIdempotencyKey] = s.IdempotencyKey
 	}
 
 	// The slice reaches the limiter only through the read-only quota

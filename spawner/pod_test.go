@@ -365,6 +365,7 @@ func TestParsePodRoundTrip(t *testing.T) {
 			return s
 		},
 		func(s Spec) Spec { s.Sharing = v1.SharingMPS; return s },
+		func(s Spec) Spec { s.IdempotencyKey = "hub-spawn-7"; return s },
 	} {
 		spec := mod(testSpec())
 		pod, err := Pod(testConfig(), spec)
@@ -382,7 +383,7 @@ func TestParsePodRoundTrip(t *testing.T) {
 			Name: PodName(spec.User, spec.Server), User: spec.User, Server: spec.Server, Profile: spec.Profile,
 			SpawnID: spec.SpawnID, Node: spec.GPU.Node, GPUUUID: spec.GPU.UUID, Slice: spec.Slice,
 			Sharing: spec.Sharing, MIGProfile: spec.GPU.MIGProfile, ParentUUID: spec.GPU.ParentUUID,
-			QuotaGroups: spec.QuotaGroups, URL: "http://10.88.0.7:8888", CreatedAt: created,
+			QuotaGroups: spec.QuotaGroups, IdempotencyKey: spec.IdempotencyKey, URL: "http://10.88.0.7:8888", CreatedAt: created,
 		}
 		if want.Sharing == "" {
 			want.Sharing = v1.SharingSliced

@@ -84,11 +84,12 @@ var rules = []rule{
 	// Services: they coordinate the domain with the parts behind their interfaces.
 	{
 		group: "servers", pkgs: []string{"broker/internal/servers"},
-		may: []string{"broker/api/v1", "broker/internal/fleet", "spawner",
+		may: []string{"broker/api/v1", "broker/internal/audit", "broker/internal/fleet", "spawner",
 			"limiter/agent/agentstore"},
 		never: join(httpServer, identity, gpuDriver, []string{"broker/internal/redisstore"}),
 		why: "the server lifecycle; its interfaces name the spawner's pod types and the agent contract's quota and " +
-			"sample types (agentstore, the contract's one reader), whose concrete stores the composition root passes in",
+			"sample types (agentstore, the contract's one reader), whose concrete stores the composition root passes in; " +
+			"it audits each lifecycle action with who acted (audit)",
 	},
 	{
 		group: "reconcile", pkgs: []string{"broker/internal/reconcile"},
@@ -141,6 +142,14 @@ var rules = []rule{
 		never: join(infrastructure, []string{"broker/internal/..."}),
 		why: "the web pages call the API in-process through the interfaces they declare: the broker's API types " +
 			"and nothing else of it",
+	},
+	{
+		group: "metrics", pkgs: []string{"broker/internal/metrics"},
+		may:   []string{},
+		never: join(kubeClient, httpServer, identity, gpuDriver, []string{"github.com/alicebob/miniredis/..."}),
+		why: "the broker's Prometheus series (client_golang): implements the Metrics interfaces servers, reconcile, " +
+			"reclaim and httpapi declare with plain arguments, so it imports nothing of the project; go-redis for its " +
+			"command hook, net/http for the Kubernetes transport wrapper and the handler, not client-go",
 	},
 	{
 		group: "config", pkgs: []string{"broker/internal/config"},
@@ -247,9 +256,10 @@ var rules = []rule{
 	},
 	{
 		group: "serverstest", pkgs: []string{"broker/internal/servers/serverstest"},
-		may: []string{"broker/internal/catalog", "broker/internal/fleet", "broker/internal/redisstore",
-			"broker/internal/servers", "broker/redistest", "spawner"},
-		why: "the broker's lifecycle on real parts for the broker's own tests, wired as the composition root wires it",
+		may: []string{"broker/api/v1", "broker/internal/audit", "broker/internal/catalog", "broker/internal/fleet",
+			"broker/internal/redisstore", "broker/internal/servers", "broker/redistest", "spawner"},
+		why: "the broker's lifecycle on real parts for the broker's own tests, wired as the composition root wires it " +
+			"(with its audit log, and the actor its tests act as)",
 	},
 	{
 		group: "e2e", pkgs: []string{"e2e/..."}, tests: true, testMay: testSupport,

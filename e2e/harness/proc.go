@@ -105,6 +105,14 @@ func (p *Process) Kill() error {
 	}
 }
 
+// signal sends sig to the process itself (not its group).
+func (p *Process) signal(sig syscall.Signal) error {
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("%s (pid %d): %s: %w", p.Name, p.Pid(), sig, err)
+	}
+	return nil
+}
+
 func (p *Process) signalGroup(sig syscall.Signal) {
 	// A negative pid addresses the process group. ESRCH (group gone) is fine.
 	if err := syscall.Kill(-p.cmd.Process.Pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {

@@ -122,7 +122,7 @@ func label(m *dto.Metric, name string) string {
 // hook's controllers settled (as the rule's increase() does).
 func TestGuaranteeOnStubDriver(t *testing.T) {
 	stubtest.Need(t)
-	promtool := testdeps.Need(t, "promtool")
+	promtool := testdeps.Need(t, "/usr/bin/promtool")
 	if testing.Short() {
 		t.Skip("two 25 s measurements; skipped with -short")
 	}
@@ -296,7 +296,7 @@ tests:
 // TestGuaranteeAlertRule checks the rule file and runs its promtool test
 // cases.
 func TestGuaranteeAlertRule(t *testing.T) {
-	promtool := testdeps.Need(t, "promtool")
+	promtool := testdeps.Need(t, "/usr/bin/promtool")
 	for _, args := range [][]string{
 		{"check", "rules", filepath.Join(rulesDir, "gpubroker.rules.yaml")},
 		{"test", "rules", filepath.Join(rulesDir, "guarantee.rules.test.yaml")},

@@ -36,6 +36,9 @@ const HashTag = "{gpubroker}"
 //	Servers (broker/internal/redisstore; restored from pods by the reconciler)
 //	srv:<user>:<name>                hash    retention once         the server record; no TTL while its
 //	                                         terminal (7 d)         spawn is live
+//	srvprev:<user>:<name>            hash    10 min                 a start's create moves the stopped or
+//	                                                                failed record here; a refused start
+//	                                                                moves it back (nothing left behind)
 //	ev:<user>:<name>                 stream  retention, renewed     lifecycle events, MAXLEN ~ 256
 //	usrv:<user>                      set     none                   names of a user's servers (expired
 //	                                                                members are removed on List)
@@ -156,6 +159,12 @@ func serverID(user, name string) string {
 
 // Server is the record of one server (hash).
 func (k Keys) Server(user, name string) string { return k.p + "srv:" + serverID(user, name) }
+
+// ServerPrevious is where a new start keeps the stopped or failed record
+// it replaces until the start has got past its refusable steps (hash).
+func (k Keys) ServerPrevious(user, name string) string {
+	return k.p + "srvprev:" + serverID(user, name)
+}
 
 // Events is the lifecycle event stream of one server.
 func (k Keys) Events(user, name string) string { return k.p + "ev:" + serverID(user, name) }

@@ -35,6 +35,7 @@ func TestKeys(t *testing.T) {
 		{"allocs", k.Allocs(), "p:{gpubroker}:allocs"},
 		{"usage", k.Usage(), "p:{gpubroker}:usage"},
 		{"server", k.Server("a:b", "c d"), "p:{gpubroker}:srv:a%3Ab:c+d"},
+		{"previous server record", k.ServerPrevious("a:b", "c d"), "p:{gpubroker}:srvprev:a%3Ab:c+d"},
 		{"events", k.Events("alice", ""), "p:{gpubroker}:ev:alice:"},
 		{"user servers", k.UserServers("alice"), "p:{gpubroker}:usrv:alice"},
 		{"all servers", k.AllServers(), "p:{gpubroker}:srvs"},

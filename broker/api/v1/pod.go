@@ -29,6 +29,10 @@ const (
 	AnnotationMIGProfile = "gpubroker.io/mig-profile"
 	// AnnotationParentUUID is a MIG server's physical GPU.
 	AnnotationParentUUID = "gpubroker.io/parent-uuid"
+	// AnnotationIdempotencyKey is the Idempotency-Key of the create that
+	// started the spawn (absent when none): a record rebuilt from the pod
+	// after Redis lost it still answers that key's retry.
+	AnnotationIdempotencyKey = "gpubroker.io/idempotency-key"
 )
 
 // LabelSharing is the node label that sets the sharing mode of every GPU

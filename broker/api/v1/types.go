@@ -177,6 +177,47 @@ func (g Guarantee) Words() string {
 	return fmt.Sprintf("got its %d %% guarantee %.1f %% of the time it asked for it over %s", g.Percent, 100*g.Ratio(), span)
 }
 
+// ServerPage is the body of GET /api/v1/servers and GET
+// /api/v1/users/{user}/servers: one page of servers ordered by user, then
+// name.
+type ServerPage struct {
+	Servers []Server `json:"servers"`
+	// Next is the cursor (?cursor=) of the following page; "" on the last.
+	// It is opaque.
+	Next string `json:"next,omitempty"`
+}
+
+// Quota is the body of GET /api/v1/users/{user}/quota: every cap that
+// applies to the user and what is in use under it.
+type Quota struct {
+	User string `json:"user"`
+	// Quotas are the user's own cap first, then those of the user's groups
+	// that have one, by name.
+	Quotas []QuotaUse `json:"quotas"`
+}
+
+// QuotaUse is one cap and its use.
+type QuotaUse struct {
+	// Scope is "user" or "group"; Name the user or group. A group's cap
+	// is shared by all its members.
+	Scope string `json:"scope"`
+	Name  string `json:"name"`
+	// Limit is the cap; a zero field is no limit.
+	Limit QuotaAmounts `json:"limit"`
+	// Used is what is held now (by all members, for a group).
+	Used QuotaAmounts `json:"used"`
+}
+
+// QuotaAmounts are amounts of the three things a quota counts.
+type QuotaAmounts struct {
+	// Servers are running or starting servers.
+	Servers int `json:"servers"`
+	// MemoryMiB is slice memory, MiB.
+	MemoryMiB int64 `json:"memoryMiB"`
+	// ComputePercent is guaranteed compute, percent of one GPU.
+	ComputePercent int `json:"computePercent"`
+}
+
 // CreateServerRequest is the body of PUT /api/v1/users/{user}/servers/{name}.
 type CreateServerRequest struct {
 	// Profile is the name of a profile the caller's groups allow.
@@ -280,7 +321,45 @@ type Error struct {
 	// Fields lists each invalid field of the request body, when the broker
 	// can tell (400 only); Message then sums them up.
 	Fields []FieldProblem `json:"fields,omitempty"`
+	// Limit is the limit a refusal hit, in the API's units, on
+	// quota_exceeded and no_capacity answers and on a resize refused
+	// because the notebook holds more memory; Message says the same in
+	// words.
+	Limit *Limit `json:"limit,omitempty"`
 }
+
+// Limit is what a refused request ran into.
+type Limit struct {
+	// Kind is LimitQuota (a user's or group's cap), LimitGPU (the room on
+	// the GPU with the most of it) or LimitInUse (the device memory the
+	// notebook holds now).
+	Kind string `json:"kind"`
+	// Scope and Name say whose quota (kind quota): "user" or "group" and
+	// its name. For kind gpu, Name is the node of that GPU, and Scope is
+	// LimitScopeServer when it is the GPU the server holds (a resize), ""
+	// for the GPU with the most room (a placement).
+	Scope string `json:"scope,omitempty"`
+	Name  string `json:"name,omitempty"`
+	// Resource is what ran short: "servers", "memoryMiB" or
+	// "computePercent".
+	Resource string `json:"resource"`
+	// Limit is the cap (quota), what is free on the GPU (gpu) or the
+	// memory in use, the floor of a shrink (in-use); in Resource's unit.
+	Limit int64 `json:"limit"`
+	// Used is what is in use under the cap (quota only).
+	Used int64 `json:"used,omitempty"`
+	// Want is what the request asked for: the growth (quota), the slice's
+	// amount (gpu) or the memory cap asked (in-use).
+	Want int64 `json:"want"`
+}
+
+// The kinds of Limit, and the scope of a gpu limit on the server's own GPU.
+const (
+	LimitQuota       = "quota"
+	LimitGPU         = "gpu"
+	LimitInUse       = "in-use"
+	LimitScopeServer = "server"
+)
 
 // Error codes.
 const (
@@ -289,9 +368,14 @@ const (
 	CodeForbidden        = "forbidden"
 	CodeNotFound         = "not_found"
 	CodeMethodNotAllowed = "method_not_allowed"
-	CodeConflict         = "conflict"
-	CodeNoCapacity       = "no_capacity"
-	CodeQuotaExceeded    = "quota_exceeded"
-	CodeUnavailable      = "unavailable"
-	CodeInternal         = "internal"
+	// CodePayloadTooLarge: the request body is over the broker's limit (413).
+	CodePayloadTooLarge = "payload_too_large"
+	// CodeUnsupportedMediaType: a request body that is not
+	// application/json (415).
+	CodeUnsupportedMediaType = "unsupported_media_type"
+	CodeConflict             = "conflict"
+	CodeNoCapacity           = "no_capacity"
+	CodeQuotaExceeded        = "quota_exceeded"
+	CodeUnavailable          = "unavailable"
+	CodeInternal             = "internal"
 )

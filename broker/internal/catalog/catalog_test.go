@@ -43,7 +43,7 @@ var (
 		Name: "small", DisplayName: "Small", Description: "a small one",
 		Image: "quay.io/jupyter/minimal-notebook:latest", CPU: "1", Memory: "4Gi",
 		Slice: fleet.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50}, Sharing: fleet.SharingSliced,
-		Args:  catalog.DefaultArgs(),
+		Args: catalog.DefaultArgs(),
 	}
 	large = fleet.Profile{
 		Name: "gpu-large", DisplayName: "Large",
@@ -179,14 +179,15 @@ profiles:
 				`profiles[1] (Bad_Name): memory must be > 0, got "-1Gi"`,
 				`profiles[1] (Bad_Name): slice memoryMiB must be > 0, got 0`,
 				`profiles[1] (Bad_Name): slice computePercent must be 1..100, got 0`,
+				`profiles[1] (Bad_Name): slice computeLimitPercent must be 1..100, got 0`,
 				`profiles[1] (Bad_Name): groups[0] is empty`,
 				`profiles[2] (gpu-large): image "has space" contains whitespace`,
 				`profiles[2] (gpu-large): cpu must be > 0, got "0"`,
 				`profiles[2] (gpu-large): memory is empty`,
-				`profiles[2] (gpu-large): slice computeLimitPercent must be computePercent..100 (30..100), got 20`,
+				`profiles[2] (gpu-large): slice computeLimitPercent must be at least computePercent (30), got 20`,
 				`profiles[3] (ok): name "ok" is already used by profiles[0]`,
 				`profiles[4]: name is empty`,
-				`profiles[4]: slice computeLimitPercent must be computePercent..100 (1..100), got 101`,
+				`profiles[4]: slice computeLimitPercent must be 1..100, got 101`,
 			},
 		},
 		{
@@ -293,7 +294,7 @@ quotas:
 	want := []fleet.Profile{{
 		Name: "7", DisplayName: "7", Image: "i", CPU: "2", Memory: "1.5",
 		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 5, ComputeLimitPercent: 5}, Sharing: fleet.SharingSliced,
-		Args:  catalog.DefaultArgs(),
+		Args: catalog.DefaultArgs(),
 	}}
 	if diff := cmp.Diff(want, c.Profiles()); diff != "" {
 		t.Errorf("Profiles (-want +got):\n%s", diff)

@@ -88,19 +88,42 @@ func (g GPU) Validate() error {
 // It is the wire type; see v1.Slice for field ranges.
 type Slice = v1.Slice
 
-// ValidateSlice reports every problem with s at once.
+// ValidateSlice reports every problem with s at once, one per field (see
+// SliceProblems), each as "slice <field> <problem>".
 func ValidateSlice(s Slice) error {
 	var errs []error
-	if s.MemoryMiB <= 0 {
-		errs = append(errs, fmt.Errorf("slice memoryMiB must be > 0, got %d", s.MemoryMiB))
-	}
-	if s.ComputePercent < 1 || s.ComputePercent > 100 {
-		errs = append(errs, fmt.Errorf("slice computePercent must be 1..100, got %d", s.ComputePercent))
-	}
-	if s.ComputeLimitPercent < s.ComputePercent || s.ComputeLimitPercent > 100 {
-		errs = append(errs, fmt.Errorf("slice computeLimitPercent must be computePercent..100 (%d..100), got %d", s.ComputePercent, s.ComputeLimitPercent))
+	for _, p := range SliceProblems(s) {
+		errs = append(errs, fmt.Errorf("slice %s %s", p.Field, p.Message))
 	}
 	return errors.Join(errs...)
+}
+
+// FieldProblem is one invalid field: its JSON name and what is wrong.
+type FieldProblem struct {
+	Field   string // e.g. "computePercent"
+	Message string // e.g. "must be 1..100, got 101"
+}
+
+// SliceProblems lists what is wrong with s, at most one problem per field:
+// memoryMiB > 0, computePercent 1..100, computeLimitPercent
+// computePercent..100. The limit is held against the guarantee only when
+// the guarantee itself is valid, so one bad value is one problem.
+func SliceProblems(s Slice) []FieldProblem {
+	var out []FieldProblem
+	if s.MemoryMiB <= 0 {
+		out = append(out, FieldProblem{"memoryMiB", fmt.Sprintf("must be > 0, got %d", s.MemoryMiB)})
+	}
+	okCompute := s.ComputePercent >= 1 && s.ComputePercent <= 100
+	if !okCompute {
+		out = append(out, FieldProblem{"computePercent", fmt.Sprintf("must be 1..100, got %d", s.ComputePercent)})
+	}
+	switch {
+	case s.ComputeLimitPercent < 1 || s.ComputeLimitPercent > 100:
+		out = append(out, FieldProblem{"computeLimitPercent", fmt.Sprintf("must be 1..100, got %d", s.ComputeLimitPercent)})
+	case okCompute && s.ComputeLimitPercent < s.ComputePercent:
+		out = append(out, FieldProblem{"computeLimitPercent", fmt.Sprintf("must be at least computePercent (%d), got %d", s.ComputePercent, s.ComputeLimitPercent)})
+	}
+	return out
 }
 
 // Policy chooses among the GPUs that fit a slice.

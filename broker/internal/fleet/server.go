@@ -91,6 +91,23 @@ type ServerPatch struct {
 	Allocation *Allocation
 	Pod        *string
 	URL        *string
+	// DropAllocation clears the record's allocation (the slice was
+	// released): a stopped or failed server holds no GPU. It wins over
+	// Allocation.
+	DropAllocation bool
+	// ForgetIdempotencyKey clears the record's idempotency key: the create
+	// that started the spawn did not succeed, so a retry with the key must
+	// start anew (ARCHITECTURE.md invariant 8).
+	ForgetIdempotencyKey bool
+}
+
+// QuotaUse is one cap that applies to a user and what is in use under it.
+type QuotaUse struct {
+	// Scope is "user" or "group"; Name the user or group.
+	Scope, Name string
+	// Limit is the cap (a zero field: unlimited); Used what the user (or
+	// all members of the group) hold now.
+	Limit, Used Quota
 }
 
 // ResizeResult is the outcome of an accepted resize (servers.Service.Resize).

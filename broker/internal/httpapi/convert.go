@@ -28,7 +28,8 @@ func (a *api) toServers(in []fleet.Server) []v1.Server {
 }
 
 // toServerRecord converts a server record to its wire form. The GPU
-// reference comes from the allocation.
+// reference comes from the allocation, and only while the server holds
+// it: a stopped or failed server holds no GPU.
 func toServerRecord(s fleet.Server) v1.Server {
 	out := v1.Server{
 		User:      s.User,
@@ -44,7 +45,7 @@ func toServerRecord(s fleet.Server) v1.Server {
 		CreatedAt: s.CreatedAt,
 		UpdatedAt: s.UpdatedAt,
 	}
-	if s.Allocation != nil && s.Allocation.GPUUUID != "" {
+	if s.Allocation != nil && s.Allocation.GPUUUID != "" && !fleet.Terminal(s.State) {
 		out.GPU = &v1.GPURef{UUID: s.Allocation.GPUUUID, Node: s.Allocation.Node, Model: s.Allocation.Model,
 			MIGProfile: s.Allocation.MIGProfile, ParentUUID: s.Allocation.Parent}
 	}
@@ -82,6 +83,11 @@ func withRestartProfiles(out v1.Server, s fleet.Server, offered []fleet.Profile)
 		out.Resize.RestartProfiles = append(out.Resize.RestartProfiles, p.Name)
 	}
 	return out
+}
+
+// toAmounts is a quota's amounts in wire form.
+func toAmounts(q fleet.Quota) v1.QuotaAmounts {
+	return v1.QuotaAmounts{Servers: q.Servers, MemoryMiB: q.MemoryMiB, ComputePercent: q.ComputePercent}
 }
 
 // toProfile converts a profile to its wire form.

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
@@ -196,9 +198,13 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 		args = append(args, "group", g, groupUsage(g), q.Servers, q.MemoryMiB, q.ComputePercent)
 	}
 
-	ctx, cancel := s.op(ctx)
+	octx, cancel := context.WithTimeout(ctx, s.opTimeout+s.waitTimeout)
 	defer cancel()
-	res, err := placeScript.Run(ctx, s.rdb, keys, args...).Result()
+	want, err := s.replicas.want(octx, s.rdb, s.waitReplicas, false)
+	if err != nil {
+		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
+	}
+	res, acked, err := s.runAcked(octx, placeScript, want, keys, args...)
 	if err != nil {
 		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
 	}
@@ -206,7 +212,53 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	if err != nil {
 		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
 	}
+	if refusal == nil && acked < want {
+		// Fewer replicas than were online acknowledged it. If fewer are
+		// online now (one left, or a failover left the new master alone),
+		// the placement is on every replica a failover could promote.
+		if now, err := s.replicas.want(octx, s.rdb, s.waitReplicas, true); err != nil || acked < now {
+			// Not durable: a failover could lose it while its pod runs.
+			_, rerr := s.Release(context.WithoutCancel(ctx), req.SliceID)
+			return fleet.Allocation{}, errors.Join(fmt.Errorf("%w: the placement was not confirmed by %d Redis replica(s) within %s (%d did), so no GPU was reserved; try again",
+				fleet.ErrUnavailable, want, s.waitTimeout, acked), err, rerr)
+		}
+	}
 	return a, refusal
+}
+
+// runAcked runs script and, when want > 0, WAIT want on the same
+// connection (one pipeline, so the wait covers the script's writes and
+// every earlier one), returning the script's reply and how many replicas
+// acknowledged it. A script the server has not cached (a new master after
+// a failover) is loaded and the pipeline sent once more.
+func (s *Store) runAcked(ctx context.Context, script *redis.Script, want int, keys []string, args ...any) (any, int, error) {
+	if want <= 0 {
+		res, err := script.Run(ctx, s.rdb, keys, args...).Result()
+		return res, 0, err
+	}
+	for attempt := 0; ; attempt++ {
+		var ev, wait *redis.Cmd
+		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			ev = script.EvalSha(ctx, p, keys, args...)
+			wait = p.Do(ctx, "wait", want, s.waitTimeout.Milliseconds())
+			return nil
+		}) // each command's own error is read below
+		res, err := ev.Result()
+		if err != nil && attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			if err := script.Load(ctx, s.rdb).Err(); err != nil {
+				return nil, 0, fmt.Errorf("load script: %w", err)
+			}
+			continue
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		n, err := wait.Int64()
+		if err != nil {
+			return res, 0, fmt.Errorf("wait for %d replica(s): %w", want, err)
+		}
+		return res, int(n), nil
+	}
 }
 
 // placeResult turns place.lua's reply into an allocation, a refusal (a

@@ -147,8 +147,7 @@ func resizeResult(k fleet.ServerKey, req fleet.PlaceRequest, res any) (fleet.Ser
 		if err1 != nil || err2 != nil {
 			return fleet.Server{}, false, nil, fmt.Errorf("gpu reply: %w", errors.Join(err1, err2))
 		}
-		return fleet.Server{}, false, fmt.Errorf("%w: GPU %s on node %s has room for at most %d MiB and %d%% compute for this slice; %d MiB and %d%% were asked",
-			fleet.ErrNoCapacity, f[0], f[1], free, cpFree, req.Slice.MemoryMiB, req.Slice.ComputePercent), nil
+		return fleet.Server{}, false, &fleet.RoomError{GPU: f[0], Node: f[1], MaxMiB: free, MaxComputePercent: int(cpFree), Want: req.Slice}, nil
 	case "quota":
 		qe, err := quotaReply(rest)
 		if err != nil {

@@ -106,7 +106,7 @@ func TestResize(t *testing.T) {
 			userQuota: fleet.Quota{MemoryMiB: 6000},
 			resize:    slice(6001, 20),
 			other:     slice(4096, 30),
-			want: want{errIs: fleet.ErrQuotaExceeded, errText: "user alice quota exceeded: 4096 MiB of slice memory in use, 1905 more asked, limit 6000",
+			want: want{errIs: fleet.ErrQuotaExceeded, errText: "user alice quota exceeded: it allows 6000 MiB of slice memory; 4096 MiB are in use and this needs 1905 MiB more",
 				gpuMem: 8192, gpuCP: 50, userMem: 4096},
 		},
 		{
@@ -121,7 +121,7 @@ func TestResize(t *testing.T) {
 			groups: map[string]fleet.Quota{"ml": {ComputePercent: 30}},
 			resize: slice(4096, 31),
 			other:  slice(4096, 30),
-			want: want{errIs: fleet.ErrQuotaExceeded, errText: "group ml quota exceeded: 20% compute in use, 11 more asked, limit 30",
+			want: want{errIs: fleet.ErrQuotaExceeded, errText: "group ml quota exceeded: it allows 30 % compute; 20 % are in use and this needs 11 % more",
 				gpuMem: 8192, gpuCP: 50, userMem: 4096},
 		},
 		{

@@ -41,6 +41,8 @@ var (
 	transitionLua string
 	//go:embed scripts/delete_server.lua
 	deleteServerLua string
+	//go:embed scripts/discard_server.lua
+	discardServerLua string
 	//go:embed scripts/save_policy.lua
 	savePolicyLua string
 	//go:embed scripts/extend_idle.lua
@@ -61,6 +63,7 @@ var (
 	restoreServerScript = redis.NewScript(serversLua + restoreServerLua)
 	transitionScript    = redis.NewScript(serversLua + transitionLua)
 	deleteServerScript  = redis.NewScript(serversLua + deleteServerLua)
+	discardServerScript = redis.NewScript(serversLua + discardServerLua)
 	savePolicyScript    = redis.NewScript(savePolicyLua)
 	extendIdleScript    = redis.NewScript(extendIdleLua)
 	releaseLockScript   = redis.NewScript(releaseLockLua)

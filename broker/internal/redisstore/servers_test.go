@@ -80,7 +80,11 @@ func TestCreateServer(t *testing.T) {
 		if !errors.Is(err, fleet.ErrConflict) {
 			t.Fatalf("err = %v, want ErrConflict", err)
 		}
-		if got, want := fleet.Message(err), `server "nb" of alice is already pending (spawn spawn-1); stop it first`; got != want {
+		var se *fleet.StateError
+		if !errors.As(err, &se) || se.State != v1.StatePending || se.SpawnID != "spawn-1" {
+			t.Errorf("err = %#v, want a StateError naming state pending and spawn spawn-1", err)
+		}
+		if got, want := fleet.Message(err), `nb is already starting; wait for it, or stop it first to start it again`; got != want {
 			t.Errorf("message %q, want %q", got, want)
 		}
 	})
