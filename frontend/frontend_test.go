@@ -103,7 +103,8 @@ var (
 	}
 	gpu     = &v1.GPURef{UUID: "GPU-1", Node: "node-a", Model: "NVIDIA H200"}
 	running = v1.Server{User: "alice", Name: "nb", Profile: "small", SpawnID: "sp1", State: v1.StateRunning, Message: "the notebook is running",
-		Slice: profiles[0].Slice, GPU: gpu, URL: "http://10.0.0.5:8888", OpenURL: "https://broker.example/user/alice/nb/", Pod: "nb-alice-1", CreatedAt: t0, UpdatedAt: t0}
+		Slice: profiles[0].Slice, Sharing: v1.SharingSliced, Resize: v1.ResizeInfo{Supported: true},
+		GPU: gpu, URL: "http://10.0.0.5:8888", OpenURL: "https://broker.example/user/alice/nb/", Pod: "nb-alice-1", CreatedAt: t0, UpdatedAt: t0}
 	creating = v1.Server{User: "alice", Name: "new", Profile: "big", SpawnID: "sp2", State: v1.StateCreating, Message: "creating the pod",
 		Slice: profiles[1].Slice, GPU: gpu, CreatedAt: t0, UpdatedAt: t0}
 )
@@ -509,13 +510,22 @@ func TestPolicySaved(t *testing.T) {
 func TestFleetByNode(t *testing.T) {
 	a := baseAnswers()
 	a["GET /api/v1/admin/gpus"] = answer{200, []map[string]any{
-		{"uuid": "GPU-2", "node": "node-b", "model": "NVIDIA H200", "memoryMiB": 143771, "smCount": 132, "healthy": true},
+		{"uuid": "GPU-2", "node": "node-b", "model": "NVIDIA H200", "memoryMiB": 143771, "smCount": 132, "healthy": true,
+			"mode": "exclusive", "pendingMode": "mps"},
 		{"uuid": "GPU-1", "node": "node-a", "model": "NVIDIA H200", "memoryMiB": 143771, "smCount": 132, "healthy": true,
-			"allocatedMemoryMiB": 49152, "allocatedComputePercent": 60, "slices": 2},
+			"allocatedMemoryMiB": 49152, "allocatedComputePercent": 60, "slices": 2, "mode": "sliced",
+			"guarantee": map[string]any{"percent": 50, "windowSeconds": 3600, "wantedSeconds": 1000, "metSeconds": 620, "slice": "sp2", "tenants": 2}},
 	}}
 	a["GET /api/v1/servers?all=true&limit=1000"] = answer{200, v1.ServerPage{Servers: []v1.Server{running, creating}}}
 	s := newSite(t, fakeSessions{v: root}, a)
 	rec := s.do(t, "GET", "/admin/fleet", nil)
+	// A GPU whose tenants miss their guarantees stands out.
+	for _, want := range []string{"<small>sharing: sliced</small>", "<small>becomes mps once it holds no server</small>",
+		`<span class="guarantee state state-failed">Worst tenant got its 50 % guarantee 62.0 % of the time it asked for it over the last hour</span>`} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("fleet page lacks %q", want)
+		}
+	}
 	golden(t, "fleet.html", rec.Body.String())
 }
 

@@ -26,6 +26,7 @@ func (a *Agent) prepareSlice(s SliceInfo) error {
 	if wrote {
 		a.quotaMu.Lock()
 		a.limits[s.ID] = q.MemoryLimitBytes
+		a.computes[s.ID] = s.Initial.ComputePercent
 		a.quotaMu.Unlock()
 	}
 	return err
@@ -75,15 +76,7 @@ func PrepareSlice(hostRoot string, s SliceInfo) (q region.Quota, wrote bool, err
 	if _, err := region.ReadQuota(path); err == nil {
 		return q, false, usageErr
 	}
-	q = region.Quota{
-		SliceID:             s.ID,
-		MemoryLimitBytes:    uint64(max(s.Initial.MemoryMiB, 0)) * mib,
-		ComputePercent:      uint32(max(s.Initial.ComputePercent, 0)),
-		ComputeLimitPercent: uint32(max(s.Initial.ComputeLimitPercent, 0)),
-	}
-	if _, err := region.ParseUUID(s.GPU); err == nil {
-		q.GPUUUID = s.GPU
-	}
+	q = s.quota(s.Initial)
 	if err := region.WriteQuota(path, q); err != nil {
 		return q, false, errors.Join(usageErr, fmt.Errorf("slice %s: initial quota: %w", s.ID, err))
 	}
@@ -123,15 +116,7 @@ func (a *Agent) applyDesired(ctx context.Context, s SliceInfo) error {
 	done := a.applied[s.ID] >= d.Generation && d.Generation > 0
 	a.quotaMu.Unlock()
 	path := a.slicePath(s.ID, "quota", v1.QuotaFileName)
-	want := region.Quota{
-		SliceID:             s.ID,
-		MemoryLimitBytes:    uint64(max(d.MemoryMiB, 0)) * mib,
-		ComputePercent:      uint32(max(d.ComputePercent, 0)),
-		ComputeLimitPercent: uint32(max(d.ComputeLimitPercent, 0)),
-	}
-	if _, err := region.ParseUUID(s.GPU); err == nil {
-		want.GPUUUID = s.GPU
-	}
+	want := s.quota(d.Slice)
 	if err := want.Validate(); err != nil {
 		return fmt.Errorf("slice %s: desired quota generation %d: %w", s.ID, d.Generation, err)
 	}
@@ -154,6 +139,7 @@ func (a *Agent) applyDesired(ctx context.Context, s SliceInfo) error {
 		fileGen = q.Generation
 		a.quotaMu.Lock()
 		a.limits[s.ID] = q.MemoryLimitBytes
+		a.computes[s.ID] = d.ComputePercent
 		a.quotaMu.Unlock()
 		a.log.InfoContext(ctx, "quota applied", "slice_id", s.ID, "generation", d.Generation,
 			"file_generation", fileGen, "mem_mib", d.MemoryMiB, "sm_percent", d.ComputePercent)

@@ -486,7 +486,7 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 	}
 	h, err := httpapi.New(httpapi.Deps{
 		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
-		Policy: policies, Audit: audit, Reclaim: p.reclaimer,
+		Policy: policies, Audit: audit, Reclaim: p.reclaimer, Guarantees: agentGuarantees{agents: p.agents},
 		Auth: auth.Chain(authn...), Version: cliconfig.Version(), Mode: mode,
 		Checkers: p.checkers, Metrics: m, OpenURL: openURL,
 	}, httpapi.WithEventsBlock(eventsBlock), httpapi.WithDrain(p.drain))

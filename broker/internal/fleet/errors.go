@@ -77,8 +77,17 @@ type CapacityError struct {
 	Want Slice
 	// Model is the constraint that was asked for, if any.
 	Model string
-	// Candidates is the number of healthy GPUs (of Model, if set).
+	// Sharing and MIGProfile are the mode (and MIG profile) asked for; ""
+	// is SharingSliced.
+	Sharing    SharingMode
+	MIGProfile string
+	// Candidates is the number of healthy devices of that mode (of Model,
+	// if set): GPUs, or for mig the MIG instances of MIGProfile.
 	Candidates int
+	// ModeGPUs is the number of registered GPUs in that mode and AllGPUs
+	// of all physical GPUs (MIG instances not counted), for the sentence's
+	// "2 of 7 GPUs are in MIG mode".
+	ModeGPUs, AllGPUs int
 	// LargestFreeMiB and LargestNode describe the GPU with the most free
 	// memory among the candidates; LargestFreeComputePercent is its free compute.
 	LargestFreeMiB            int64
@@ -87,17 +96,57 @@ type CapacityError struct {
 }
 
 func (e *CapacityError) Error() string {
+	mode := ModeOf(e.Sharing)
+	if mode == SharingSliced {
+		return e.sliced()
+	}
+	of := ""
+	if e.Model != "" {
+		of = fmt.Sprintf(" of model %q", e.Model)
+	}
+	counts := fmt.Sprintf("%d of %d GPUs are in %s", e.ModeGPUs, e.AllGPUs, ModeName(mode))
+	switch mode {
+	case SharingMIG:
+		if e.Candidates == 0 {
+			return fmt.Sprintf("no healthy GPU%s has a MIG instance of profile %s; %s", of, e.MIGProfile, counts)
+		}
+		return fmt.Sprintf("no MIG instance of profile %s%s is free; %s", e.MIGProfile, of, counts)
+	case SharingExclusive:
+		if e.Candidates == 0 {
+			return fmt.Sprintf("no healthy GPU%s is in exclusive mode; %s", of, counts)
+		}
+		return fmt.Sprintf("no whole GPU%s is free: all %d healthy GPUs in exclusive mode hold a server; %s", of, e.Candidates, counts)
+	default: // mps
+		if e.Candidates == 0 {
+			return fmt.Sprintf("no healthy GPU%s is in MPS mode; %s", of, counts)
+		}
+		return fmt.Sprintf("no GPU%s in MPS mode has %d MiB and %d%% compute free for an MPS client of this size (the MPS clients of one GPU all have one size); the GPU with the most free memory (%d MiB on node %s) has %d%% compute free; %s",
+			of, e.Want.MemoryMiB, e.Want.ComputePercent, e.LargestFreeMiB, e.LargestNode, e.LargestFreeComputePercent, counts)
+	}
+}
+
+// sliced is the sentence for a time-sliced request.
+func (e *CapacityError) sliced() string {
+	others := ""
+	if e.AllGPUs > e.ModeGPUs {
+		others = fmt.Sprintf(" (%d of %d GPUs are in sliced mode)", e.ModeGPUs, e.AllGPUs)
+	}
 	switch {
 	case e.Candidates == 0 && e.Model != "":
+		if others != "" {
+			return fmt.Sprintf("no healthy GPU of model %q is in sliced mode%s", e.Model, others)
+		}
 		return fmt.Sprintf("no healthy GPU of model %q is registered", e.Model)
+	case e.Candidates == 0 && others != "":
+		return "no healthy GPU is in sliced mode" + others
 	case e.Candidates == 0:
 		return "no healthy GPU is registered"
 	case e.LargestFreeMiB < e.Want.MemoryMiB:
-		return fmt.Sprintf("no GPU has %d MiB free; the largest free block is %d MiB on node %s",
-			e.Want.MemoryMiB, e.LargestFreeMiB, e.LargestNode)
+		return fmt.Sprintf("no GPU has %d MiB free; the largest free block is %d MiB on node %s%s",
+			e.Want.MemoryMiB, e.LargestFreeMiB, e.LargestNode, others)
 	default:
-		return fmt.Sprintf("no GPU has both %d MiB and %d%% compute free; the GPU with the most free memory (%d MiB on node %s) has %d%% compute free",
-			e.Want.MemoryMiB, e.Want.ComputePercent, e.LargestFreeMiB, e.LargestNode, e.LargestFreeComputePercent)
+		return fmt.Sprintf("no GPU has both %d MiB and %d%% compute free; the GPU with the most free memory (%d MiB on node %s) has %d%% compute free%s",
+			e.Want.MemoryMiB, e.Want.ComputePercent, e.LargestFreeMiB, e.LargestNode, e.LargestFreeComputePercent, others)
 	}
 }
 

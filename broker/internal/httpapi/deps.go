@@ -65,6 +65,20 @@ type Fleet interface {
 	Allocations(ctx context.Context) ([]fleet.Allocation, error)
 	// RegisterGPU adds or updates a GPU without touching its allocations.
 	RegisterGPU(ctx context.Context, g fleet.GPU) error
+	// SetGPUMode sets a GPU's sharing mode as an admin asks ("" = follow
+	// its node's label); see redisstore.Store.SetGPUMode for the errors.
+	SetGPUMode(ctx context.Context, uuid string, mode fleet.SharingMode) (fleet.GPU, error)
+}
+
+// Guarantees is promised vs delivered as the node agents report it
+// (implemented in the composition root over agentstore). Optional.
+type Guarantees interface {
+	// GPUGuarantees returns, per GPU uuid, its worst tenant's figures from
+	// fresh node reports.
+	GPUGuarantees(ctx context.Context) (map[string]v1.Guarantee, error)
+	// ServerGuarantee returns a running slice's figures from its latest
+	// fresh sample; nil when unknown.
+	ServerGuarantee(ctx context.Context, spawnID string) (*v1.Guarantee, error)
 }
 
 // Authenticator turns a request's credentials into a principal. It returns
@@ -112,6 +126,9 @@ type Deps struct {
 	Audit Audit
 	// Reclaim serves a server's idle state and extend routes; nil: not served.
 	Reclaim Reclaim
+	// Guarantees adds promised-vs-delivered figures to GET of a server and
+	// of the GPUs; nil: they are absent.
+	Guarantees Guarantees
 	// Checkers run concurrently on GET /readyz; none means always ready.
 	Checkers []Checker
 	// Log receives one line per request, including every internal error.

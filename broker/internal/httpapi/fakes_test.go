@@ -315,6 +315,28 @@ func (f *fakeFleet) RegisterGPU(_ context.Context, g fleet.GPU) error {
 	return nil
 }
 
+func (f *fakeFleet) SetGPUMode(_ context.Context, uuid string, mode fleet.SharingMode) (fleet.GPU, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g, ok := f.gpus[uuid]
+	switch {
+	case f.err != nil:
+		return fleet.GPU{}, f.err
+	case !ok:
+		return fleet.GPU{}, fmt.Errorf("%w: gpu %s is not registered", fleet.ErrNotFound, uuid)
+	case mode != "" && mode != fleet.SharingSliced && mode != fleet.SharingExclusive && mode != fleet.SharingMPS:
+		return fleet.GPU{}, fmt.Errorf("%w: sharing mode must be sliced, exclusive or mps, got %q", fleet.ErrInvalid, mode)
+	}
+	for _, a := range f.allocs {
+		if a.GPUUUID == uuid {
+			return fleet.GPU{}, fmt.Errorf("%w: gpu %s holds servers", fleet.ErrConflict, uuid)
+		}
+	}
+	g.Mode = fleet.ModeOf(mode)
+	f.gpus[uuid] = g
+	return g, nil
+}
+
 // fakeAuth maps fixed bearer strings to principals or errors.
 type fakeAuth map[string]any // token → auth.Principal or error
 
@@ -351,3 +373,27 @@ func (c fakeChecker) Check(ctx context.Context) error {
 }
 
 var errBoom = errors.New("redis: connection refused to 10.0.0.7:6379")
+
+// fakeGuarantees answers fixed figures, or err.
+type fakeGuarantees struct {
+	gpus    map[string]v1.Guarantee
+	servers map[string]v1.Guarantee // spawn id → figures
+	err     error
+}
+
+func (f fakeGuarantees) GPUGuarantees(context.Context) (map[string]v1.Guarantee, error) {
+	if f.err != nil {
+		return nil, f.err
+	}
+	return f.gpus, nil
+}
+
+func (f fakeGuarantees) ServerGuarantee(_ context.Context, spawnID string) (*v1.Guarantee, error) {
+	if f.err != nil {
+		return nil, f.err
+	}
+	if g, ok := f.servers[spawnID]; ok {
+		return &g, nil
+	}
+	return nil, nil
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -45,6 +46,13 @@ func (a *api) resizeServer(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if why := fleet.ResizeRefusal(cur.Sharing, cur.MIGProfile); why != "" {
+		offered, err := a.offeredTo(c, k.User)
+		if err != nil {
+			return err
+		}
+		return resizeRefused(cur, why, restartProfiles(cur, offered))
+	}
 	want := mergeSlice(cur.Slice, req)
 	if err := sliceFields(want); err != nil {
 		return err
@@ -68,6 +76,22 @@ func (a *api) resizeServer(c echo.Context) error {
 		status = http.StatusAccepted
 	}
 	return c.JSON(status, out)
+}
+
+// resizeRefused is the 409 of a resize that the server's sharing mode
+// rules out: why, and the profiles a restart could use instead.
+func resizeRefused(s fleet.Server, why string, restart []fleet.Profile) error {
+	what := fleet.SharingWords(s.Sharing, s.MIGProfile)
+	msg := fmt.Sprintf("server %q is a %s and cannot be resized while it runs: %s", s.Name, what, why)
+	if len(restart) == 0 {
+		return fmt.Errorf("%w: %s; no other profile of this kind is offered to you", fleet.ErrConflict, msg)
+	}
+	names := make([]string, len(restart))
+	for i, p := range restart {
+		names[i] = fmt.Sprintf("%s (%s)", p.Name, p.Words())
+	}
+	return fmt.Errorf("%w: %s; restart with profile %s instead (stop the server, then start it with that profile)",
+		fleet.ErrConflict, msg, strings.Join(names, " or "))
 }
 
 // mergeSlice applies the fields req sets to cur (see v1.ResizeRequest).

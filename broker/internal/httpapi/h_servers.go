@@ -197,7 +197,32 @@ func (a *api) getServer(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, a.toServer(s))
+	out := a.toServer(s)
+	if !out.Resize.Supported {
+		offered, err := a.offeredTo(c, k.User)
+		if err != nil {
+			return err
+		}
+		out = withRestartProfiles(out, s, offered)
+	}
+	if a.deps.Guarantees != nil && s.State == v1.StateRunning && !fleet.Whole(s.Sharing) {
+		g, err := a.deps.Guarantees.ServerGuarantee(c.Request().Context(), s.SpawnID)
+		if err != nil {
+			a.deps.Log.WarnContext(c.Request().Context(), "guarantee figures not read", "err", err, "slice_id", s.SpawnID)
+		}
+		out.Guarantee = g
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// offeredTo returns the profiles offered to user as the caller acts for
+// them (their groups, see actFor).
+func (a *api) offeredTo(c echo.Context, user string) ([]fleet.Profile, error) {
+	who, ok, err := actFor(c, user)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return a.deps.Profiles.For(who.Groups), nil
 }
 
 // deleteServer stops the server: 202 with its state after the call

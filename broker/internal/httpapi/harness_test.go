@@ -67,6 +67,7 @@ type harnessConfig struct {
 	audit    Audit   // nil: the audit route is not served
 	resize   Resizer // nil: the resize route is not served
 	reclaim  Reclaim // nil: the idle, extend and preview routes are not served
+	guar     Guarantees
 	mode     Mode
 	checkers []Checker
 	metrics  Metrics
@@ -97,17 +98,18 @@ func newHarness(t *testing.T, cfgs ...harnessConfig) *harness {
 			tokExpired: &auth.Error{Reason: "token expired at 2026-11-29T15:04:05Z"},
 			tokIdPDown: errors.Join(auth.ErrUnavailable, errors.New("dial tcp 10.0.0.9:443: connection refused")),
 		},
-		Checkers: cfg.checkers,
-		Policy:   cfg.policy,
-		Audit:    cfg.audit,
-		Resize:   cfg.resize,
-		Reclaim:  cfg.reclaim,
-		Log:      slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Version:  "1.2.3",
-		Mode:     cfg.mode,
-		Now:      now,
-		Metrics:  cfg.metrics,
-		OpenURL:  cfg.openURL,
+		Checkers:   cfg.checkers,
+		Policy:     cfg.policy,
+		Audit:      cfg.audit,
+		Resize:     cfg.resize,
+		Reclaim:    cfg.reclaim,
+		Guarantees: cfg.guar,
+		Log:        slog.New(slog.NewJSONHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Version:    "1.2.3",
+		Mode:       cfg.mode,
+		Now:        now,
+		Metrics:    cfg.metrics,
+		OpenURL:    cfg.openURL,
 	}, cfg.opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)

@@ -43,6 +43,7 @@ func (a *api) routes(e *echo.Echo) {
 
 	e.GET("/api/v1/admin/gpus", a.listGPUs, none, user, a.adminOnly)
 	e.PUT("/api/v1/admin/gpus/:uuid", a.putGPU, none, user, a.adminOnly)
+	e.PUT("/api/v1/admin/gpus/:uuid/mode", a.putGPUMode, none, user, a.adminOnly)
 	if a.deps.Policy != nil {
 		e.GET("/api/v1/admin/reclaim-policy", a.getReclaimPolicy, none, user, a.adminOnly)
 		e.PUT("/api/v1/admin/reclaim-policy", a.putReclaimPolicy, query("validate"), user, a.adminOnly)

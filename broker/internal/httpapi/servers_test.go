@@ -31,7 +31,8 @@ func TestCreateIsIdempotentPerKey(t *testing.T) {
 	}
 	want := v1.Server{
 		User: "alice", Name: "nb", Profile: "small", SpawnID: "spawn-1", State: v1.StatePending, Message: "server requested",
-		Slice: v1.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50}, CreatedAt: testNow, UpdatedAt: testNow,
+		Slice:   v1.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50},
+		Sharing: v1.SharingSliced, Resize: v1.ResizeInfo{Supported: true}, CreatedAt: testNow, UpdatedAt: testNow,
 	}
 	if diff := cmp.Diff(want, first); diff != "" {
 		t.Errorf("created server (-want +got):\n%s", diff)

@@ -335,7 +335,8 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 
 func allocationOf(p spawner.ManagedPod) fleet.Allocation {
 	return fleet.Allocation{SliceID: p.SpawnID, User: p.User, Groups: p.QuotaGroups,
-		Slice: p.Slice, GPUUUID: p.GPUUUID, Node: p.Node}
+		Slice: p.Slice, GPUUUID: p.GPUUUID, Node: p.Node,
+		Sharing: p.Sharing, MIGProfile: p.MIGProfile, Parent: p.ParentUUID}
 }
 
 // recordOf rebuilds a server record from its pod: running (with its URL)
@@ -348,6 +349,7 @@ func recordOf(p spawner.ManagedPod, a fleet.Allocation, now time.Time) fleet.Ser
 		Profile:   p.Profile, SpawnID: p.SpawnID, IdempotencyKey: p.IdempotencyKey, State: v1.StateStarting,
 		Message: "restored from its pod after the broker's store lost it",
 		Slice:   p.Slice, Allocation: &a, Pod: p.Name,
+		Sharing: p.Sharing, MIGProfile: p.MIGProfile,
 		CreatedAt: p.CreatedAt, UpdatedAt: now,
 	}
 	if p.Phase == spawner.PhaseRunning && p.URL != "" {

@@ -280,13 +280,8 @@ func TestResizeOnUnhealthyGPUShrinksOnly(t *testing.T) {
 // stores on separate clients, on 2 small GPUs, while a checker verifies the
 // invariants and the quotas on atomic snapshots.
 func TestConcurrentResizeAndPlaceNeverOvercommit(t *testing.T) {
-	srv := redistest.Start(t)
-	prefix := srv.Prefix(t)
-	replicas := []*Store{New(srv.Client(t), prefix), New(srv.Client(t), prefix)}
+	replicas := twoReplicas(t)
 	s := replicas[0]
-	if err := s.MarkReconciled(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	for i := range 2 {
 		register(t, s, fleet.GPU{UUID: fmt.Sprintf("GPU-%d", i), Node: "n1", Model: "L4", MemoryMiB: 16384, SMCount: 58, Healthy: true})
 	}

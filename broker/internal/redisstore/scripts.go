@@ -29,6 +29,8 @@ var (
 	registerLua string
 	//go:embed scripts/health.lua
 	healthLua string
+	//go:embed scripts/set_mode.lua
+	setModeLua string
 	//go:embed scripts/verify.lua
 	verifyLua string
 	//go:embed scripts/create_server.lua
@@ -55,6 +57,7 @@ var (
 	restoreScript       = redis.NewScript(libLua + restoreLua)
 	registerScript      = redis.NewScript(libLua + registerLua)
 	healthScript        = redis.NewScript(libLua + healthLua)
+	setModeScript       = redis.NewScript(libLua + setModeLua)
 	verifyScript        = redis.NewScript(verifyLua)
 	createServerScript  = redis.NewScript(serversLua + createServerLua)
 	restoreServerScript = redis.NewScript(serversLua + restoreServerLua)

@@ -35,6 +35,11 @@ func patchFields(p Patch) ([]any, error) {
 			return nil, fmt.Errorf("encode allocation: %w", err)
 		}
 		out = append(out, "alloc", string(b))
+		sl, err := json.Marshal(p.Allocation.Slice)
+		if err != nil {
+			return nil, fmt.Errorf("encode slice: %w", err)
+		}
+		out = append(out, "slice", string(sl))
 	}
 	if p.Pod != nil {
 		out = append(out, "pod", *p.Pod)
@@ -69,6 +74,7 @@ func serverFields(s fleet.Server) ([]any, error) {
 		"slice", string(slice), "alloc", alloc,
 		"pod", s.Pod, "url", s.URL,
 		"created", unixNano(s.CreatedAt), "updated", unixNano(s.UpdatedAt),
+		"sharing", string(fleet.ModeOf(s.Sharing)), "migp", s.MIGProfile,
 	}, nil
 }
 
@@ -93,6 +99,8 @@ func decodeServer(h map[string]string) (fleet.Server, error) {
 		Message:        h["msg"],
 		Pod:            h["pod"],
 		URL:            h["url"],
+		Sharing:        fleet.ModeOf(fleet.SharingMode(h["sharing"])),
+		MIGProfile:     h["migp"],
 	}
 	var errs []error
 	if err := json.Unmarshal([]byte(h["slice"]), &s.Slice); err != nil {
@@ -137,7 +145,8 @@ func (s *Store) recordTTL(st fleet.State) int64 {
 
 // CreateServer stores a new spawn of server s.ServerKey, whose State must be
 // pending, and appends its "pending" event; CreatedAt and UpdatedAt are set
-// from the store's clock. It returns (the stored record, true).
+// from the store's clock and an empty Sharing becomes sliced. It returns
+// (the stored record, true).
 //
 // If the record holds the same non-empty IdempotencyKey, it returns that
 // record and false (a retried create). If it holds a live spawn (not
@@ -161,6 +170,7 @@ func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Serve
 	}
 	now := s.now()
 	srv.CreatedAt, srv.UpdatedAt = now, now
+	srv.Sharing = fleet.ModeOf(srv.Sharing)
 	fields, err := serverFields(srv)
 	if err != nil {
 		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)

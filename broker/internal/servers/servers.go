@@ -225,8 +225,10 @@ func (s *Service) Create(ctx context.Context, by audit.Actor, user string, group
 		SpawnID:        s.newID(),
 		IdempotencyKey: idempotencyKey,
 		State:          v1.StatePending,
-		Message:        fmt.Sprintf("server requested with profile %s", prof.DisplayName),
+		Message:        fmt.Sprintf("server requested with profile %s (%s)", prof.DisplayName, prof.Words()),
 		Slice:          prof.Slice,
+		Sharing:        fleet.ModeOf(prof.Sharing),
+		MIGProfile:     prof.MIGProfile,
 		CreatedAt:      now,
 		UpdatedAt:      now,
 	})
@@ -297,12 +299,13 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 		var err error
 		switch rec.State {
 		case v1.StatePending:
-			rec, err = s.step(ctx, rec, v1.StatePlacing, "looking for a GPU with room for the slice", fleet.ServerPatch{})
+			rec, err = s.step(ctx, rec, v1.StatePlacing, placingMessage(prof), fleet.ServerPatch{})
 		case v1.StatePlacing:
 			userQuota, groupQuotas := s.catalog.Quotas().ForUser(rec.User, groups)
 			placeStart := time.Now()
 			alloc, perr := s.store.Place(ctx, fleet.PlaceRequest{
 				SliceID: rec.SpawnID, User: rec.User, Slice: prof.Slice, Model: prof.Model,
+				Sharing: fleet.ModeOf(prof.Sharing), MIGProfile: prof.MIGProfile,
 				Policy: s.policy, UserQuota: userQuota, GroupQuotas: groupQuotas,
 			})
 			s.metrics.ObservePlacement(time.Since(placeStart), Refusal(perr))
@@ -319,8 +322,7 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 				return rec, unknown(perr, rec.Name+" may or may not have started")
 			}
 			log.InfoContext(ctx, "slice placed", "gpu_uuid", alloc.GPUUUID, "node", alloc.Node, "mem_mib", alloc.Slice.MemoryMiB, "sm_percent", alloc.Slice.ComputePercent)
-			msg := fmt.Sprintf("placed %d MiB and %d%% compute on GPU %s (node %s); creating the pod", alloc.Slice.MemoryMiB, alloc.Slice.ComputePercent, alloc.GPUUUID, alloc.Node)
-			rec, err = s.step(ctx, rec, v1.StateCreating, msg, fleet.ServerPatch{Allocation: &alloc})
+			rec, err = s.step(ctx, rec, v1.StateCreating, placedMessage(alloc), fleet.ServerPatch{Allocation: &alloc})
 		case v1.StateCreating:
 			if rec.Allocation == nil {
 				return rec, fmt.Errorf("server %s/%s: creating without an allocation", rec.User, rec.Name)
@@ -329,7 +331,8 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 			spec := spawner.Spec{
 				User: rec.User, Server: rec.Name, SpawnID: rec.SpawnID, Profile: prof.Name,
 				Image: prof.Image, CPU: prof.CPU, Memory: prof.Memory, Slice: alloc.Slice,
-				GPU:         v1.GPURef{UUID: alloc.GPUUUID, Node: alloc.Node},
+				Sharing:     alloc.Sharing,
+				GPU:         v1.GPURef{UUID: alloc.GPUUUID, Node: alloc.Node, MIGProfile: alloc.MIGProfile, ParentUUID: alloc.Parent},
 				QuotaGroups: alloc.Groups, Env: plain, SecretEnv: len(secret) > 0,
 				Command: slices.Clone(command), Args: slices.Clone(args), IdempotencyKey: rec.IdempotencyKey,
 			}
@@ -423,6 +426,32 @@ func (s *Service) refuse(ctx context.Context, rec fleet.Server, cause error) (fl
 		}
 	}
 	return fleet.Server{}, cause
+}
+
+// placingMessage is the event of the placing step, in the profile's terms.
+func placingMessage(p fleet.Profile) string {
+	switch fleet.ModeOf(p.Sharing) {
+	case fleet.SharingExclusive:
+		return "looking for a whole GPU that is free"
+	case fleet.SharingMIG:
+		return "looking for a free MIG instance of profile " + p.MIGProfile
+	case fleet.SharingMPS:
+		return "looking for a GPU in MPS mode with room for the client"
+	}
+	return "looking for a GPU with room for the slice"
+}
+
+// placedMessage is the event that follows placement.
+func placedMessage(a fleet.Allocation) string {
+	switch a.Sharing {
+	case fleet.SharingExclusive:
+		return fmt.Sprintf("placed on the whole GPU %s (node %s, %d MiB); creating the pod", a.GPUUUID, a.Node, a.Slice.MemoryMiB)
+	case fleet.SharingMIG:
+		return fmt.Sprintf("placed on MIG instance %s (%s, %d MiB) of GPU %s (node %s); creating the pod", a.GPUUUID, a.MIGProfile, a.Slice.MemoryMiB, a.Parent, a.Node)
+	case fleet.SharingMPS:
+		return fmt.Sprintf("placed an MPS client of %d MiB and %d%% of the SMs on GPU %s (node %s); creating the pod", a.Slice.MemoryMiB, a.Slice.ComputePercent, a.GPUUUID, a.Node)
+	}
+	return fmt.Sprintf("placed %d MiB and %d%% compute on GPU %s (node %s); creating the pod", a.Slice.MemoryMiB, a.Slice.ComputePercent, a.GPUUUID, a.Node)
 }
 
 // fail records a failed spawn and releases what it held. It returns the
