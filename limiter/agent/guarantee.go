@@ -225,12 +225,16 @@ func (a *Agent) measureGuarantee(sr *sliceRound, u usageView) {
 	sr.Sample.Guarantee = &f
 	labels := []string{sr.Info.ID, sr.Info.GPU}
 	a.metrics.guaranteePercent.WithLabelValues(labels...).Set(float64(f.Percent))
+	// Both counters exist from a slice's first round, at zero while it has
+	// asked for nothing, so increase() over them has series to work on.
+	wantedC, metC := a.metrics.guaranteeWanted.WithLabelValues(labels...), a.metrics.guaranteeMet.WithLabelValues(labels...)
+	wantedC.Add(0)
+	metC.Add(0)
 	if wanted {
-		a.metrics.guaranteeWanted.WithLabelValues(labels...).Add(a.cfg.SampleInterval.Seconds())
-		a.metrics.guaranteeMet.WithLabelValues(labels...).Add(0)
+		wantedC.Add(a.cfg.SampleInterval.Seconds())
 	}
 	if met {
-		a.metrics.guaranteeMet.WithLabelValues(labels...).Add(a.cfg.SampleInterval.Seconds())
+		metC.Add(a.cfg.SampleInterval.Seconds())
 	}
 	if f.WantedSeconds > 0 {
 		a.metrics.guaranteeRatio.WithLabelValues(labels...).Set(f.Ratio())
