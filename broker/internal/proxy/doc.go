@@ -29,7 +29,12 @@
 // to the sign-in (which comes back), a script gets 401. A server that is not
 // running gets a page (stopped: start it; starting: the page follows the
 // spawn and enters the notebook when it runs) or 503 for a script; a
-// notebook that does not answer gets a page or 502.
+// notebook that does not answer gets a page or 502, unless a fresh read of
+// its record shows the server stopped meanwhile (the cached running record
+// was stale): then the stopped answer. Pages are always rendered for the
+// browser's own request (its session), never for the request forwarded to
+// the notebook, which holds the notebook's token and none of the broker's
+// cookies.
 //
 // # Host mode's hand-off
 //

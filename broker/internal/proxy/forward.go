@@ -30,6 +30,12 @@ type upstream struct {
 	base  *url.URL // http://<pod IP>:<port>
 	token string
 	srv   fleet.Server
+	// in is the browser's request as it arrived. httputil.ReverseProxy
+	// hands its ErrorHandler the outgoing request, which no longer carries
+	// the broker's cookies (filterCookies) and does carry the notebook's
+	// token: a page rendered from that one would see a signed-out browser
+	// and send it to the sign-in.
+	in *http.Request
 }
 
 // newForwarder builds the reverse proxy: httputil.ReverseProxy streams
@@ -157,7 +163,7 @@ func (p *Proxy) proxyTo(w http.ResponseWriter, r *http.Request, srv fleet.Server
 	defer done(p.now)
 	p.deps.Metrics.ProxyOpened()
 	defer p.deps.Metrics.ProxyClosed()
-	r = r.WithContext(context.WithValue(ctx, upstreamKey{}, upstream{base: base, token: tok, srv: srv}))
+	r = r.WithContext(context.WithValue(ctx, upstreamKey{}, upstream{base: base, token: tok, srv: srv, in: r}))
 	p.forward.ServeHTTP(w, r)
 }
 
@@ -177,12 +183,24 @@ func sameOrigin(r *http.Request, origin string) bool {
 }
 
 // upstreamFailed answers when the notebook could not be reached or broke
-// off: a page that says so for a browser, 502 otherwise.
-func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) {
+// off: a page that says so for a browser, 502 otherwise. The answer is
+// made for the browser's own request (upstream.in), never the outgoing one
+// the reverse proxy passes as out. A server whose stop the running-record
+// cache had not seen yet (recordTTL) gets its not-running answer instead.
+func (p *Proxy) upstreamFailed(w http.ResponseWriter, out *http.Request, err error) {
+	up, _ := out.Context().Value(upstreamKey{}).(upstream)
+	r := up.in
+	if r == nil {
+		r = out // not a request of proxyTo's: cannot happen
+	}
 	if errors.Is(err, context.Canceled) || r.Context().Err() != nil {
 		return // the browser went away
 	}
-	up, _ := r.Context().Value(upstreamKey{}).(upstream)
+	p.records.drop(up.srv.ServerKey)
+	if cur, gerr := p.deps.Servers.GetServer(r.Context(), up.srv.ServerKey); gerr == nil && cur.State != fleetRunning {
+		p.notRunning(w, r, cur)
+		return
+	}
 	p.log.InfoContext(r.Context(), "notebook proxy: notebook not answering", "user", up.srv.User, "server", up.srv.Name, "spawn_id", up.srv.SpawnID, "err", err)
 	if wantsPage(r) {
 		p.deps.Pages.Notebook(w, r, http.StatusBadGateway, up.srv.User, up.srv.Name, "The notebook is not answering; it may be restarting. Try again in a few seconds.")

@@ -103,6 +103,7 @@ type fixture struct {
 	act     *fakeActivity
 	metrics *fakeMetrics
 	release chan struct{}
+	frozen  atomic.Pointer[time.Time] // when set, the proxy's clock stands there
 }
 
 // fakeMetrics counts the proxied requests in flight.
@@ -127,7 +128,13 @@ func newFixture(t *testing.T, mode proxy.Mode, admins bool) *fixture {
 	}, proxy.Deps{
 		Servers: f.servers, Pods: fakePods{f.servers}, Tokens: f.tokens, Sessions: f.auth, Bearer: f.auth,
 		Handoffs: &fakeHandoffs{auth: f.auth, codes: map[string][]byte{}, hosts: map[string][]byte{}},
-		Activity: f.act, Pages: fakePages{}, Metrics: f.metrics,
+		Activity: f.act, Pages: fakePages{f.auth}, Metrics: f.metrics,
+		Now: func() time.Time {
+			if at := f.frozen.Load(); at != nil {
+				return *at
+			}
+			return time.Now()
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -389,7 +396,8 @@ func TestWebSocketsAndActivity(t *testing.T) {
 }
 
 // TestNotebookNotAnswering gets a page, not a raw error, when the pod does
-// not answer.
+// not answer: rendered for the browser's own request (its session, not the
+// notebook's token), so the page sees the signed-in owner.
 func TestNotebookNotAnswering(t *testing.T) {
 	f := newFixture(t, proxy.ModePath, false)
 	dead := httptest.NewServer(http.NotFoundHandler())
@@ -397,7 +405,33 @@ func TestNotebookNotAnswering(t *testing.T) {
 	f.servers.put(fleet.Server{ServerKey: fleet.ServerKey{User: "ada", Name: "nb"}, SpawnID: "sp1", State: v1.StateRunning, URL: dead.URL})
 	resp, body := f.do(req{url: "/user/ada/nb/tree", cookie: auth.SessionCookie + "=ada-cookie", accept: html})
 	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "not answering") {
-		t.Errorf("%d %q, want 502 with the notebook page", resp.StatusCode, body)
+		t.Errorf("%d %q (Location %q), want 502 with the notebook page", resp.StatusCode, body, resp.Header.Get("Location"))
+	}
+}
+
+// TestStopSeenLate: the proxy keeps a running server's record for a
+// moment, so right after a stop it may still try the notebook; when that
+// fails the owner gets the stopped page (200, no problem), as a fresh
+// look at the record says, still signed in.
+func TestStopSeenLate(t *testing.T) {
+	f := newFixture(t, proxy.ModePath, false)
+	now := time.Now()
+	f.frozen.Store(&now)
+	if resp, _ := f.do(req{url: "/user/ada/nb/echo", cookie: auth.SessionCookie + "=ada-cookie"}); resp.StatusCode != 200 {
+		t.Fatalf("while running: %d", resp.StatusCode)
+	}
+	// The stop: the record says stopped, the notebook is gone, and the
+	// proxy's cached record (recordTTL; the clock stands still) still says
+	// running.
+	f.servers.put(fleet.Server{ServerKey: fleet.ServerKey{User: "ada", Name: "nb"}, SpawnID: "sp1", State: v1.StateStopped})
+	f.nb.Close()
+	resp, body := f.do(req{url: "/user/ada/nb/tree", cookie: auth.SessionCookie + "=ada-cookie", accept: html})
+	if resp.StatusCode != http.StatusOK || body != "<p>notebook page for ada/nb: </p>" {
+		t.Errorf("right after the stop: %d %q (Location %q), want the stopped page", resp.StatusCode, body, resp.Header.Get("Location"))
+	}
+	resp, body = f.do(req{url: "/user/ada/nb/api/kernels", cookie: auth.SessionCookie + "=ada-cookie"})
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "not_running") {
+		t.Errorf("a script right after the stop: %d %q, want 503 not_running", resp.StatusCode, body)
 	}
 }
 

@@ -88,6 +88,13 @@ func (c *recordCache) get(k fleet.ServerKey, now time.Time) (fleet.Server, bool)
 	return e.srv, true
 }
 
+// drop forgets k's record.
+func (c *recordCache) drop(k fleet.ServerKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, k)
+}
+
 func (c *recordCache) put(k fleet.ServerKey, srv fleet.Server, until time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
