@@ -56,7 +56,10 @@
 // against it), X-Forwarded-*, the spawn's notebook token as
 // "Authorization: token …" (Tokens); never the caller's Authorization, the
 // broker's cookies (gpubroker_*, the host cookie) or headers. Back to the
-// browser: no Set-Cookie of a broker cookie name, no Service-Worker-Allowed
+// browser: no Set-Cookie of a broker cookie name (nor one that does not
+// parse), the notebook's own cookies host-only (Domain removed) and in path
+// mode kept under its base URL (a Path outside it, such as Jupyter's
+// _xsrf at Path=/, becomes the base URL), no Service-Worker-Allowed
 // in path mode, and the notebook token taken out of every text answer
 // (Jupyter writes it into its pages; scrub.go), so the browser never sees
 // it. Unsafe methods and WebSocket handshakes from another origin are

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // brokerCookie reports whether a cookie name is the broker's own (the web
@@ -72,8 +73,8 @@ func (p *Proxy) newForwarder(rt http.RoundTripper) http.Handler {
 		Transport:     rt,
 		BufferPool:    copyBuffers{},
 		ModifyResponse: func(resp *http.Response) error {
-			cleanResponse(resp.Header, p.cfg.Mode == ModePath)
 			up, _ := resp.Request.Context().Value(upstreamKey{}).(upstream)
+			cleanResponse(resp.Header, p.cfg.Mode == ModePath, spawner.BaseURL(up.srv.User, up.srv.Name))
 			return scrub(resp, up.token)
 		},
 		ErrorHandler: p.upstreamFailed,
@@ -114,15 +115,27 @@ func filterCookies(h http.Header) {
 }
 
 // cleanResponse removes what a notebook may not send to the browser: any
-// Set-Cookie of a broker cookie name, and in path mode the header that lets
-// a service worker claim the whole shared origin.
-func cleanResponse(h http.Header, pathMode bool) {
+// Set-Cookie of a broker cookie name (or one that does not parse, which a
+// browser might read otherwise), and in path mode the header that lets a
+// service worker claim the whole shared origin. The notebook's own cookies
+// are kept to its host (no Domain attribute: in host mode a Domain would
+// reach every notebook host) and, in path mode, to its base URL base: a
+// cookie for a path outside it (Jupyter sets its _xsrf cookie at Path=/)
+// would reach the broker's pages and every other notebook.
+func cleanResponse(h http.Header, pathMode bool, base string) {
 	if sc := h.Values("Set-Cookie"); len(sc) > 0 {
 		h.Del("Set-Cookie")
-		for _, c := range sc {
-			name, _, _ := strings.Cut(c, "=")
-			if !brokerCookie(strings.TrimSpace(name)) {
-				h.Add("Set-Cookie", c)
+		for _, line := range sc {
+			c, err := http.ParseSetCookie(line)
+			if err != nil || brokerCookie(c.Name) {
+				continue
+			}
+			c.Domain = ""
+			if pathMode && c.Path != "" && !strings.HasPrefix(c.Path, base) {
+				c.Path = base
+			}
+			if v := c.String(); v != "" {
+				h.Add("Set-Cookie", v)
 			}
 		}
 	}

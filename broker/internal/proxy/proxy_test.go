@@ -12,6 +12,7 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -62,6 +63,13 @@ func notebook(t *testing.T, release <-chan struct{}) *httptest.Server {
 	mux.HandleFunc("/user/ada/nb/setcookie", func(w http.ResponseWriter, _ *http.Request) {
 		http.SetCookie(w, &http.Cookie{Name: auth.SessionCookie, Value: "fixed-by-the-notebook", Path: "/"})
 		http.SetCookie(w, &http.Cookie{Name: "_xsrf", Value: "notebook-xsrf", Path: "/user/ada/nb/"})
+		// Jupyter 6.4 sets its _xsrf at Path=/; a notebook may also try
+		// the broker's name in another case, a Domain, or a cookie that
+		// does not parse.
+		http.SetCookie(w, &http.Cookie{Name: "wide", Value: "w", Path: "/", Domain: "example.org", HttpOnly: true})
+		http.SetCookie(w, &http.Cookie{Name: "sibling", Value: "s", Path: "/user/bob/nb/"})
+		w.Header().Add("Set-Cookie", "GPUBROKER_SESSION=shadow; Path=/user/ada/nb/")
+		w.Header().Add("Set-Cookie", "=no-name; Path=/")
 		w.Header().Set("Service-Worker-Allowed", "/")
 		io.WriteString(w, "ok")
 	})
@@ -300,8 +308,9 @@ func TestWhatTheNotebookSeesAndSends(t *testing.T) {
 	}
 	resp, _ := f.do(req{url: "/user/ada/nb/setcookie", cookie: auth.SessionCookie + "=ada-cookie"})
 	sc := resp.Header.Values("Set-Cookie")
-	if len(sc) != 1 || !strings.HasPrefix(sc[0], "_xsrf=") {
-		t.Errorf("Set-Cookie %q, want only the notebook's _xsrf", sc)
+	want := []string{"_xsrf=notebook-xsrf; Path=/user/ada/nb/", "wide=w; Path=/user/ada/nb/; HttpOnly", "sibling=s; Path=/user/ada/nb/"}
+	if !slices.Equal(sc, want) {
+		t.Errorf("Set-Cookie %q, want the notebook's own, host-only and under its base URL: %q", sc, want)
 	}
 	if v := resp.Header.Get("Service-Worker-Allowed"); v != "" {
 		t.Errorf("Service-Worker-Allowed %q passed in path mode", v)
