@@ -81,7 +81,9 @@
 //   - Nothing is buffered: bodies stream, WebSockets are tunnelled; the
 //     server's whole-request deadlines are lifted for proxied requests.
 //   - Caches never widen access: slug pairs map to names (injective, never
-//     stale); running records are kept for one second; tokens per spawn.
+//     stale); running records are kept for one second; tokens per spawn;
+//     web and host sessions that were found, for Config.SessionCheck (a
+//     sign-out takes effect within it), never past their end.
 //
 // Everything here is safe for concurrent use.
 package proxy

@@ -75,10 +75,13 @@ func notebook(t *testing.T, release <-chan struct{}) *httptest.Server {
 	})
 	mux.HandleFunc("/user/ada/nb/page", func(w http.ResponseWriter, r *http.Request) {
 		// Jupyter renders its token into its pages; here split across two
-		// flushed writes, so the proxy must catch it across reads.
+		// flushed writes, so the proxy must catch it across reads (a
+		// stream: with ?sized, a page of known length).
 		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "token ")
 		w.Header().Set("Content-Type", "text/html; charset=UTF-8")
-		w.Header().Set("Content-Length", strconv.Itoa(len(tok)+60))
+		if r.URL.Query().Has("sized") {
+			w.Header().Set("Content-Length", strconv.Itoa(len(tok)+60))
+		}
 		half := len(tok) / 2
 		io.WriteString(w, `<body data-jupyter-api-token="`+tok[:half])
 		w.(http.Flusher).Flush()
@@ -322,9 +325,45 @@ func TestWhatTheNotebookSeesAndSends(t *testing.T) {
 // even when it is split across two writes.
 func TestTheTokenNeverReachesTheBrowser(t *testing.T) {
 	f := newFixture(t, proxy.ModePath, false)
-	resp, body := f.do(req{url: "/user/ada/nb/page", cookie: auth.SessionCookie + "=ada-cookie", accept: html})
-	if resp.StatusCode != 200 || strings.Contains(body, "nbtoken-") || !strings.Contains(body, `data-jupyter-api-token=""`) {
-		t.Errorf("%d %q: want the page without its token", resp.StatusCode, body)
+	for _, page := range []string{"/user/ada/nb/page", "/user/ada/nb/page?sized"} {
+		resp, body := f.do(req{url: page, cookie: auth.SessionCookie + "=ada-cookie", accept: html})
+		if resp.StatusCode != 200 || strings.Contains(body, "nbtoken-") || !strings.Contains(body, `data-jupyter-api-token=""`) {
+			t.Errorf("%s: %d %q: want the page without its token", page, resp.StatusCode, body)
+		}
+		// A page of known length keeps one, corrected; a stream has none.
+		want := int64(-1)
+		if strings.HasSuffix(page, "sized") {
+			want = int64(len(body))
+		}
+		if resp.ContentLength != want {
+			t.Errorf("%s: Content-Length %d for a body of %d bytes, want %d", page, resp.ContentLength, len(body), want)
+		}
+	}
+}
+
+// TestWebSessionsAreCheckedOncePerSessionCheck: path mode trusts a web
+// session it found for Config.SessionCheck, so a sign-out takes effect
+// within it, and never trusts one it did not find.
+func TestWebSessionsAreCheckedOncePerSessionCheck(t *testing.T) {
+	f := newFixture(t, proxy.ModePath, false)
+	now := time.Now()
+	f.frozen.Store(&now)
+	ada := req{url: "/user/ada/nb/echo", cookie: auth.SessionCookie + "=ada-cookie"}
+	if resp, _ := f.do(ada); resp.StatusCode != 200 {
+		t.Fatalf("signed in: %d", resp.StatusCode)
+	}
+	f.auth.endSession("ada-cookie")
+	if resp, _ := f.do(ada); resp.StatusCode != 200 {
+		t.Errorf("signed out within the session check (1 ns, the clock stands): %d, want the checked session still trusted", resp.StatusCode)
+	}
+	later := now.Add(time.Millisecond)
+	f.frozen.Store(&later)
+	if resp, _ := f.do(ada); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("signed out, after the session check: %d, want 401", resp.StatusCode)
+	}
+	f.auth.addSession("ada-cookie", auth.Principal{User: "ada"})
+	if resp, _ := f.do(ada); resp.StatusCode != 200 {
+		t.Errorf("a session found again: %d, want 200 (a miss is never kept)", resp.StatusCode)
 	}
 }
 
