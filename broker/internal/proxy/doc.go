@@ -26,7 +26,8 @@
 // host's own session, below) or an OIDC bearer token; admins only with
 // Config.AdminAccess. Everyone else, the hub token included, gets 404, as
 // for a server that does not exist. Without credentials a browser is sent
-// to the sign-in (which comes back), a script gets 401. A server that is not
+// to the sign-in (which comes back), a script gets 401; when the session
+// cannot be looked up (Redis, the identity provider), 503. A server that is not
 // running gets a page (stopped: start it; starting: the page follows the
 // spawn and enters the notebook when it runs) or 503 for a script; a
 // notebook that does not answer gets a page or 502, unless a fresh read of

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -103,6 +104,9 @@ func (f *fakeAuth) Session(_ context.Context, r *http.Request) (auth.Session, er
 	c, err := r.Cookie(auth.SessionCookie)
 	if err != nil {
 		return auth.Session{}, auth.ErrNoCredentials
+	}
+	if c.Value == "redis-down" {
+		return auth.Session{}, errors.New("auth: session storage: dial tcp 127.0.0.1:6379: connect: connection refused")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

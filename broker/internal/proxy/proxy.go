@@ -389,9 +389,14 @@ func (p *Proxy) loginRedirect(w http.ResponseWriter, r *http.Request) {
 }
 
 // refuse answers a request without (valid) credentials: a sign-in for a
-// browser, 401 otherwise.
+// browser, 401 otherwise. A lookup that failed (the identity provider or
+// Redis cannot be reached: anything but a refused or missing credential)
+// is 503, never a sign-in: signing in again would not help.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, auth.ErrUnavailable) {
+	if !errors.Is(err, auth.ErrUnauthenticated) {
+		if !errors.Is(err, auth.ErrUnavailable) {
+			p.log.WarnContext(r.Context(), "notebook proxy: session lookup failed", "err", err)
+		}
 		plain(w, http.StatusServiceUnavailable, "unavailable", "signing in is unavailable right now; try again in a few seconds")
 		return
 	}

@@ -247,6 +247,7 @@ func TestPathModeForwardsToTheOwnerOnly(t *testing.T) {
 		{"no credentials, a script", req{url: "/user/ada/nb/api/kernels"}, 401, "unauthenticated"},
 		{"a refused bearer token", req{url: "/user/ada/nb/echo", bearer: "forged"}, 401, "token signature is invalid"},
 		{"an ended session, a browser", req{url: "/user/ada/nb/tree", cookie: auth.SessionCookie + "=gone", accept: html}, 303, "/auth/login"},
+		{"the session store down, a browser", req{url: "/user/ada/nb/tree", cookie: auth.SessionCookie + "=redis-down", accept: html}, 503, "unavailable"},
 		{"an unknown server", req{url: "/user/ada/nope/tree", cookie: auth.SessionCookie + "=ada-cookie", accept: html}, 404, "error page"},
 		{"not a slug", req{url: "/user/Ada/nb/tree", cookie: auth.SessionCookie + "=ada-cookie"}, 404, "not_found"},
 		{"a stopped server, a browser", req{url: "/user/ada/old/tree", cookie: auth.SessionCookie + "=ada-cookie", accept: html}, 200, "notebook page for ada/old"},
