@@ -81,7 +81,8 @@ func nextRunnerCIDR() netip.Prefix {
 // would). Every notebook pod mounts the limiter, so its process runs under
 // the real hook over the stub driver in its slice (podhook: podrun's
 // mount namespace, the quota written by the agent's code from the pod's
-// annotations). The runner stops, and its processes with it, when t ends.
+// annotations), as the notebook user podhook.NotebookUID where the tests
+// run as root. The runner stops, and its processes with it, when t ends.
 func newRunnerNodes(t testing.TB, c *harness.Cluster, ns string, n int) (*runner.Runner, []string, *nodeHook) {
 	t.Helper()
 	testdeps.Need(t, "py:notebook")
@@ -102,12 +103,22 @@ func newRunnerNodes(t testing.TB, c *harness.Cluster, ns string, n int) (*runner
 	if err != nil {
 		t.Fatal(err)
 	}
+	if limiter.User() > 0 {
+		// The notebooks run as that user (podhook, as root): it passes
+		// through the runner's directories, as a pod's user through a
+		// node's (t.TempDir makes both levels 0700).
+		for _, d := range []string{filepath.Dir(dir), dir} {
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	r, err := runner.New(runner.Config{
 		Client: c.Client, Namespace: ns, Nodes: names, Dir: filepath.Join(dir, "pods"), HostRoot: host, CIDR: nextRunnerCIDR(),
 		Images:  map[string]runner.Image{notebookImage: {}, hubImage: hubImageRun},
 		Backoff: 500 * time.Millisecond, MaxBackoff: 5 * time.Second, StopGrace: 5 * time.Second,
 		ProbeInterval: 100 * time.Millisecond,
-		Limiter:       &runner.Limiter{Wrap: limiter.Wrap, Env: limiter.Env()},
+		Limiter:       &runner.Limiter{Wrap: limiter.Wrap, Env: limiter.Env(), User: limiter.User()},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -57,9 +57,20 @@ func (w *worker) prepare(ctx context.Context, pod *corev1.Pod, podIP string) (la
 	if c.WorkingDir != "" {
 		workDir = filepath.Join(w.dir, "root", filepath.Clean("/"+c.WorkingDir))
 	}
+	limiter := w.r.cfg.Limiter
+	if limiter != nil && !mounts.preload {
+		limiter = nil
+	}
 	for _, d := range []string{home, runDir, workDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return launch{}, fmt.Errorf("pod directory: %w", err)
+		}
+		// The limited process runs as the limiter's user: the pod's own
+		// directories are its (as a container's are its image user's).
+		if limiter != nil && limiter.User > 0 {
+			if err := os.Lchown(d, limiter.User, limiter.User); err != nil {
+				return launch{}, fmt.Errorf("pod directory: %w", err)
+			}
 		}
 	}
 
@@ -103,7 +114,7 @@ func (w *worker) prepare(ctx context.Context, pod *corev1.Pod, podIP string) (la
 	}
 	argv[0] = exe
 	env := vars.list()
-	if l := w.r.cfg.Limiter; l != nil && mounts.preload {
+	if l := limiter; l != nil {
 		if mounts.quota == "" || mounts.usage == "" {
 			return launch{}, &waitError{reasonConfigError, "the pod mounts the limiter but not its quota and usage directories"}
 		}

@@ -33,7 +33,9 @@
 //     paths; a container that does not mount it runs without the limiter.
 //     limiter/hook/podhook is the real one (the production hook over the
 //     stub driver, the slice laid out by the node agent's own code, the
-//     process in podrun's mount namespace); the e2e tests wire it. This
+//     process in podrun's mount namespace, as a user that is not root
+//     where it can switch users: Limiter.User, whom the runner gives the
+//     pod's own directories); the e2e tests wire it. This
 //     package does not import it: the caller hands its Wrap and Env over;
 //   - probes readiness (TCP socket or HTTP GET on the pod IP, every
 //     min(periodSeconds, Config.ProbeInterval)); without a probe the

@@ -72,6 +72,11 @@ type Limiter struct {
 	// Env is added to the process's environment (LD_PRELOAD of the hook,
 	// LD_LIBRARY_PATH of the stub driver), above the pod's.
 	Env []string
+	// User is the uid (and gid) that Wrap's argv runs the process as, 0
+	// for root. Above 0 the runner makes the pod's own directories (home,
+	// runtime and working directory) that user's; Config.Dir and its
+	// parents must let it pass (mode o+x).
+	User int
 }
 
 // Config configures a Runner. Client, Nodes and Dir are required.

@@ -437,11 +437,16 @@ func TestDeletedPodStopsItsProcess(t *testing.T) {
 
 // TestLimiterWrapsPodsThatAskForIt checks that a container mounting the
 // limiter's preload file runs through Limiter.Wrap with its slice's quota
-// and usage host directories and the limiter's environment.
+// and usage host directories and the limiter's environment, and that the
+// pod's home belongs to the limiter's user (where this test can chown).
 func TestLimiterWrapsPodsThatAskForIt(t *testing.T) {
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
+	}
+	user := 0
+	if os.Geteuid() == 0 {
+		user = 4242
 	}
 	var quota, usage string
 	f := newFixture(t, func(c *runner.Config) {
@@ -450,7 +455,8 @@ func TestLimiterWrapsPodsThatAskForIt(t *testing.T) {
 				quota, usage = q, u
 				return append([]string{self, "--wrapped-quota=" + q, "--wrapped-usage=" + u}, argv[1:]...), nil
 			},
-			Env: []string{"LD_PRELOAD=/hook/libgpulimit.so"},
+			Env:  []string{"LD_PRELOAD=/hook/libgpulimit.so"},
+			User: user,
 		}
 	})
 	f.installHook()
@@ -466,6 +472,11 @@ func TestLimiterWrapsPodsThatAskForIt(t *testing.T) {
 	}
 	if v, _ := envOf(r, "LD_PRELOAD"); v != "/hook/libgpulimit.so" {
 		t.Errorf("LD_PRELOAD %q", v)
+	}
+	home, _ := envOf(r, "HOME")
+	var st syscall.Stat_t
+	if err := syscall.Stat(home, &st); err != nil || int(st.Uid) != user || int(st.Gid) != user {
+		t.Errorf("the pod's home %s: owner %d:%d (%v), want the limiter's user %d", home, st.Uid, st.Gid, err, user)
 	}
 }
 

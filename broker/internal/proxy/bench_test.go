@@ -108,6 +108,68 @@ func getPhase(b *testing.B, url string, header http.Header, clients, perClient i
 	return out
 }
 
+// getPairs runs, on each of clients clients, perClient rounds of one GET
+// of each target (its URL with its header; each target on connections of
+// its own), alternating which goes first: both sides meet the same machine
+// noise, request by request. A side's elapsed time is the sum of its
+// latencies, so with these closed-loop clients its requests/s ratio is the
+// ratio of the mean latencies.
+func getPairs(b *testing.B, urls [2]string, headers [2]http.Header, clients, perClient int) [2]*phase {
+	b.Helper()
+	out := [2]*phase{{}, {}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Go(func() {
+			var hc [2]*http.Client
+			var lat [2][]time.Duration
+			for i := range hc {
+				hc[i] = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+				defer hc[i].CloseIdleConnections()
+				lat[i] = make([]time.Duration, 0, perClient)
+			}
+			get := func(i int) bool {
+				req, _ := http.NewRequest(http.MethodGet, urls[i], nil)
+				req.Header = headers[i].Clone()
+				t0 := time.Now()
+				resp, err := hc[i].Do(req)
+				if err != nil {
+					b.Error(err)
+					return false
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					b.Errorf("GET %s: %s", urls[i], resp.Status)
+					return false
+				}
+				lat[i] = append(lat[i], time.Since(t0))
+				return true
+			}
+			for n := range perClient {
+				first := n % 2
+				if !get(first) || !get(1-first) {
+					return
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for i := range out {
+				out[i].lat = append(out[i].lat, lat[i]...)
+				out[i].n += len(lat[i])
+				for _, l := range lat[i] {
+					out[i].elapsed += l
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i := range out {
+		out[i].elapsed /= time.Duration(clients) // the clients ran at the same time
+	}
+	return out
+}
+
 // echoPhase runs n round trips on one WebSocket.
 func echoPhase(b *testing.B, url, origin string, header http.Header, n int) *phase {
 	b.Helper()
@@ -144,8 +206,9 @@ func echoPhase(b *testing.B, url, origin string, header http.Header, n int) *pha
 // (a real Jupyter notebook's api/status with its token) straight to the
 // notebook and through the proxy (server record in a real Redis, one Redis
 // GET for the session, the token added), and WebSocket round trips to an
-// echo server straight and through the proxy. Phases alternate so that
-// machine noise hits both sides. Targets (issue "Open the notebook"):
+// echo server straight and through the proxy. Each GET client alternates
+// direct and proxied requests (getPairs) and the WebSocket phases
+// alternate, so that machine noise hits both sides. Targets (issue "Open the notebook"):
 // requests/s ratio ≥ 0.7, p99 added ≤ 2 ms for GETs, ≤ 1 ms for WebSocket
 // round trips. Run with -benchtime=1x.
 func BenchmarkNotebookProxy(b *testing.B) {
@@ -211,8 +274,8 @@ func BenchmarkNotebookProxy(b *testing.B) {
 	var wd, wv phase
 	const rounds = 4
 	for range rounds {
-		pd := getPhase(b, "http://"+nbAddr+status, direct, *benchClientsN, *benchRequests/rounds)
-		pv := getPhase(b, brokerSrv.URL+status, viaProxy, *benchClientsN, *benchRequests/rounds)
+		pair := getPairs(b, [2]string{"http://" + nbAddr + status, brokerSrv.URL + status}, [2]http.Header{direct, viaProxy}, *benchClientsN, *benchRequests/rounds)
+		pd, pv := pair[0], pair[1]
 		d.n, d.elapsed, d.lat = d.n+pd.n, d.elapsed+pd.elapsed, append(d.lat, pd.lat...)
 		v.n, v.elapsed, v.lat = v.n+pv.n, v.elapsed+pv.elapsed, append(v.lat, pv.lat...)
 		ed := echoPhase(b, "ws"+strings.TrimPrefix(echo.URL, "http")+"/", echo.URL, http.Header{}, *benchEchoes/rounds)

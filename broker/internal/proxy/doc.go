@@ -26,10 +26,16 @@
 // host's own session, below) or an OIDC bearer token; admins only with
 // Config.AdminAccess. Everyone else, the hub token included, gets 404, as
 // for a server that does not exist. Without credentials a browser is sent
-// to the sign-in (which comes back), a script gets 401. A server that is not
+// to the sign-in (which comes back), a script gets 401; when the session
+// cannot be looked up (Redis, the identity provider), 503. A server that is not
 // running gets a page (stopped: start it; starting: the page follows the
 // spawn and enters the notebook when it runs) or 503 for a script; a
-// notebook that does not answer gets a page or 502.
+// notebook that does not answer gets a page or 502, unless a fresh read of
+// its record shows the server stopped meanwhile (the cached running record
+// was stale): then the stopped answer. Pages are always rendered for the
+// browser's own request (its session), never for the request forwarded to
+// the notebook, which holds the notebook's token and none of the broker's
+// cookies.
 //
 // # Host mode's hand-off
 //
@@ -51,7 +57,10 @@
 // against it), X-Forwarded-*, the spawn's notebook token as
 // "Authorization: token …" (Tokens); never the caller's Authorization, the
 // broker's cookies (gpubroker_*, the host cookie) or headers. Back to the
-// browser: no Set-Cookie of a broker cookie name, no Service-Worker-Allowed
+// browser: no Set-Cookie of a broker cookie name (nor one that does not
+// parse), the notebook's own cookies host-only (Domain removed) and in path
+// mode kept under its base URL (a Path outside it, such as Jupyter's
+// _xsrf at Path=/, becomes the base URL), no Service-Worker-Allowed
 // in path mode, and the notebook token taken out of every text answer
 // (Jupyter writes it into its pages; scrub.go), so the browser never sees
 // it. Unsafe methods and WebSocket handshakes from another origin are
@@ -73,7 +82,9 @@
 //   - Nothing is buffered: bodies stream, WebSockets are tunnelled; the
 //     server's whole-request deadlines are lifted for proxied requests.
 //   - Caches never widen access: slug pairs map to names (injective, never
-//     stale); running records are kept for one second; tokens per spawn.
+//     stale); running records are kept for one second; tokens per spawn;
+//     web and host sessions that were found, for Config.SessionCheck (a
+//     sign-out takes effect within it), never past their end.
 //
 // Everything here is safe for concurrent use.
 package proxy

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -104,6 +105,9 @@ func (f *fakeAuth) Session(_ context.Context, r *http.Request) (auth.Session, er
 	if err != nil {
 		return auth.Session{}, auth.ErrNoCredentials
 	}
+	if c.Value == "redis-down" {
+		return auth.Session{}, errors.New("auth: session storage: dial tcp 127.0.0.1:6379: connect: connection refused")
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s, ok := f.sessions[c.Value]
@@ -176,10 +180,24 @@ func (f *fakeHandoffs) WebSessionAlive(_ context.Context, digest string) (bool, 
 	return false, nil
 }
 
-// fakePages records which page was asked for.
-type fakePages struct{}
+// fakePages renders the pages the proxy asks for. Like the frontend's,
+// the notebook page is for a signed-in viewer: given auth, it reads the
+// web session from the request it gets and sends a browser without one to
+// the sign-in, and it refuses a request that carries the notebook's token
+// (which the pages must never see).
+type fakePages struct{ auth *fakeAuth }
 
-func (fakePages) Notebook(w http.ResponseWriter, _ *http.Request, status int, user, name, problem string) {
+func (f fakePages) Notebook(w http.ResponseWriter, r *http.Request, status int, user, name, problem string) {
+	if strings.HasPrefix(r.Header.Get("Authorization"), "token ") {
+		http.Error(w, "the page got the notebook's token", http.StatusInternalServerError)
+		return
+	}
+	if f.auth != nil {
+		if _, err := f.auth.Session(r.Context(), r); err != nil {
+			http.Redirect(w, r, auth.LoginPath+"?next="+r.URL.RequestURI(), http.StatusSeeOther)
+			return
+		}
+	}
 	w.Header().Set("Content-Type", "text/html")
 	w.WriteHeader(status)
 	fmt.Fprintf(w, "<p>notebook page for %s/%s: %s</p>", user, name, problem)

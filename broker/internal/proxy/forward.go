@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // brokerCookie reports whether a cookie name is the broker's own (the web
@@ -30,6 +31,12 @@ type upstream struct {
 	base  *url.URL // http://<pod IP>:<port>
 	token string
 	srv   fleet.Server
+	// in is the browser's request as it arrived. httputil.ReverseProxy
+	// hands its ErrorHandler the outgoing request, which no longer carries
+	// the broker's cookies (filterCookies) and does carry the notebook's
+	// token: a page rendered from that one would see a signed-out browser
+	// and send it to the sign-in.
+	in *http.Request
 }
 
 // newForwarder builds the reverse proxy: httputil.ReverseProxy streams
@@ -66,8 +73,8 @@ func (p *Proxy) newForwarder(rt http.RoundTripper) http.Handler {
 		Transport:     rt,
 		BufferPool:    copyBuffers{},
 		ModifyResponse: func(resp *http.Response) error {
-			cleanResponse(resp.Header, p.cfg.Mode == ModePath)
 			up, _ := resp.Request.Context().Value(upstreamKey{}).(upstream)
+			cleanResponse(resp.Header, p.cfg.Mode == ModePath, spawner.BaseURL(up.srv.User, up.srv.Name))
 			return scrub(resp, up.token)
 		},
 		ErrorHandler: p.upstreamFailed,
@@ -108,15 +115,27 @@ func filterCookies(h http.Header) {
 }
 
 // cleanResponse removes what a notebook may not send to the browser: any
-// Set-Cookie of a broker cookie name, and in path mode the header that lets
-// a service worker claim the whole shared origin.
-func cleanResponse(h http.Header, pathMode bool) {
+// Set-Cookie of a broker cookie name (or one that does not parse, which a
+// browser might read otherwise), and in path mode the header that lets a
+// service worker claim the whole shared origin. The notebook's own cookies
+// are kept to its host (no Domain attribute: in host mode a Domain would
+// reach every notebook host) and, in path mode, to its base URL base: a
+// cookie for a path outside it (Jupyter sets its _xsrf cookie at Path=/)
+// would reach the broker's pages and every other notebook.
+func cleanResponse(h http.Header, pathMode bool, base string) {
 	if sc := h.Values("Set-Cookie"); len(sc) > 0 {
 		h.Del("Set-Cookie")
-		for _, c := range sc {
-			name, _, _ := strings.Cut(c, "=")
-			if !brokerCookie(strings.TrimSpace(name)) {
-				h.Add("Set-Cookie", c)
+		for _, line := range sc {
+			c, err := http.ParseSetCookie(line)
+			if err != nil || brokerCookie(c.Name) {
+				continue
+			}
+			c.Domain = ""
+			if pathMode && c.Path != "" && !strings.HasPrefix(c.Path, base) {
+				c.Path = base
+			}
+			if v := c.String(); v != "" {
+				h.Add("Set-Cookie", v)
 			}
 		}
 	}
@@ -157,7 +176,7 @@ func (p *Proxy) proxyTo(w http.ResponseWriter, r *http.Request, srv fleet.Server
 	defer done(p.now)
 	p.deps.Metrics.ProxyOpened()
 	defer p.deps.Metrics.ProxyClosed()
-	r = r.WithContext(context.WithValue(ctx, upstreamKey{}, upstream{base: base, token: tok, srv: srv}))
+	r = r.WithContext(context.WithValue(ctx, upstreamKey{}, upstream{base: base, token: tok, srv: srv, in: r}))
 	p.forward.ServeHTTP(w, r)
 }
 
@@ -177,12 +196,24 @@ func sameOrigin(r *http.Request, origin string) bool {
 }
 
 // upstreamFailed answers when the notebook could not be reached or broke
-// off: a page that says so for a browser, 502 otherwise.
-func (p *Proxy) upstreamFailed(w http.ResponseWriter, r *http.Request, err error) {
+// off: a page that says so for a browser, 502 otherwise. The answer is
+// made for the browser's own request (upstream.in), never the outgoing one
+// the reverse proxy passes as out. A server whose stop the running-record
+// cache had not seen yet (recordTTL) gets its not-running answer instead.
+func (p *Proxy) upstreamFailed(w http.ResponseWriter, out *http.Request, err error) {
+	up, _ := out.Context().Value(upstreamKey{}).(upstream)
+	r := up.in
+	if r == nil {
+		r = out // not a request of proxyTo's: cannot happen
+	}
 	if errors.Is(err, context.Canceled) || r.Context().Err() != nil {
 		return // the browser went away
 	}
-	up, _ := r.Context().Value(upstreamKey{}).(upstream)
+	p.records.drop(up.srv.ServerKey)
+	if cur, gerr := p.deps.Servers.GetServer(r.Context(), up.srv.ServerKey); gerr == nil && cur.State != fleetRunning {
+		p.notRunning(w, r, cur)
+		return
+	}
 	p.log.InfoContext(r.Context(), "notebook proxy: notebook not answering", "user", up.srv.User, "server", up.srv.Name, "spawn_id", up.srv.SpawnID, "err", err)
 	if wantsPage(r) {
 		p.deps.Pages.Notebook(w, r, http.StatusBadGateway, up.srv.User, up.srv.Name, "The notebook is not answering; it may be restarting. Try again in a few seconds.")

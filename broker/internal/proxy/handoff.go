@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
@@ -192,37 +191,4 @@ func (p *Proxy) checkHostSession(ctx context.Context, id string) (hostSession, e
 	}
 	p.hosts.put(key, hs, now.Add(p.cfg.SessionCheck))
 	return hs, nil
-}
-
-// hostCache holds checked host sessions until their recheck time.
-type hostCache struct {
-	mu sync.Mutex
-	m  map[string]hostCacheEntry
-}
-
-type hostCacheEntry struct {
-	hs    hostSession
-	until time.Time
-}
-
-func newHostCache() *hostCache { return &hostCache{m: map[string]hostCacheEntry{}} }
-
-func (c *hostCache) get(key string, now time.Time) (hostSession, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.m[key]
-	if !ok || !now.Before(e.until) {
-		delete(c.m, key)
-		return hostSession{}, false
-	}
-	return e.hs, true
-}
-
-func (c *hostCache) put(key string, hs hostSession, until time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.m) >= cacheLimit {
-		clear(c.m)
-	}
-	c.m[key] = hostCacheEntry{hs: hs, until: until}
 }

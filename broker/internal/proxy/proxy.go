@@ -66,9 +66,9 @@ type Config struct {
 	// HostSessionTTL caps a notebook host's session (it never outlives the
 	// web session it came from); default DefaultHostSessionTTL.
 	HostSessionTTL time.Duration
-	// SessionCheck is how long a checked host session is trusted before it
-	// is read again (a web sign-out takes effect within it); default
-	// DefaultSessionCheck.
+	// SessionCheck is how long a checked web session (path mode, and the
+	// host mode entry) or host session is trusted before it is read again
+	// (a web sign-out takes effect within it); default DefaultSessionCheck.
 	SessionCheck time.Duration
 	// ActivityFlush is how often Run writes the activity it saw; default
 	// DefaultActivityFlush.
@@ -185,8 +185,9 @@ type Proxy struct {
 
 	forward  http.Handler
 	keys     *keyCache
-	records  *recordCache
-	hosts    *hostCache
+	records  *ttlCache[fleet.ServerKey, fleet.Server] // running servers' records, for recordTTL
+	hosts    *ttlCache[string, hostSession]           // checked host sessions by id digest, for SessionCheck
+	webs     *ttlCache[string, auth.Session]          // checked web sessions by cookie digest, for SessionCheck
 	activity *tracker
 }
 
@@ -245,7 +246,8 @@ func New(cfg Config, deps Deps) (*Proxy, error) {
 	p := &Proxy{
 		cfg: cfg, deps: deps, log: deps.Log, now: deps.Now, public: &url.URL{Scheme: pub.Scheme, Host: pub.Host},
 		secure: pub.Scheme == "https",
-		keys:   newKeyCache(), records: newRecordCache(), hosts: newHostCache(), activity: newTracker(),
+		keys:   newKeyCache(), records: newTTLCache[fleet.ServerKey, fleet.Server](), hosts: newTTLCache[string, hostSession](),
+		webs: newTTLCache[string, auth.Session](), activity: newTracker(),
 	}
 	p.forward = p.newForwarder(deps.Transport)
 	return p, nil
@@ -387,9 +389,14 @@ func (p *Proxy) loginRedirect(w http.ResponseWriter, r *http.Request) {
 }
 
 // refuse answers a request without (valid) credentials: a sign-in for a
-// browser, 401 otherwise.
+// browser, 401 otherwise. A lookup that failed (the identity provider or
+// Redis cannot be reached: anything but a refused or missing credential)
+// is 503, never a sign-in: signing in again would not help.
 func (p *Proxy) refuse(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, auth.ErrUnavailable) {
+	if !errors.Is(err, auth.ErrUnauthenticated) {
+		if !errors.Is(err, auth.ErrUnavailable) {
+			p.log.WarnContext(r.Context(), "notebook proxy: session lookup failed", "err", err)
+		}
 		plain(w, http.StatusServiceUnavailable, "unavailable", "signing in is unavailable right now; try again in a few seconds")
 		return
 	}
@@ -429,11 +436,38 @@ func (p *Proxy) webPrincipal(ctx context.Context, r *http.Request) (auth.Princip
 	if !errors.Is(err, auth.ErrNoCredentials) {
 		return pr, auth.Session{}, err
 	}
-	s, err := p.deps.Sessions.Session(ctx, r)
+	s, err := p.webSession(ctx, r)
 	if err != nil {
 		return auth.Principal{}, auth.Session{}, err
 	}
 	return s.Principal, s, nil
+}
+
+// webSession reads r's web session, trusting one it checked for
+// Config.SessionCheck (as host sessions are): a notebook's many small
+// requests (its API calls, its files) do not each read Redis, and a
+// sign-out takes effect within SessionCheck. Only sessions that were found
+// are kept, by the digest of their cookie; never past their end.
+func (p *Proxy) webSession(ctx context.Context, r *http.Request) (auth.Session, error) {
+	c, err := r.Cookie(auth.SessionCookie)
+	if err != nil || c.Value == "" {
+		return p.deps.Sessions.Session(ctx, r)
+	}
+	now := p.now()
+	key := digestHex(c.Value)
+	if s, ok := p.webs.get(key, now); ok {
+		return s, nil
+	}
+	s, err := p.deps.Sessions.Session(ctx, r)
+	if err != nil {
+		return auth.Session{}, err
+	}
+	until := now.Add(p.cfg.SessionCheck)
+	if !s.Expires.IsZero() && s.Expires.Before(until) {
+		until = s.Expires
+	}
+	p.webs.put(key, s, until)
+	return s, nil
 }
 
 // servePath serves path mode's /user/... on the broker's origin.
@@ -474,7 +508,7 @@ func (p *Proxy) serveEntry(w http.ResponseWriter, r *http.Request) {
 		p.notFound(w, r)
 		return
 	}
-	sess, err := p.deps.Sessions.Session(ctx, r)
+	sess, err := p.webSession(ctx, r)
 	if err != nil {
 		p.refuse(w, r, err)
 		return

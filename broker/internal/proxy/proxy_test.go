@@ -12,6 +12,7 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -62,15 +63,25 @@ func notebook(t *testing.T, release <-chan struct{}) *httptest.Server {
 	mux.HandleFunc("/user/ada/nb/setcookie", func(w http.ResponseWriter, _ *http.Request) {
 		http.SetCookie(w, &http.Cookie{Name: auth.SessionCookie, Value: "fixed-by-the-notebook", Path: "/"})
 		http.SetCookie(w, &http.Cookie{Name: "_xsrf", Value: "notebook-xsrf", Path: "/user/ada/nb/"})
+		// Jupyter 6.4 sets its _xsrf at Path=/; a notebook may also try
+		// the broker's name in another case, a Domain, or a cookie that
+		// does not parse.
+		http.SetCookie(w, &http.Cookie{Name: "wide", Value: "w", Path: "/", Domain: "example.org", HttpOnly: true})
+		http.SetCookie(w, &http.Cookie{Name: "sibling", Value: "s", Path: "/user/bob/nb/"})
+		w.Header().Add("Set-Cookie", "GPUBROKER_SESSION=shadow; Path=/user/ada/nb/")
+		w.Header().Add("Set-Cookie", "=no-name; Path=/")
 		w.Header().Set("Service-Worker-Allowed", "/")
 		io.WriteString(w, "ok")
 	})
 	mux.HandleFunc("/user/ada/nb/page", func(w http.ResponseWriter, r *http.Request) {
 		// Jupyter renders its token into its pages; here split across two
-		// flushed writes, so the proxy must catch it across reads.
+		// flushed writes, so the proxy must catch it across reads (a
+		// stream: with ?sized, a page of known length).
 		tok := strings.TrimPrefix(r.Header.Get("Authorization"), "token ")
 		w.Header().Set("Content-Type", "text/html; charset=UTF-8")
-		w.Header().Set("Content-Length", strconv.Itoa(len(tok)+60))
+		if r.URL.Query().Has("sized") {
+			w.Header().Set("Content-Length", strconv.Itoa(len(tok)+60))
+		}
 		half := len(tok) / 2
 		io.WriteString(w, `<body data-jupyter-api-token="`+tok[:half])
 		w.(http.Flusher).Flush()
@@ -103,6 +114,7 @@ type fixture struct {
 	act     *fakeActivity
 	metrics *fakeMetrics
 	release chan struct{}
+	frozen  atomic.Pointer[time.Time] // when set, the proxy's clock stands there
 }
 
 // fakeMetrics counts the proxied requests in flight.
@@ -127,7 +139,13 @@ func newFixture(t *testing.T, mode proxy.Mode, admins bool) *fixture {
 	}, proxy.Deps{
 		Servers: f.servers, Pods: fakePods{f.servers}, Tokens: f.tokens, Sessions: f.auth, Bearer: f.auth,
 		Handoffs: &fakeHandoffs{auth: f.auth, codes: map[string][]byte{}, hosts: map[string][]byte{}},
-		Activity: f.act, Pages: fakePages{}, Metrics: f.metrics,
+		Activity: f.act, Pages: fakePages{f.auth}, Metrics: f.metrics,
+		Now: func() time.Time {
+			if at := f.frozen.Load(); at != nil {
+				return *at
+			}
+			return time.Now()
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -229,6 +247,7 @@ func TestPathModeForwardsToTheOwnerOnly(t *testing.T) {
 		{"no credentials, a script", req{url: "/user/ada/nb/api/kernels"}, 401, "unauthenticated"},
 		{"a refused bearer token", req{url: "/user/ada/nb/echo", bearer: "forged"}, 401, "token signature is invalid"},
 		{"an ended session, a browser", req{url: "/user/ada/nb/tree", cookie: auth.SessionCookie + "=gone", accept: html}, 303, "/auth/login"},
+		{"the session store down, a browser", req{url: "/user/ada/nb/tree", cookie: auth.SessionCookie + "=redis-down", accept: html}, 503, "unavailable"},
 		{"an unknown server", req{url: "/user/ada/nope/tree", cookie: auth.SessionCookie + "=ada-cookie", accept: html}, 404, "error page"},
 		{"not a slug", req{url: "/user/Ada/nb/tree", cookie: auth.SessionCookie + "=ada-cookie"}, 404, "not_found"},
 		{"a stopped server, a browser", req{url: "/user/ada/old/tree", cookie: auth.SessionCookie + "=ada-cookie", accept: html}, 200, "notebook page for ada/old"},
@@ -293,8 +312,9 @@ func TestWhatTheNotebookSeesAndSends(t *testing.T) {
 	}
 	resp, _ := f.do(req{url: "/user/ada/nb/setcookie", cookie: auth.SessionCookie + "=ada-cookie"})
 	sc := resp.Header.Values("Set-Cookie")
-	if len(sc) != 1 || !strings.HasPrefix(sc[0], "_xsrf=") {
-		t.Errorf("Set-Cookie %q, want only the notebook's _xsrf", sc)
+	want := []string{"_xsrf=notebook-xsrf; Path=/user/ada/nb/", "wide=w; Path=/user/ada/nb/; HttpOnly", "sibling=s; Path=/user/ada/nb/"}
+	if !slices.Equal(sc, want) {
+		t.Errorf("Set-Cookie %q, want the notebook's own, host-only and under its base URL: %q", sc, want)
 	}
 	if v := resp.Header.Get("Service-Worker-Allowed"); v != "" {
 		t.Errorf("Service-Worker-Allowed %q passed in path mode", v)
@@ -306,9 +326,45 @@ func TestWhatTheNotebookSeesAndSends(t *testing.T) {
 // even when it is split across two writes.
 func TestTheTokenNeverReachesTheBrowser(t *testing.T) {
 	f := newFixture(t, proxy.ModePath, false)
-	resp, body := f.do(req{url: "/user/ada/nb/page", cookie: auth.SessionCookie + "=ada-cookie", accept: html})
-	if resp.StatusCode != 200 || strings.Contains(body, "nbtoken-") || !strings.Contains(body, `data-jupyter-api-token=""`) {
-		t.Errorf("%d %q: want the page without its token", resp.StatusCode, body)
+	for _, page := range []string{"/user/ada/nb/page", "/user/ada/nb/page?sized"} {
+		resp, body := f.do(req{url: page, cookie: auth.SessionCookie + "=ada-cookie", accept: html})
+		if resp.StatusCode != 200 || strings.Contains(body, "nbtoken-") || !strings.Contains(body, `data-jupyter-api-token=""`) {
+			t.Errorf("%s: %d %q: want the page without its token", page, resp.StatusCode, body)
+		}
+		// A page of known length keeps one, corrected; a stream has none.
+		want := int64(-1)
+		if strings.HasSuffix(page, "sized") {
+			want = int64(len(body))
+		}
+		if resp.ContentLength != want {
+			t.Errorf("%s: Content-Length %d for a body of %d bytes, want %d", page, resp.ContentLength, len(body), want)
+		}
+	}
+}
+
+// TestWebSessionsAreCheckedOncePerSessionCheck: path mode trusts a web
+// session it found for Config.SessionCheck, so a sign-out takes effect
+// within it, and never trusts one it did not find.
+func TestWebSessionsAreCheckedOncePerSessionCheck(t *testing.T) {
+	f := newFixture(t, proxy.ModePath, false)
+	now := time.Now()
+	f.frozen.Store(&now)
+	ada := req{url: "/user/ada/nb/echo", cookie: auth.SessionCookie + "=ada-cookie"}
+	if resp, _ := f.do(ada); resp.StatusCode != 200 {
+		t.Fatalf("signed in: %d", resp.StatusCode)
+	}
+	f.auth.endSession("ada-cookie")
+	if resp, _ := f.do(ada); resp.StatusCode != 200 {
+		t.Errorf("signed out within the session check (1 ns, the clock stands): %d, want the checked session still trusted", resp.StatusCode)
+	}
+	later := now.Add(time.Millisecond)
+	f.frozen.Store(&later)
+	if resp, _ := f.do(ada); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("signed out, after the session check: %d, want 401", resp.StatusCode)
+	}
+	f.auth.addSession("ada-cookie", auth.Principal{User: "ada"})
+	if resp, _ := f.do(ada); resp.StatusCode != 200 {
+		t.Errorf("a session found again: %d, want 200 (a miss is never kept)", resp.StatusCode)
 	}
 }
 
@@ -389,7 +445,8 @@ func TestWebSocketsAndActivity(t *testing.T) {
 }
 
 // TestNotebookNotAnswering gets a page, not a raw error, when the pod does
-// not answer.
+// not answer: rendered for the browser's own request (its session, not the
+// notebook's token), so the page sees the signed-in owner.
 func TestNotebookNotAnswering(t *testing.T) {
 	f := newFixture(t, proxy.ModePath, false)
 	dead := httptest.NewServer(http.NotFoundHandler())
@@ -397,7 +454,33 @@ func TestNotebookNotAnswering(t *testing.T) {
 	f.servers.put(fleet.Server{ServerKey: fleet.ServerKey{User: "ada", Name: "nb"}, SpawnID: "sp1", State: v1.StateRunning, URL: dead.URL})
 	resp, body := f.do(req{url: "/user/ada/nb/tree", cookie: auth.SessionCookie + "=ada-cookie", accept: html})
 	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "not answering") {
-		t.Errorf("%d %q, want 502 with the notebook page", resp.StatusCode, body)
+		t.Errorf("%d %q (Location %q), want 502 with the notebook page", resp.StatusCode, body, resp.Header.Get("Location"))
+	}
+}
+
+// TestStopSeenLate: the proxy keeps a running server's record for a
+// moment, so right after a stop it may still try the notebook; when that
+// fails the owner gets the stopped page (200, no problem), as a fresh
+// look at the record says, still signed in.
+func TestStopSeenLate(t *testing.T) {
+	f := newFixture(t, proxy.ModePath, false)
+	now := time.Now()
+	f.frozen.Store(&now)
+	if resp, _ := f.do(req{url: "/user/ada/nb/echo", cookie: auth.SessionCookie + "=ada-cookie"}); resp.StatusCode != 200 {
+		t.Fatalf("while running: %d", resp.StatusCode)
+	}
+	// The stop: the record says stopped, the notebook is gone, and the
+	// proxy's cached record (recordTTL; the clock stands still) still says
+	// running.
+	f.servers.put(fleet.Server{ServerKey: fleet.ServerKey{User: "ada", Name: "nb"}, SpawnID: "sp1", State: v1.StateStopped})
+	f.nb.Close()
+	resp, body := f.do(req{url: "/user/ada/nb/tree", cookie: auth.SessionCookie + "=ada-cookie", accept: html})
+	if resp.StatusCode != http.StatusOK || body != "<p>notebook page for ada/nb: </p>" {
+		t.Errorf("right after the stop: %d %q (Location %q), want the stopped page", resp.StatusCode, body, resp.Header.Get("Location"))
+	}
+	resp, body = f.do(req{url: "/user/ada/nb/api/kernels", cookie: auth.SessionCookie + "=ada-cookie"})
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "not_running") {
+		t.Errorf("a script right after the stop: %d %q, want 503 not_running", resp.StatusCode, body)
 	}
 }
 

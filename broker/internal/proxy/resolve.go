@@ -14,9 +14,6 @@ import (
 
 const fleetRunning = v1.StateRunning
 
-// cacheLimit bounds each of the proxy's caches; a full cache is cleared.
-const cacheLimit = 8192
-
 // resolve finds the server a notebook path names and checks that pr may
 // open it: its owner, or an admin when Config.AdminAccess allows. ok is
 // false when there is no such server or pr may not see it (both answer
@@ -63,39 +60,6 @@ func (p *Proxy) resolve(ctx context.Context, t target, pr auth.Principal) (fleet
 // recordTTL is how long a running server's record is used without reading
 // it again.
 const recordTTL = time.Second
-
-// recordCache keeps running servers' records for recordTTL.
-type recordCache struct {
-	mu sync.Mutex
-	m  map[fleet.ServerKey]recordEntry
-}
-
-type recordEntry struct {
-	srv   fleet.Server
-	until time.Time
-}
-
-func newRecordCache() *recordCache { return &recordCache{m: map[fleet.ServerKey]recordEntry{}} }
-
-func (c *recordCache) get(k fleet.ServerKey, now time.Time) (fleet.Server, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, ok := c.m[k]
-	if !ok || !now.Before(e.until) {
-		delete(c.m, k)
-		return fleet.Server{}, false
-	}
-	return e.srv, true
-}
-
-func (c *recordCache) put(k fleet.ServerKey, srv fleet.Server, until time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.m) >= cacheLimit {
-		clear(c.m)
-	}
-	c.m[k] = recordEntry{srv: srv, until: until}
-}
 
 // findKey maps a path's slugs to the raw names: from the pod cache for a
 // server with a pod, else from the server records (the caller's own, or

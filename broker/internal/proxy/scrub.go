@@ -3,9 +3,11 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -34,13 +36,33 @@ func textual(h http.Header) bool {
 // passed on.
 var errCompressedText = errors.New("the notebook sent compressed text, which the proxy cannot check for its token")
 
+// smallBody is the longest text answer of known length that is scrubbed
+// in memory, keeping a (corrected) Content-Length: the browser then gets it
+// in one write, without chunked encoding, which is most of what a
+// notebook's UI asks for (its API's JSON, small files). Longer answers and
+// those of unknown length (event streams) stream through a scrubber.
+const smallBody = 64 << 10
+
 // scrub makes resp's body lose every occurrence of token, when it is text.
 func scrub(resp *http.Response, token string) error {
-	if token == "" || resp.StatusCode == http.StatusSwitchingProtocols || !textual(resp.Header) {
+	if token == "" || resp.StatusCode == http.StatusSwitchingProtocols || !textual(resp.Header) ||
+		(resp.Request != nil && resp.Request.Method == http.MethodHead) {
 		return nil
 	}
 	if enc := resp.Header.Get("Content-Encoding"); enc != "" && !strings.EqualFold(enc, "identity") {
 		return errCompressedText
+	}
+	if n := resp.ContentLength; n >= 0 && n <= smallBody {
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return fmt.Errorf("read the notebook's answer: %w", err)
+		}
+		b = bytes.ReplaceAll(b, []byte(token), nil)
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		resp.ContentLength = int64(len(b))
+		resp.Header.Set("Content-Length", strconv.Itoa(len(b)))
+		return nil
 	}
 	resp.Body = newScrubber(resp.Body, token)
 	resp.ContentLength = -1

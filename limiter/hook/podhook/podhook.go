@@ -4,7 +4,7 @@
 // It is the pod runner's (spawner/runner) Limiter for the e2e tests and dev
 // mode: the caller wires it as
 //
-//	runner.Limiter{Wrap: l.Wrap, Env: l.Env()}
+//	runner.Limiter{Wrap: l.Wrap, Env: l.Env(), User: l.User()}
 //
 // so that spawner/runner and this package never import each other.
 //
@@ -18,6 +18,13 @@
 // pod's container would (limiter/hook/README.md, "Threat model"). The hook
 // reads its quota from nothing else: no variable names a path or a limit.
 //
+// Where this process is root, podrun also switches to NotebookUID (podrun
+// -U) before it runs the program, so the notebook runs as a user that is
+// not root, as the Jupyter images' notebooks do; the runner makes the pod's
+// own directories that user's (runner.Limiter.User). Elsewhere podrun
+// works in an unprivileged user namespace, where it cannot switch users,
+// and the program runs as that namespace's root, without capabilities.
+//
 // The C artifacts must be built (stubtest.Need in tests, or `go tool task
 // limiter:build`); New checks that they are.
 package podhook
@@ -27,6 +34,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -35,10 +43,16 @@ import (
 	"github.com/gpubroker/gpubroker/limiter/hook/stubtest"
 )
 
+// NotebookUID is the uid limited processes run as where podrun can switch
+// users: the Jupyter docker-stacks images' notebook user (jovyan, NB_UID
+// 1000).
+const NotebookUID = 1000
+
 // Limiter runs pod processes under the hook over one simulated GPU. Its
 // methods are safe for concurrent use.
 type Limiter struct {
 	state string // the stub driver's device state file
+	uid   int    // NotebookUID when this process is root, else 0
 }
 
 // New returns a Limiter whose processes share the simulated GPU whose state
@@ -59,8 +73,31 @@ func New(stubState string) (*Limiter, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &Limiter{state: stubState}, nil
+	l := &Limiter{state: stubState}
+	if os.Geteuid() == 0 {
+		l.uid = NotebookUID
+		// The stub driver maps the state file into every process on the
+		// simulated GPU, the notebook user's too.
+		f, err := os.OpenFile(stubState, os.O_RDWR|os.O_CREATE, 0o666)
+		if err != nil {
+			return nil, fmt.Errorf("podhook: stub state: %w", err)
+		}
+		err = f.Chmod(0o666)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return nil, fmt.Errorf("podhook: stub state: %w", err)
+		}
+	}
+	return l, nil
 }
+
+// User is the uid that Wrap's argv runs the process as: NotebookUID where
+// this process is root (podrun -U), else 0 (root of podrun's user
+// namespace). The caller gives it the pod's directories (runner.Limiter's
+// User) and lets it reach the stub state file's directory.
+func (l *Limiter) User() int { return l.uid }
 
 func podrun() string { return filepath.Join(stubtest.BuildDir(), "podrun") }
 
@@ -98,5 +135,9 @@ func (l *Limiter) Wrap(pod *corev1.Pod, quotaDir, usageDir string, argv []string
 	if _, _, err := agent.PrepareSlice(root, s); err != nil {
 		return nil, err
 	}
-	return append([]string{podrun(), "-q", quotaDir, "-u", usageDir}, argv...), nil
+	wrapped := []string{podrun(), "-q", quotaDir, "-u", usageDir}
+	if l.uid > 0 {
+		wrapped = append(wrapped, "-U", strconv.Itoa(l.uid))
+	}
+	return append(wrapped, argv...), nil
 }

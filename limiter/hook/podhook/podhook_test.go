@@ -45,6 +45,23 @@ func TestPodRunsInItsSliceUnderTheHook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	wantUID := 0 // root of podrun's user namespace
+	if os.Geteuid() == 0 {
+		wantUID = podhook.NotebookUID
+	}
+	if l.User() != wantUID {
+		t.Fatalf("User() = %d, want %d", l.User(), wantUID)
+	}
+	// The notebook user passes through the test's directories and writes
+	// its answers into outs.
+	shareDirs(t, dir)
+	outs := filepath.Join(dir, "out")
+	if err := os.Mkdir(outs, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(outs, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	cs := fake.NewClientset()
 	r, err := runner.New(runner.Config{
 		Client: cs, Namespace: namespace, Nodes: []string{node}, Dir: filepath.Join(dir, "run"), HostRoot: host,
@@ -53,7 +70,7 @@ func TestPodRunsInItsSliceUnderTheHook(t *testing.T) {
 		Images: map[string]runner.Image{image: {Env: []string{
 			"LD_LIBRARY_PATH=" + stubtest.StubDir(), "GPUBROKER_STUB_STATE=" + filepath.Join(dir, "stub.state")}}},
 		StopGrace: 5 * time.Second, ProbeInterval: 20 * time.Millisecond,
-		Limiter: &runner.Limiter{Wrap: l.Wrap, Env: l.Env()},
+		Limiter: &runner.Limiter{Wrap: l.Wrap, Env: l.Env(), User: l.User()},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -79,7 +96,7 @@ func TestPodRunsInItsSliceUnderTheHook(t *testing.T) {
 	past := strconv.Itoa((sliceMiB + 1) << 20)
 	start := func(server string, limited bool) string {
 		t.Helper()
-		out := filepath.Join(dir, server+".out")
+		out := filepath.Join(outs, server+".out")
 		spec := spawner.Spec{
 			User: "ada", Server: server, SpawnID: "spawn-" + server, Profile: "small", Image: image,
 			Slice: v1.Slice{MemoryMiB: sliceMiB, ComputePercent: 10, ComputeLimitPercent: 50},
@@ -87,7 +104,7 @@ func TestPodRunsInItsSliceUnderTheHook(t *testing.T) {
 			Env:   map[string]string{"OUT": out},
 			// cudaprog's answers land in OUT once complete; the process
 			// then stays up like a notebook until the runner stops it.
-			Command: []string{"/bin/sh", "-c", `"$0" meminfo , alloc linear "$1" >"$OUT.part" 2>&1; mv "$OUT.part" "$OUT"; exec sleep 600`,
+			Command: []string{"/bin/sh", "-c", `"$0" meminfo , alloc linear "$1" >"$OUT.part" 2>&1; echo uid $(id -u) >>"$OUT.part"; mv "$OUT.part" "$OUT"; exec sleep 600`,
 				filepath.Join(stubtest.BuildDir(), "cudaprog"), past},
 		}
 		pod, err := spawner.Pod(cfg, spec)
@@ -134,6 +151,9 @@ func TestPodRunsInItsSliceUnderTheHook(t *testing.T) {
 	if a := got["alloc"]; len(a) < 1 || a[0] != "2" {
 		t.Errorf("limited pod: alloc of %s bytes: %q, want CUDA_ERROR_OUT_OF_MEMORY (2)", past, a)
 	}
+	if u := got["uid"]; len(u) != 1 || u[0] != strconv.Itoa(wantUID) {
+		t.Errorf("limited pod runs as uid %q, want %d", u, wantUID)
+	}
 	q, err := region.ReadQuota(filepath.Join(host, cfg.HostRoot, v1.HostSlicesSubdir, "spawn-limited", "quota", v1.QuotaFileName))
 	if err != nil || q.MemoryLimitBytes != sliceMiB<<20 || q.ComputePercent != 10 || q.ComputeLimitPercent != 50 || q.GPUUUID != stubtest.DeviceUUID {
 		t.Errorf("limited pod's quota file: %+v, %v; want the pod's slice", q, err)
@@ -155,4 +175,15 @@ func podState(t *testing.T, cs *fake.Clientset, server string) string {
 		return err.Error()
 	}
 	return fmt.Sprintf("%s %+v", p.Status.Phase, p.Status.ContainerStatuses)
+}
+
+// shareDirs lets other users pass through dir and its parent (t.TempDir's
+// two levels, 0700 by default), as a node's directories let a pod's user.
+func shareDirs(t *testing.T, dir string) {
+	t.Helper()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
