@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -180,13 +181,18 @@ func runScale(tb testing.TB, cfg scaleConfig) scaleReport {
 	ctx := tb.Context()
 	args := []string{"--reconcile-interval=" + cfg.reconcileInterval.String(), "--reclaim-interval=" + cfg.reclaimInterval.String(),
 		"--orphan-grace=2m"} // the default: the env's 2 s would settle servers whose pods the informer has yet to see
+	// A benchmark's log comes out at its end: its progress goes to stderr.
+	progress := tb.Logf
+	if _, ok := tb.(*testing.B); ok {
+		progress = func(format string, a ...any) { fmt.Fprintf(os.Stderr, "scale: "+format+"\n", a...) }
+	}
 	start := time.Now()
 	e := newEnv(tb, envOptions{nodes: cfg.nodes, gpusPerNode: cfg.gpus, profiles: scaleProfiles, leaderElection: true, brokerArgs: args})
 	replicas := []*harness.Broker{e.broker}
 	for len(replicas) < cfg.replicas {
 		replicas = append(replicas, e.startBroker(args...))
 	}
-	tb.Logf("scale rig: %d nodes × %d GPUs (%d), %d replicas, ready in %s", cfg.nodes, cfg.gpus, len(e.gpus), len(replicas),
+	progress("scale rig: %d nodes × %d GPUs (%d), %d replicas, ready in %s", cfg.nodes, cfg.gpus, len(e.gpus), len(replicas),
 		time.Since(start).Round(time.Millisecond))
 
 	// One transport for the whole load: keep-alive connections for every
@@ -205,8 +211,9 @@ func runScale(tb testing.TB, cfg scaleConfig) scaleReport {
 		}
 	}
 	load := func(what string) harness.Load {
+		progress("%s: %d at %d in flight", what, cfg.servers, cfg.workers)
 		return harness.Load{Count: cfg.servers, Workers: cfg.workers, Rate: cfg.rate, Progress: func(done, failed int) {
-			tb.Logf("  %s: %d of %d done, %d failed", what, done, cfg.servers, failed)
+			progress("  %s: %d of %d done, %d failed", what, done, cfg.servers, failed)
 		}}
 	}
 	var r scaleReport
@@ -243,6 +250,7 @@ func runScale(tb testing.TB, cfg scaleConfig) scaleReport {
 	}
 
 	// At S servers: one reconcile pass on every replica, side by side.
+	progress("at %d servers: a reconcile pass on each replica", cfg.servers)
 	steady0 := replicaCPU(tb, replicas)
 	steadyStart := time.Now()
 	r.passes = make([]passReport, len(replicas))
@@ -270,6 +278,7 @@ func runScale(tb testing.TB, cfg scaleConfig) scaleReport {
 			fillCPUms: 1000 * (cpu1[i] - cpu0[i]) / float64(cfg.servers)})
 	}
 
+	progress("a reclaim cycle")
 	leader, err := reclaimLeader(ctx, replicas)
 	if err != nil {
 		tb.Fatal(err)
@@ -280,6 +289,7 @@ func runScale(tb testing.TB, cfg scaleConfig) scaleReport {
 		tb.Fatalf("reclaim cycle: %v", err)
 	}
 
+	progress("%d watchers, %d events", cfg.watchers, cfg.events)
 	r.watch, err = fanOut(ctx, tb, e, replicas, users[0], "s0", cfg)
 	if err != nil {
 		tb.Fatalf("event fan-out: %v", err)
