@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,6 +70,7 @@ type scaleReport struct {
 	replicas             []replicaUsage
 	watch                watchReport
 	podsGone             time.Duration // from the last delete answered to no managed pod left
+	deleteRetries        atomic.Int64  // deletes answered 503 and sent again
 }
 
 // passReport is one reconcile pass (or reclaim cycle) on one replica: its
@@ -176,7 +178,7 @@ func TestScaleRig(t *testing.T) {
 }
 
 // runScale runs the rig once at cfg's size and logs every figure.
-func runScale(tb testing.TB, cfg scaleConfig) scaleReport {
+func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	tb.Helper()
 	ctx := tb.Context()
 	args := []string{"--reconcile-interval=" + cfg.reconcileInterval.String(), "--reclaim-interval=" + cfg.reclaimInterval.String(),
@@ -216,8 +218,10 @@ func runScale(tb testing.TB, cfg scaleConfig) scaleReport {
 			progress("  %s: %d of %d done, %d failed", what, done, cfg.servers, failed)
 		}}
 	}
-	var r scaleReport
+	r := &scaleReport{}
 	var err error
+	// Whatever was measured is printed, also when a later phase fails.
+	defer logScale(tb, cfg, r)
 
 	r.raw, err = rawPodLoad(ctx, e, load("raw pods"))
 	if err != nil {
@@ -301,10 +305,20 @@ func runScale(tb testing.TB, cfg scaleConfig) scaleReport {
 	r.deletes, err = load("deletes").Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
 		u := i % cfg.users
 		t0 := time.Now()
-		if _, err := clients[u][i%len(replicas)].DeleteServer(ctx, users[u], fmt.Sprintf("s%d", i)); err != nil {
-			return 0, err
+		// A 503 says to try again in a few seconds, as a page would.
+		for try := 0; ; try++ {
+			_, err := clients[u][i%len(replicas)].DeleteServer(ctx, users[u], fmt.Sprintf("s%d", i))
+			var ae *harness.APIError
+			if err == nil || !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable || try == 4 {
+				return time.Since(t0), err
+			}
+			r.deleteRetries.Add(1)
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
 		}
-		return time.Since(t0), nil
 	})
 	if err != nil {
 		tb.Fatalf("deletes: %v", err)
@@ -318,8 +332,6 @@ func runScale(tb testing.TB, cfg scaleConfig) scaleReport {
 		tb.Fatalf("after the deletes: %v", err)
 	}
 	r.podsGone = time.Since(deleted)
-
-	logScale(tb, cfg, r)
 	return r
 }
 
@@ -558,7 +570,7 @@ func fanOut(ctx context.Context, tb testing.TB, e *env, replicas []*harness.Brok
 }
 
 // logScale prints the rig's figures, with the targets of issue 16.
-func logScale(tb testing.TB, cfg scaleConfig, r scaleReport) {
+func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	tb.Helper()
 	rate := "as fast as the workers go"
 	if cfg.rate > 0 {
@@ -566,7 +578,13 @@ func logScale(tb testing.TB, cfg scaleConfig, r scaleReport) {
 	}
 	tb.Logf("scale rig: %d nodes × %d GPUs, %d replicas, %d servers of %d users, %d in flight, %s",
 		cfg.nodes, cfg.gpus, cfg.replicas, cfg.servers, cfg.users, cfg.workers, rate)
+	if len(r.raw.Latencies) == 0 {
+		return
+	}
 	tb.Logf("raw pod creates (client-go):   %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", r.raw.PerSecond(), ms(r.raw.Quantile(0.5)), ms(r.raw.Quantile(0.99)))
+	if len(r.broker.Latencies) == 0 {
+		return
+	}
 	tb.Logf("server creates (brokers):      %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", r.broker.PerSecond(), ms(r.broker.Quantile(0.5)), ms(r.broker.Quantile(0.99)))
 	tb.Logf("ratio %.2f (target ≥ 0.5); added by the broker: p50 %+.0f ms, p99 %+.0f ms (target p99 ≤ +100 ms)",
 		r.broker.PerSecond()/r.raw.PerSecond(), ms(r.broker.Quantile(0.5)-r.raw.Quantile(0.5)), ms(r.broker.Quantile(0.99)-r.raw.Quantile(0.99)))
@@ -577,13 +595,19 @@ func logScale(tb testing.TB, cfg scaleConfig, r scaleReport) {
 			i, ms(p.took), p.window.Seconds(), p.redis, strings.Join(p.topRedis, " "), p.kube)
 		tb.Logf("  replica %d: RSS %.0f MiB (target ≤ 512), %.3f cores at rest, %.2f CPU-ms per create while filling", i, u.rssMiB, u.cores, u.fillCPUms)
 	}
+	if r.reclaim.took == 0 {
+		return
+	}
 	tb.Logf("  reclaim cycle (leader) %.0f ms judging %g servers; in its %.1f s interval %g Redis commands (%s), %g API requests",
 		ms(r.reclaim.took), r.reclaim.decisions, r.reclaim.window.Seconds(), r.reclaim.redis, strings.Join(r.reclaim.topRedis, " "), r.reclaim.kube)
+	if len(r.watch.all) == 0 {
+		return
+	}
 	tb.Logf("  %d watchers of one server opened in %.1f s: %.1f KiB broker RSS and %.2f Redis connections per watcher",
 		cfg.watchers, r.watch.open.Seconds(), r.watch.perWatcherKiB, float64(r.watch.redisConns)/float64(cfg.watchers))
 	tb.Logf("  fan-out of %d events: event→watcher p50 %.0f ms p99 %.0f ms; event→all watchers p50 %.0f ms p99 %.0f ms",
 		len(r.watch.all), ms(harness.Quantile(r.watch.each, 0.5)), ms(harness.Quantile(r.watch.each, 0.99)),
 		ms(harness.Quantile(r.watch.all, 0.5)), ms(harness.Quantile(r.watch.all, 0.99)))
-	tb.Logf("deletes: %.1f/s answered (p50 %.0f ms, p99 %.0f ms); every pod gone %.1f s after the last",
-		r.deletes.PerSecond(), ms(r.deletes.Quantile(0.5)), ms(r.deletes.Quantile(0.99)), r.podsGone.Seconds())
+	tb.Logf("deletes: %d answered, %.1f/s (p50 %.0f ms, p99 %.0f ms, with %d sent again after a 503); every pod gone %.1f s after the last",
+		len(r.deletes.Latencies), r.deletes.PerSecond(), ms(r.deletes.Quantile(0.5)), ms(r.deletes.Quantile(0.99)), r.deleteRetries.Load(), r.podsGone.Seconds())
 }
