@@ -183,11 +183,7 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	ctx := tb.Context()
 	args := []string{"--reconcile-interval=" + cfg.reconcileInterval.String(), "--reclaim-interval=" + cfg.reclaimInterval.String(),
 		"--orphan-grace=2m"} // the default: the env's 2 s would settle servers whose pods the informer has yet to see
-	// A benchmark's log comes out at its end: its progress goes to stderr.
-	progress := tb.Logf
-	if _, ok := tb.(*testing.B); ok {
-		progress = func(format string, a ...any) { fmt.Fprintf(os.Stderr, "scale: "+format+"\n", a...) }
-	}
+	progress := sayer(tb)
 	start := time.Now()
 	e := newEnv(tb, envOptions{nodes: cfg.nodes, gpusPerNode: cfg.gpus, profiles: scaleProfiles, leaderElection: true, brokerArgs: args})
 	replicas := []*harness.Broker{e.broker}
@@ -569,45 +565,55 @@ func fanOut(ctx context.Context, tb testing.TB, e *env, replicas []*harness.Brok
 	return r, nil
 }
 
+// sayer is where the rig writes: the test's log, or for a benchmark (whose
+// log comes out at its end, cut to ten lines without -v) stderr at once.
+func sayer(tb testing.TB) func(format string, a ...any) {
+	if _, ok := tb.(*testing.B); ok {
+		return func(format string, a ...any) { fmt.Fprintf(os.Stderr, "scale: "+format+"\n", a...) }
+	}
+	return tb.Logf
+}
+
 // logScale prints the rig's figures, with the targets of issue 16.
 func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	tb.Helper()
+	say := sayer(tb)
 	rate := "as fast as the workers go"
 	if cfg.rate > 0 {
 		rate = fmt.Sprintf("at most %g/s", cfg.rate)
 	}
-	tb.Logf("scale rig: %d nodes × %d GPUs, %d replicas, %d servers of %d users, %d in flight, %s",
+	say("scale rig: %d nodes × %d GPUs, %d replicas, %d servers of %d users, %d in flight, %s",
 		cfg.nodes, cfg.gpus, cfg.replicas, cfg.servers, cfg.users, cfg.workers, rate)
 	if len(r.raw.Latencies) == 0 {
 		return
 	}
-	tb.Logf("raw pod creates (client-go):   %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", r.raw.PerSecond(), ms(r.raw.Quantile(0.5)), ms(r.raw.Quantile(0.99)))
+	say("raw pod creates (client-go):   %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", r.raw.PerSecond(), ms(r.raw.Quantile(0.5)), ms(r.raw.Quantile(0.99)))
 	if len(r.broker.Latencies) == 0 {
 		return
 	}
-	tb.Logf("server creates (brokers):      %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", r.broker.PerSecond(), ms(r.broker.Quantile(0.5)), ms(r.broker.Quantile(0.99)))
-	tb.Logf("ratio %.2f (target ≥ 0.5); added by the broker: p50 %+.0f ms, p99 %+.0f ms (target p99 ≤ +100 ms)",
+	say("server creates (brokers):      %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", r.broker.PerSecond(), ms(r.broker.Quantile(0.5)), ms(r.broker.Quantile(0.99)))
+	say("ratio %.2f (target ≥ 0.5); added by the broker: p50 %+.0f ms, p99 %+.0f ms (target p99 ≤ +100 ms)",
 		r.broker.PerSecond()/r.raw.PerSecond(), ms(r.broker.Quantile(0.5)-r.raw.Quantile(0.5)), ms(r.broker.Quantile(0.99)-r.raw.Quantile(0.99)))
-	tb.Logf("at %d servers (%d listed running):", cfg.servers, r.listed)
+	say("at %d servers (%d listed running):", cfg.servers, r.listed)
 	for i, p := range r.passes {
 		u := r.replicas[i]
-		tb.Logf("  replica %d: reconcile pass %6.0f ms (target ≤ 1000); in its %.1f s interval %g Redis commands (%s), %g API requests",
+		say("  replica %d: reconcile pass %6.0f ms (target ≤ 1000); in its %.1f s interval %g Redis commands (%s), %g API requests",
 			i, ms(p.took), p.window.Seconds(), p.redis, strings.Join(p.topRedis, " "), p.kube)
-		tb.Logf("  replica %d: RSS %.0f MiB (target ≤ 512), %.3f cores at rest, %.2f CPU-ms per create while filling", i, u.rssMiB, u.cores, u.fillCPUms)
+		say("  replica %d: RSS %.0f MiB (target ≤ 512), %.3f cores at rest, %.2f CPU-ms per create while filling", i, u.rssMiB, u.cores, u.fillCPUms)
 	}
 	if r.reclaim.took == 0 {
 		return
 	}
-	tb.Logf("  reclaim cycle (leader) %.0f ms judging %g servers; in its %.1f s interval %g Redis commands (%s), %g API requests",
+	say("  reclaim cycle (leader) %.0f ms judging %g servers; in its %.1f s interval %g Redis commands (%s), %g API requests",
 		ms(r.reclaim.took), r.reclaim.decisions, r.reclaim.window.Seconds(), r.reclaim.redis, strings.Join(r.reclaim.topRedis, " "), r.reclaim.kube)
 	if len(r.watch.all) == 0 {
 		return
 	}
-	tb.Logf("  %d watchers of one server opened in %.1f s: %.1f KiB broker RSS and %.2f Redis connections per watcher",
+	say("  %d watchers of one server opened in %.1f s: %.1f KiB broker RSS and %.2f Redis connections per watcher",
 		cfg.watchers, r.watch.open.Seconds(), r.watch.perWatcherKiB, float64(r.watch.redisConns)/float64(cfg.watchers))
-	tb.Logf("  fan-out of %d events: event→watcher p50 %.0f ms p99 %.0f ms; event→all watchers p50 %.0f ms p99 %.0f ms",
+	say("  fan-out of %d events: event→watcher p50 %.0f ms p99 %.0f ms; event→all watchers p50 %.0f ms p99 %.0f ms",
 		len(r.watch.all), ms(harness.Quantile(r.watch.each, 0.5)), ms(harness.Quantile(r.watch.each, 0.99)),
 		ms(harness.Quantile(r.watch.all, 0.5)), ms(harness.Quantile(r.watch.all, 0.99)))
-	tb.Logf("deletes: %d answered, %.1f/s (p50 %.0f ms, p99 %.0f ms, with %d sent again after a 503); every pod gone %.1f s after the last",
+	say("deletes: %d answered, %.1f/s (p50 %.0f ms, p99 %.0f ms, with %d sent again after a 503); every pod gone %.1f s after the last",
 		len(r.deletes.Latencies), r.deletes.PerSecond(), ms(r.deletes.Quantile(0.5)), ms(r.deletes.Quantile(0.99)), r.deleteRetries.Load(), r.podsGone.Seconds())
 }
