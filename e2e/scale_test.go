@@ -82,6 +82,7 @@ type passReport struct {
 	redis, kube  float64
 	topRedis     []string
 	decisions    float64 // reclaim only: servers judged
+	failed       float64 // passes that ended in an error (result="error")
 }
 
 // replicaUsage is one replica at S servers.
@@ -160,6 +161,9 @@ func TestScaleRig(t *testing.T) {
 		t.Errorf("%d passes and %d replica usages, want %d each", len(r.passes), len(r.replicas), cfg.replicas)
 	}
 	for i, p := range r.passes {
+		if p.failed > 0 {
+			t.Errorf("replica %d: the measured reconcile pass failed", i)
+		}
 		if p.took <= 0 || p.redis <= 0 {
 			t.Errorf("replica %d: reconcile pass took %s with %g Redis commands; want both > 0", i, p.took, p.redis)
 		}
@@ -458,6 +462,7 @@ func onePass(ctx context.Context, b *harness.Broker, passes, durSum string, time
 		kube:      d.Sum("gpubroker_kubernetes_requests_total"),
 		topRedis:  d.Top("gpubroker_redis_commands_total", 4),
 		decisions: d.Sum("gpubroker_reclaim_decisions_total") / n,
+		failed:    d[passes+`{result="error"}`],
 	}, nil
 }
 
@@ -597,8 +602,8 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	say("at %d servers (%d listed running):", cfg.servers, r.listed)
 	for i, p := range r.passes {
 		u := r.replicas[i]
-		say("  replica %d: reconcile pass %6.0f ms (target ≤ 1000); in its %.1f s interval %g Redis commands (%s), %g API requests",
-			i, ms(p.took), p.window.Seconds(), p.redis, strings.Join(p.topRedis, " "), p.kube)
+		say("  replica %d: reconcile pass %6.0f ms (target ≤ 1000; %g of it failed); in its %.1f s interval %g Redis commands (%s), %g API requests",
+			i, ms(p.took), p.failed, p.window.Seconds(), p.redis, strings.Join(p.topRedis, " "), p.kube)
 		say("  replica %d: RSS %.0f MiB (target ≤ 512), %.3f cores at rest, %.2f CPU-ms per create while filling", i, u.rssMiB, u.cores, u.fillCPUms)
 	}
 	if r.reclaim.took == 0 {
