@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,9 +32,6 @@ const (
 	costIdle    = 10 * time.Second
 	costRate    = 50 // creates per second
 	costCreates = 500
-	// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's CPU times: 100
-	// on every Linux architecture Go supports.
-	clockTicks = 100
 )
 
 // rawCreatorEnv makes the test binary the plain client-go pod creator
@@ -129,7 +124,7 @@ func (u usage) rssMiB() float64 { return float64(u.maxRSS) / 1024 }
 // measure runs work and returns the CPU time process pid used meanwhile
 // and its largest resident set, sampled every 100 ms.
 func measure(ctx context.Context, pid int, work func(ctx context.Context) error) (usage, error) {
-	cpu0, err := procCPU(pid)
+	cpu0, err := harness.ProcCPU(pid)
 	if err != nil {
 		return usage{}, err
 	}
@@ -140,7 +135,7 @@ func measure(ctx context.Context, pid int, work func(ctx context.Context) error)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if rss, err := procRSS(pid); err == nil {
+		if rss, err := harness.ProcRSS(pid); err == nil {
 			u.maxRSS = max(u.maxRSS, rss)
 		}
 		select {
@@ -148,7 +143,7 @@ func measure(ctx context.Context, pid int, work func(ctx context.Context) error)
 			if err != nil {
 				return usage{}, err
 			}
-			cpu1, err := procCPU(pid)
+			cpu1, err := harness.ProcCPU(pid)
 			if err != nil {
 				return usage{}, err
 			}
@@ -157,42 +152,6 @@ func measure(ctx context.Context, pid int, work func(ctx context.Context) error)
 		case <-tick.C:
 		}
 	}
-}
-
-// procCPU is utime+stime of pid in seconds (/proc/<pid>/stat).
-func procCPU(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces; fields after it follow ')'.
-	rest := string(b[bytes.LastIndexByte(b, ')')+2:])
-	f := strings.Fields(rest) // f[0] is field 3 (state); utime is field 14
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
-	}
-	ut, err1 := strconv.ParseFloat(f[11], 64)
-	st, err2 := strconv.ParseFloat(f[12], 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
-	}
-	return (ut + st) / clockTicks, nil
-}
-
-// procRSS is VmRSS of pid in KiB (/proc/<pid>/status).
-func procRSS(pid int) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
 }
 
 // brokerCreates creates costCreates servers through the broker, costRate a

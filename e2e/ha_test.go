@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -406,36 +405,5 @@ func cyclesOf(t *testing.T, bs []*harness.Broker) map[*harness.Broker]float64 {
 	return out
 }
 
-// scrape reads a broker's /metrics: each series (name and labels as
-// written) with its value.
-func scrape(ctx context.Context, b *harness.Broker) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.MetricsURL+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("scrape %s: %w", b.MetricsURL, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("scrape %s: %w", b.MetricsURL, err)
-	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(string(body), "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			return nil, fmt.Errorf("scrape %s: %q: %w", b.MetricsURL, line, err)
-		}
-		out[line[:i]] = v
-	}
-	return out, nil
-}
+// scrape reads a broker's /metrics.
+func scrape(ctx context.Context, b *harness.Broker) (harness.Metrics, error) { return b.Scrape(ctx) }

@@ -36,8 +36,13 @@ func (c *Client) Events(ctx context.Context, user, name, lastEventID string) (*E
 	if lastEventID != "" {
 		req.Header.Set("Last-Event-ID", lastEventID)
 	}
-	// No client timeout: the stream is long-lived; ctx bounds it.
-	resp, err := http.DefaultTransport.RoundTrip(req)
+	// No client timeout: the stream is long-lived; ctx bounds it. The
+	// client's own transport, when it has one, keeps its connection pool.
+	rt := http.DefaultTransport
+	if c.HTTP != nil && c.HTTP.Transport != nil {
+		rt = c.HTTP.Transport
+	}
+	resp, err := rt.RoundTrip(req)
 	if err != nil {
 		return nil, fmt.Errorf("events %s: %w", path, err)
 	}

@@ -215,6 +215,13 @@ func TestEventsFollowLive(t *testing.T) {
 	if got[0].ID != "2-0" || got[len(got)-1].ID != "7-0" {
 		t.Errorf("ids %q..%q, want 2-0..7-0", got[0].ID, got[len(got)-1].ID)
 	}
+	// The replay and the read after stopped do not wait; every live event
+	// came through the blocking read (the streams' own Redis pool).
+	h.servers.mu.Lock()
+	defer h.servers.mu.Unlock()
+	if h.servers.unblocked != 2 {
+		t.Errorf("%d reads without waiting, want 2 (the replay, and after the terminal event)", h.servers.unblocked)
+	}
 }
 
 // TestEventsKeepaliveAndWriteTimeout: with nothing happening the stream

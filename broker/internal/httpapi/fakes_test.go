@@ -30,6 +30,8 @@ type fakeServers struct {
 	spawns  int
 	changed chan struct{} // closed and replaced on every event
 	fail    map[string]error
+	// unblocked counts Events calls that do not wait (block <= 0).
+	unblocked int
 	// creates records the (actor, user, groups) of every Create call.
 	creates []createCall
 	// actors records the actor and operation of every Create, Delete and
@@ -220,6 +222,11 @@ func (f *fakeServers) Delete(_ context.Context, by audit.Actor, k fleet.ServerKe
 
 func (f *fakeServers) Events(ctx context.Context, k fleet.ServerKey, after string, block time.Duration) ([]fleet.Event, error) {
 	var timeout <-chan time.Time
+	if block <= 0 {
+		f.mu.Lock()
+		f.unblocked++
+		f.mu.Unlock()
+	}
 	if block > 0 {
 		t := time.NewTimer(block)
 		defer t.Stop()

@@ -79,11 +79,19 @@ func (a *api) serverEvents(c echo.Context) error {
 			}
 			last := evs[len(evs)-1]
 			after, terminal = last.ID, fleet.Terminal(last.State)
-			// Read on without waiting: more may be retained (a new spawn).
-			if evs, err = a.deps.Servers.Events(ctx, k, after, 0); err != nil {
-				return a.streamFailed(ctx, c, out, err)
+			if terminal {
+				// Read on without waiting: more may be retained (a new spawn).
+				if evs, err = a.deps.Servers.Events(ctx, k, after, 0); err != nil {
+					return a.streamFailed(ctx, c, out, err)
+				}
+				continue
 			}
-			continue
+			// A live server's next events come from the blocking read below,
+			// which answers at once with any already there: every follower of
+			// an event reads on over the streams' own pool, never all of them
+			// at once over the pool placement uses (the scale rig: 1,000
+			// watchers reading on after each event timed out on it).
+			evs = nil
 		}
 		if terminal {
 			return nil

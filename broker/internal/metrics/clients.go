@@ -11,8 +11,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// RedisHook returns a go-redis hook that counts failed commands in
-// gpubroker_redis_errors_total by command name. A missing key (redis.Nil),
+// RedisHook returns a go-redis hook that counts the commands sent in
+// gpubroker_redis_commands_total and the failed ones in
+// gpubroker_redis_errors_total, by command name. A missing key (redis.Nil),
 // a script not cached yet (NOSCRIPT, which go-redis answers by sending the
 // script), a caller that gave up (context.Canceled) and the handshake
 // go-redis sends on every new connection (HELLO, CLIENT SETINFO, which
@@ -52,6 +53,7 @@ func (h redisHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 
 func (h redisHook) count(name string, err error) {
 	name = strings.ToLower(name)
+	h.b.redisCmds.WithLabelValues(name).Inc()
 	if err == nil || name == "hello" || name == "client" || errors.Is(err, redis.Nil) || errors.Is(err, context.Canceled) || strings.HasPrefix(err.Error(), "NOSCRIPT") {
 		return
 	}
@@ -59,7 +61,8 @@ func (h redisHook) count(name string, err error) {
 }
 
 // KubeTransport wraps the Kubernetes client's transport (rest.Config's
-// WrapTransport) so that failed requests are counted in
+// WrapTransport) so that every request is counted in
+// gpubroker_kubernetes_requests_total by method, and failed ones in
 // gpubroker_kubernetes_request_errors_total: answers 429 and 5xx by method
 // and code, and requests without an answer as code "none" (unless the
 // caller gave up).
@@ -73,6 +76,7 @@ type kubeTransport struct {
 }
 
 func (t kubeTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	t.b.kubeReqs.WithLabelValues(r.Method).Inc()
 	resp, err := t.next.RoundTrip(r)
 	switch {
 	case err != nil:

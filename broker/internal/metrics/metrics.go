@@ -82,7 +82,9 @@ type Broker struct {
 	streams    prometheus.Gauge
 	proxied    prometheus.Gauge
 	redisErrs  *prometheus.CounterVec // command
+	redisCmds  *prometheus.CounterVec // command
 	kubeErrs   *prometheus.CounterVec // method, code
+	kubeReqs   *prometheus.CounterVec // method
 	depUp      *prometheus.GaugeVec   // dependency
 
 	fleet *fleetSeries
@@ -134,6 +136,10 @@ func New(reg prometheus.Registerer, o Options) (*Broker, error) {
 			Help: "Connections to notebooks the broker's proxy holds open on this replica."}),
 		redisErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "redis_errors_total",
 			Help: "Redis commands that failed (network, timeout or server error; a missing key is no error), by command."}, []string{"command"}),
+		redisCmds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "redis_commands_total",
+			Help: "Redis commands sent (each command of a pipeline or transaction counts), by command."}, []string{"command"}),
+		kubeReqs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "kubernetes_requests_total",
+			Help: "Kubernetes API requests sent (a watch counts once, when it opens), by HTTP method."}, []string{"method"}),
 		kubeErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "kubernetes_request_errors_total",
 			Help: "Kubernetes API requests that failed, by HTTP method and code: 429 and 5xx answers, and \"none\" for requests that got no answer."}, []string{"method", "code"}),
 		depUp: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "dependency_up",
@@ -146,7 +152,7 @@ func New(reg prometheus.Registerer, o Options) (*Broker, error) {
 
 	cs := []prometheus.Collector{build, b.spawn, b.placement, b.refusals, b.reconcile, b.passes, b.repairs,
 		b.cycles, b.cycleTime, b.leader, b.decisions, b.actions, b.freed, b.freedTotal, b.requests, b.latency,
-		b.streams, b.proxied, b.redisErrs, b.kubeErrs, b.depUp,
+		b.streams, b.proxied, b.redisErrs, b.redisCmds, b.kubeErrs, b.kubeReqs, b.depUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
 	cs = append(cs, b.fleet)
 	var errs []error

@@ -252,7 +252,7 @@ func TestNoUserSeriesWithoutTheOption(t *testing.T) {
 	}
 }
 
-func TestRedisHookCountsFailuresOnly(t *testing.T) {
+func TestRedisHookCountsCommandsAndFailures(t *testing.T) {
 	b, reg := newBroker(t, metrics.Options{})
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -285,9 +285,15 @@ func TestRedisHookCountsFailuresOnly(t *testing.T) {
 	if n, _ := testutil.GatherAndCount(reg, "gpubroker_redis_errors_total"); n != 1 {
 		t.Errorf("%d error series, want only get's (NOSCRIPT and the connection handshake are no errors)", n)
 	}
+	if got := value(t, reg, "gpubroker_redis_commands_total", prometheus.Labels{"command": "get"}); got != 4 {
+		t.Errorf("get commands = %v, want 4 (two alone, two in a pipeline; failed or not)", got)
+	}
+	if got := value(t, reg, "gpubroker_redis_commands_total", prometheus.Labels{"command": "rpush"}); got != 1 {
+		t.Errorf("rpush commands = %v, want 1", got)
+	}
 }
 
-func TestKubeTransportCountsFailedRequests(t *testing.T) {
+func TestKubeTransportCountsRequestsAndFailures(t *testing.T) {
 	b, reg := newBroker(t, metrics.Options{})
 	codes := []int{200, 404, 429, 503}
 	i := 0
@@ -318,6 +324,9 @@ gpubroker_kubernetes_request_errors_total{code="none",method="GET"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "gpubroker_kubernetes_request_errors_total"); err != nil {
 		t.Error(err)
+	}
+	if got := value(t, reg, "gpubroker_kubernetes_requests_total", prometheus.Labels{"method": "GET"}); got != 5 {
+		t.Errorf("GET requests = %v, want 5 (every request, answered or not)", got)
 	}
 }
 

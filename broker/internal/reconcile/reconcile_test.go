@@ -3,7 +3,9 @@ package reconcile_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -308,4 +310,50 @@ func TestResumesARecordThatFellBehindItsPod(t *testing.T) {
 	if rep, err := r.Once(ctx); err != nil || rep.ResumedServers != 0 {
 		t.Errorf("second pass: report %+v, err %v; want nothing resumed", rep, err)
 	}
+}
+
+// TestSteadyPassReadsEachRecordOnce: at a fleet's steady state (every pod
+// running, every record running) a pass reads the records in its one
+// listing and replays nothing, so its Redis reads do not grow by a round
+// trip per server (Redis INFO commandstats counts the HGETALLs).
+func TestSteadyPassReadsEachRecordOnce(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	const n = 5
+	for i := range n {
+		runningServer(t, f, fmt.Sprintf("user%d", i), "nb", fmt.Sprintf("10.0.0.%d", i+1))
+	}
+	r := newReconciler(f)
+	if _, err := r.Once(ctx); err != nil { // the first pass may still catch up
+		t.Fatal(err)
+	}
+	rdb := f.Redis.Client(t)
+	hgetall := func() int {
+		t.Helper()
+		info, err := rdb.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_hgetall:calls="); ok {
+				calls, _, _ := strings.Cut(rest, ",")
+				v, err := strconv.Atoi(calls)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+		}
+		return 0
+	}
+	before := hgetall()
+	rep, err := r.Once(ctx)
+	if err != nil || !rep.Complete || rep.Servers != n {
+		t.Fatalf("steady pass: %+v %v, want %d servers, complete", rep, err, n)
+	}
+	// The allocations hash and one read per record: n+1.
+	if got := hgetall() - before; got > n+1 {
+		t.Errorf("a steady pass over %d running servers sent %d HGETALLs, want at most %d (one listing, no read per pod)", n, got, n+1)
+	}
+	f.Verify(t)
 }

@@ -441,3 +441,38 @@ func TestListDeleteRestoreServers(t *testing.T) {
 		}
 	})
 }
+
+// TestListServersReadsManyInBatches: a listing longer than one batch
+// (listBatch records a round trip) returns every record in order and drops
+// expired members found in any batch.
+func TestListServersReadsManyInBatches(t *testing.T) {
+	srv := redistest.Start(t)
+	s, _ := newStore(t, srv)
+	n := 2*listBatch + 7
+	for i := range n {
+		if _, _, err := s.CreateServer(t.Context(), pendingServer(fmt.Sprintf("u%04d", i), "nb", fmt.Sprintf("sp-%d", i), "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rdb := srv.Client(t)
+	for _, i := range []int{3, listBatch + 1, n - 1} { // one expired record in each batch
+		if err := rdb.Del(t.Context(), s.k.Server(fmt.Sprintf("u%04d", i), "nb")).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := s.ListServers(t.Context(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != n-3 {
+		t.Fatalf("ListServers = %d servers, want %d", len(list), n-3)
+	}
+	for i := 1; i < len(list); i++ {
+		if list[i-1].User >= list[i].User {
+			t.Fatalf("list out of order at %d: %s before %s", i, list[i-1].User, list[i].User)
+		}
+	}
+	if got := rdb.SCard(t.Context(), s.k.AllServers()).Val(); got != int64(n-3) {
+		t.Errorf("all-servers set has %d members, want the 3 expired ones removed (%d)", got, n-3)
+	}
+}

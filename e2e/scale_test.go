@@ -1,0 +1,624 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/e2e/harness"
+)
+
+// The scale rig's flags (go test ... -args -scale-nodes=50), with the
+// defaults of `go tool task bench:scale`: a 200-node fleet of 8 GPUs each,
+// three replicas, 4,000 servers.
+var (
+	scaleNodes     = flag.Int("scale-nodes", 200, "BenchmarkScale: kwok nodes")
+	scaleGPUs      = flag.Int("scale-gpus", 8, "BenchmarkScale: GPUs per node")
+	scaleReplicas  = flag.Int("scale-replicas", 3, "BenchmarkScale: broker replicas on the one Redis")
+	scaleServers   = flag.Int("scale-servers", 4000, "BenchmarkScale: servers created (and raw pods, for the comparison)")
+	scaleUsers     = flag.Int("scale-users", 400, "BenchmarkScale: users the servers belong to")
+	scaleWorkers   = flag.Int("scale-workers", 32, "BenchmarkScale: creates in flight at most (each waits until running)")
+	scaleRate      = flag.Float64("scale-rate", 0, "BenchmarkScale: creates started per second at most, 0 = as fast as the workers go")
+	scaleWatchers  = flag.Int("scale-watchers", 1000, "BenchmarkScale: event-stream watchers of one server")
+	scaleEvents    = flag.Int("scale-events", 20, "BenchmarkScale: events fanned out to the watchers")
+	scaleReconcile = flag.Duration("scale-reconcile-interval", 10*time.Second, "BenchmarkScale: the brokers' --reconcile-interval")
+)
+
+// scaleConfig sizes one run of the scale rig.
+type scaleConfig struct {
+	nodes, gpus, replicas int
+	servers, users        int
+	workers               int
+	rate                  float64 // creates/s at most; 0: no cap
+	watchers, events      int
+	reconcileInterval     time.Duration
+	reclaimInterval       time.Duration
+}
+
+// scaleProfiles lets every user hold many servers of 1 % compute (100 fit
+// a GPU): the rig measures the broker at a fleet's size, not quotas.
+const scaleProfiles = `
+profiles:
+  - name: tiny
+    displayName: Tiny
+    image: example.invalid/notebook:1
+    cpu: "100m"
+    memory: 256Mi
+    slice: {memoryMiB: 256, computePercent: 1, computeLimitPercent: 10}
+quotas:
+  defaultUser: {servers: 1000}
+`
+
+// scaleReport is what one run measured.
+type scaleReport struct {
+	raw, broker, deletes harness.LoadResult
+	listed               int // servers running at S, as the admin's list reads them
+	passes               []passReport
+	reclaim              passReport
+	replicas             []replicaUsage
+	watch                watchReport
+	podsGone             time.Duration // from the last delete answered to no managed pod left
+	deleteRetries        atomic.Int64  // deletes answered 503 and sent again
+}
+
+// passReport is one reconcile pass (or reclaim cycle) on one replica: its
+// duration, and the Redis commands and Kubernetes requests the replica
+// sent during the interval that held it (the pass and the replica's other
+// loops: readiness, Lease, fleet series).
+type passReport struct {
+	took, window time.Duration
+	redis, kube  float64
+	topRedis     []string
+	decisions    float64 // reclaim only: servers judged
+	failed       float64 // passes that ended in an error (result="error")
+}
+
+// replicaUsage is one replica at S servers.
+type replicaUsage struct {
+	rssMiB      float64
+	cores       float64 // CPU cores over the steady window
+	fillCPUms   float64 // CPU ms per create while filling
+	watchRSSMiB float64 // RSS with the watchers open
+}
+
+// watchReport is the event-stream fan-out.
+type watchReport struct {
+	open          time.Duration
+	perWatcherKiB float64
+	redisConns    int64     // Redis client connections the watchers added
+	rssAfter      []float64 // each replica's RSS in MiB with the watchers open
+	each          []time.Duration
+	all           []time.Duration
+}
+
+// BenchmarkScale is the scale rig: kwok with -scale-nodes × -scale-gpus
+// GPUs (registered through the admin API, as the node agents do),
+// -scale-replicas brokers on one Redis, -scale-servers raw pod creates by a
+// plain client-go client and then as many servers through the brokers from
+// -scale-users users, the reconciler, reclaimer and -scale-watchers
+// event-stream watchers measured at that size, then every server deleted.
+//
+//	go test -run='^$' -bench=Scale -benchtime=1x -timeout=90m ./e2e/
+func BenchmarkScale(b *testing.B) {
+	cfg := scaleConfig{nodes: *scaleNodes, gpus: *scaleGPUs, replicas: *scaleReplicas, servers: *scaleServers,
+		users: *scaleUsers, workers: *scaleWorkers, rate: *scaleRate, watchers: *scaleWatchers, events: *scaleEvents,
+		reconcileInterval: *scaleReconcile, reclaimInterval: 10 * time.Second}
+	for range b.N {
+		r := runScale(b, cfg)
+		b.ReportMetric(r.broker.PerSecond()/r.raw.PerSecond(), "create-ratio")
+		b.ReportMetric(ms(r.broker.Quantile(0.99)-r.raw.Quantile(0.99)), "added-p99-ms")
+		var worst float64
+		for _, p := range r.passes {
+			worst = max(worst, ms(p.took))
+		}
+		b.ReportMetric(worst, "reconcile-pass-ms")
+		var rss float64
+		for _, u := range r.replicas {
+			rss = max(rss, u.rssMiB)
+		}
+		b.ReportMetric(rss, "max-replica-rss-MiB")
+		b.ReportMetric(ms(r.reclaim.took), "reclaim-cycle-ms")
+		b.ReportMetric(r.watch.perWatcherKiB, "KiB/watcher")
+		b.ReportMetric(ms(harness.Quantile(r.watch.all, 0.99)), "fanout-all-p99-ms")
+	}
+}
+
+// TestScaleRig runs the scale rig at a small size (2 nodes × 8 GPUs, two
+// replicas, 20 servers, 20 watchers) so that it keeps working, and checks
+// what it measured adds up: every create and delete done, every server
+// listed running at the top, passes and cycles observed with their calls,
+// every event reaching every watcher, no pod left.
+func TestScaleRig(t *testing.T) {
+	t.Parallel()
+	cfg := scaleConfig{nodes: 2, gpus: 8, replicas: 2, servers: 20, users: 4, workers: 4, watchers: 20, events: 3,
+		reconcileInterval: time.Second, reclaimInterval: 5 * time.Second}
+	r := runScale(t, cfg)
+	if n := len(r.raw.Latencies); n != cfg.servers {
+		t.Errorf("%d raw pods ran, want %d", n, cfg.servers)
+	}
+	if n := len(r.broker.Latencies); n != cfg.servers {
+		t.Errorf("%d servers ran, want %d", n, cfg.servers)
+	}
+	if r.listed != cfg.servers {
+		t.Errorf("the admin's list shows %d servers running, want %d", r.listed, cfg.servers)
+	}
+	if n := len(r.deletes.Latencies); n != cfg.servers {
+		t.Errorf("%d deletes answered, want %d", n, cfg.servers)
+	}
+	if len(r.passes) != cfg.replicas || len(r.replicas) != cfg.replicas {
+		t.Errorf("%d passes and %d replica usages, want %d each", len(r.passes), len(r.replicas), cfg.replicas)
+	}
+	for i, p := range r.passes {
+		if p.failed > 0 {
+			t.Errorf("replica %d: the measured reconcile pass failed", i)
+		}
+		if p.took <= 0 || p.redis <= 0 {
+			t.Errorf("replica %d: reconcile pass took %s with %g Redis commands; want both > 0", i, p.took, p.redis)
+		}
+	}
+	if r.reclaim.took <= 0 || r.reclaim.decisions != float64(cfg.servers) {
+		t.Errorf("reclaim cycle took %s judging %g servers; want > 0 and %d", r.reclaim.took, r.reclaim.decisions, cfg.servers)
+	}
+	if len(r.watch.all) != cfg.events || len(r.watch.each) != cfg.events*cfg.watchers {
+		t.Errorf("fan-out: %d events, %d receipts; want %d and %d", len(r.watch.all), len(r.watch.each), cfg.events, cfg.events*cfg.watchers)
+	}
+	for i, u := range r.replicas {
+		if u.rssMiB <= 0 {
+			t.Errorf("replica %d: RSS %g MiB", i, u.rssMiB)
+		}
+	}
+}
+
+// runScale runs the rig once at cfg's size and logs every figure.
+func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
+	tb.Helper()
+	ctx := tb.Context()
+	args := []string{"--reconcile-interval=" + cfg.reconcileInterval.String(), "--reclaim-interval=" + cfg.reclaimInterval.String(),
+		"--orphan-grace=2m"} // the default: the env's 2 s would settle servers whose pods the informer has yet to see
+	progress := sayer(tb)
+	start := time.Now()
+	e := newEnv(tb, envOptions{nodes: cfg.nodes, gpusPerNode: cfg.gpus, profiles: scaleProfiles, leaderElection: true, brokerArgs: args})
+	replicas := []*harness.Broker{e.broker}
+	for len(replicas) < cfg.replicas {
+		replicas = append(replicas, e.startBroker(args...))
+	}
+	progress("scale rig: %d nodes × %d GPUs (%d), %d replicas, ready in %s", cfg.nodes, cfg.gpus, len(e.gpus), len(replicas),
+		time.Since(start).Round(time.Millisecond))
+
+	// One transport for the whole load: keep-alive connections for every
+	// worker instead of a fresh one per call.
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = cfg.workers * 2
+	hc := &http.Client{Timeout: 2 * time.Minute, Transport: tr}
+	tb.Cleanup(tr.CloseIdleConnections)
+	users := make([]string, cfg.users)
+	clients := make([][]*harness.Client, cfg.users) // by user, then replica
+	for u := range users {
+		users[u] = fmt.Sprintf("u%04d", u)
+		tok := e.token(users[u], "ml")
+		for _, b := range replicas {
+			clients[u] = append(clients[u], &harness.Client{BaseURL: b.URL, Token: tok, HTTP: hc})
+		}
+	}
+	load := func(what string) harness.Load {
+		progress("%s: %d at %d in flight", what, cfg.servers, cfg.workers)
+		return harness.Load{Count: cfg.servers, Workers: cfg.workers, Rate: cfg.rate, Progress: func(done, failed int) {
+			progress("  %s: %d of %d done, %d failed", what, done, cfg.servers, failed)
+		}}
+	}
+	r := &scaleReport{}
+	var err error
+	// Whatever was measured is printed, also when a later phase fails.
+	defer logScale(tb, cfg, r)
+
+	r.raw, err = rawPodLoad(ctx, e, load("raw pods"))
+	if err != nil {
+		tb.Fatalf("raw pods: %v", err)
+	}
+
+	managed, err := harness.WatchPods(ctx, e.cluster.Client, e.ns, v1.LabelManagedBy+"="+v1.ManagedByValue)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer managed.Stop()
+	cpu0 := replicaCPU(tb, replicas)
+	r.broker, err = load("servers").Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
+		u := i % cfg.users
+		return createRunning(ctx, clients[u][i%len(replicas)], users[u], fmt.Sprintf("s%d", i))
+	})
+	if err != nil {
+		tb.Fatalf("servers through the brokers: %v", err)
+	}
+	cpu1 := replicaCPU(tb, replicas)
+
+	all, err := e.admin.AllServers(ctx)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, s := range all {
+		if s.State == v1.StateRunning {
+			r.listed++
+		}
+	}
+
+	// At S servers: one reconcile pass on every replica, side by side.
+	progress("at %d servers: a reconcile pass on each replica", cfg.servers)
+	steady0 := replicaCPU(tb, replicas)
+	steadyStart := time.Now()
+	r.passes = make([]passReport, len(replicas))
+	var wg sync.WaitGroup
+	errs := make([]error, len(replicas))
+	for i, b := range replicas {
+		wg.Go(func() {
+			r.passes[i], errs[i] = onePass(ctx, b, "gpubroker_reconcile_passes_total", "gpubroker_reconcile_pass_duration_seconds_sum",
+				3*cfg.reconcileInterval+time.Minute)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		tb.Fatalf("reconcile pass: %v", err)
+	}
+	steady1 := replicaCPU(tb, replicas)
+	steadyWall := time.Since(steadyStart)
+	for i, b := range replicas {
+		rss, err := harness.ProcRSS(b.Pid())
+		if err != nil {
+			tb.Fatal(err)
+		}
+		r.replicas = append(r.replicas, replicaUsage{rssMiB: float64(rss) / 1024,
+			cores:     (steady1[i] - steady0[i]) / steadyWall.Seconds(),
+			fillCPUms: 1000 * (cpu1[i] - cpu0[i]) / float64(cfg.servers)})
+	}
+
+	progress("a reclaim cycle")
+	leader, err := reclaimLeader(ctx, replicas)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r.reclaim, err = onePass(ctx, leader, `gpubroker_reclaim_cycles_total`, "gpubroker_reclaim_cycle_duration_seconds_sum",
+		3*cfg.reclaimInterval+time.Minute)
+	if err != nil {
+		tb.Fatalf("reclaim cycle: %v", err)
+	}
+
+	progress("%d watchers, %d events", cfg.watchers, cfg.events)
+	r.watch, err = fanOut(ctx, tb, e, replicas, users[0], "s0", cfg)
+	if err != nil {
+		tb.Fatalf("event fan-out: %v", err)
+	}
+	for i := range replicas {
+		r.replicas[i].watchRSSMiB = r.watch.rssAfter[i]
+	}
+
+	r.deletes, err = load("deletes").Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
+		u := i % cfg.users
+		t0 := time.Now()
+		// A 503 says to try again in a few seconds, as a page would.
+		for try := 0; ; try++ {
+			_, err := clients[u][i%len(replicas)].DeleteServer(ctx, users[u], fmt.Sprintf("s%d", i))
+			var ae *harness.APIError
+			if err == nil || !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable || try == 4 {
+				return time.Since(t0), err
+			}
+			r.deleteRetries.Add(1)
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}
+	})
+	if err != nil {
+		tb.Fatalf("deletes: %v", err)
+	}
+	deleted := time.Now()
+	err = harness.Poll(ctx, 200*time.Millisecond, 5*time.Minute, func(context.Context) (bool, string, error) {
+		n := managed.Count()
+		return n == 0, fmt.Sprintf("%d managed pods left", n), nil
+	})
+	if err != nil {
+		tb.Fatalf("after the deletes: %v", err)
+	}
+	r.podsGone = time.Since(deleted)
+	return r
+}
+
+// createRunning creates user's server name and follows its event stream
+// until it runs; the latency is from the PUT to the running event.
+func createRunning(ctx context.Context, c *harness.Client, user, name string) (time.Duration, error) {
+	start := time.Now()
+	if _, status, err := c.CreateServer(ctx, user, name, "", v1.CreateServerRequest{Profile: "tiny"}); err != nil {
+		return 0, fmt.Errorf("create %s/%s: %d %w", user, name, status, err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	stream, err := c.Events(sctx, user, name, "")
+	if err != nil {
+		return 0, err
+	}
+	defer stream.Close()
+	for {
+		ev, err := stream.Next()
+		if err != nil {
+			return 0, fmt.Errorf("events of %s/%s: %w", user, name, err)
+		}
+		switch ev.State {
+		case v1.StateRunning:
+			return time.Since(start), nil
+		case v1.StateFailed:
+			return 0, fmt.Errorf("%s/%s failed: %s", user, name, ev.Message)
+		}
+	}
+}
+
+// rawPodLoad creates the load's pods with the plain admin client-go client
+// (QPS 200, burst 400), pinned to the env's nodes in turn, each waited on
+// until Running, then deletes them all and waits until they are gone.
+func rawPodLoad(ctx context.Context, e *env, l harness.Load) (harness.LoadResult, error) {
+	const label = "scale-raw"
+	w, err := harness.WatchPods(ctx, e.cluster.Client, e.ns, "bench="+label)
+	if err != nil {
+		return harness.LoadResult{}, err
+	}
+	defer w.Stop()
+	pods := e.cluster.Client.CoreV1().Pods(e.ns)
+	res, err := l.Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
+		name := fmt.Sprintf("%s-%d", label, i)
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"bench": label}},
+			Spec: corev1.PodSpec{
+				NodeName:   e.nodes[i%len(e.nodes)],
+				Containers: []corev1.Container{{Name: "notebook", Image: "example.invalid/notebook:1"}},
+			},
+		}
+		running := w.Running(name)
+		start := time.Now()
+		if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			return 0, fmt.Errorf("create pod %s: %w", name, err)
+		}
+		select {
+		case <-running:
+			return time.Since(start), nil
+		case <-time.After(2 * time.Minute):
+			return 0, fmt.Errorf("pod %s not running within 2 minutes", name)
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	})
+	if err != nil {
+		return res, err
+	}
+	zero := int64(0)
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{LabelSelector: "bench=" + label}); err != nil {
+		return res, fmt.Errorf("delete the raw pods: %w", err)
+	}
+	err = harness.Poll(ctx, 200*time.Millisecond, 5*time.Minute, func(context.Context) (bool, string, error) {
+		n := w.Count()
+		return n == 0, fmt.Sprintf("%d raw pods left", n), nil
+	})
+	return res, err
+}
+
+// replicaCPU is each replica's CPU seconds so far.
+func replicaCPU(tb testing.TB, replicas []*harness.Broker) []float64 {
+	tb.Helper()
+	out := make([]float64, len(replicas))
+	for i, b := range replicas {
+		c, err := harness.ProcCPU(b.Pid())
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out[i] = c
+	}
+	return out
+}
+
+// onePass waits for the counter `passes` of b to move twice and measures
+// the interval between: the pass that ended it (its duration from the
+// histogram sum durSum) and the Redis commands and Kubernetes requests b
+// sent meanwhile.
+func onePass(ctx context.Context, b *harness.Broker, passes, durSum string, timeout time.Duration) (passReport, error) {
+	next := func(after float64) (harness.Metrics, time.Time, error) {
+		var m harness.Metrics
+		err := harness.Poll(ctx, 20*time.Millisecond, timeout, func(ctx context.Context) (bool, string, error) {
+			var err error
+			if m, err = b.Scrape(ctx); err != nil {
+				return false, err.Error(), nil
+			}
+			return m.Sum(passes) > after, fmt.Sprintf("%s = %g", passes, m.Sum(passes)), nil
+		})
+		return m, time.Now(), err
+	}
+	m, err := b.Scrape(ctx)
+	if err != nil {
+		return passReport{}, err
+	}
+	m0, t0, err := next(m.Sum(passes))
+	if err != nil {
+		return passReport{}, fmt.Errorf("%s: %w", b.URL, err)
+	}
+	m1, t1, err := next(m0.Sum(passes))
+	if err != nil {
+		return passReport{}, fmt.Errorf("%s: %w", b.URL, err)
+	}
+	d := m1.Delta(m0)
+	n := d.Sum(passes)
+	return passReport{
+		took:      time.Duration(d.Sum(durSum) / n * float64(time.Second)),
+		window:    t1.Sub(t0),
+		redis:     d.Sum("gpubroker_redis_commands_total"),
+		kube:      d.Sum("gpubroker_kubernetes_requests_total"),
+		topRedis:  d.Top("gpubroker_redis_commands_total", 4),
+		decisions: d.Sum("gpubroker_reclaim_decisions_total") / n,
+		failed:    d[passes+`{result="error"}`],
+	}, nil
+}
+
+// reclaimLeader is the replica whose metrics say it holds the reclaim
+// Lease, waiting up to a minute for exactly one.
+func reclaimLeader(ctx context.Context, replicas []*harness.Broker) (*harness.Broker, error) {
+	var leader *harness.Broker
+	err := harness.Poll(ctx, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, string, error) {
+		leaders, err := leadersOf(ctx, replicas)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		if len(leaders) == 1 {
+			leader = leaders[0]
+		}
+		return len(leaders) == 1, fmt.Sprintf("%d replicas lead", len(leaders)), nil
+	})
+	return leader, err
+}
+
+// fanOut opens cfg.watchers event streams of user's server name, spread
+// over the replicas, measures the replicas' RSS and the Redis connections
+// they added, then resizes the server cfg.events times (each resize is one
+// event) and measures how long each event took to reach each watcher.
+func fanOut(ctx context.Context, tb testing.TB, e *env, replicas []*harness.Broker, user, name string, cfg scaleConfig) (watchReport, error) {
+	var r watchReport
+	rdb := e.redis.Client(tb)
+	conns := func() (int64, error) {
+		info, err := rdb.Info(ctx, "clients").Result()
+		if err != nil {
+			return 0, err
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_clients:"); ok {
+				var n int64
+				_, err := fmt.Sscan(v, &n)
+				return n, err
+			}
+		}
+		return 0, errors.New("INFO clients: no connected_clients")
+	}
+	rss := func() ([]float64, float64, error) {
+		var sum float64
+		out := make([]float64, len(replicas))
+		for i, b := range replicas {
+			kib, err := harness.ProcRSS(b.Pid())
+			if err != nil {
+				return nil, 0, err
+			}
+			out[i] = float64(kib) / 1024
+			sum += float64(kib)
+		}
+		return out, sum, nil
+	}
+	_, rss0, err := rss()
+	if err != nil {
+		return r, err
+	}
+	c0, err := conns()
+	if err != nil {
+		return r, err
+	}
+	admins := make([]*harness.Client, len(replicas))
+	tok := e.token("watch-admin", adminGroup)
+	for i, b := range replicas {
+		admins[i] = &harness.Client{BaseURL: b.URL, Token: tok}
+	}
+	start := time.Now()
+	w, err := harness.OpenWatchers(ctx, admins, user, name, cfg.watchers)
+	if err != nil {
+		return r, err
+	}
+	defer w.Close()
+	r.open = time.Since(start)
+	// The replays of the server's past events have reached every watcher
+	// once its running event has.
+	if _, err := w.WaitEvent(ctx, time.Time{}, time.Minute); err != nil {
+		return r, fmt.Errorf("replay: %w", err)
+	}
+	var sum1 float64
+	if r.rssAfter, sum1, err = rss(); err != nil {
+		return r, err
+	}
+	c1, err := conns()
+	if err != nil {
+		return r, err
+	}
+	r.perWatcherKiB = (sum1 - rss0) / float64(cfg.watchers)
+	r.redisConns = c1 - c0
+	owner := &harness.Client{BaseURL: replicas[0].URL, Token: e.token(user, "ml")}
+	for i := range cfg.events {
+		limit := 20 - 10*(i%2) // the profile's 10 %, so every resize changes it
+		t0 := time.Now()
+		var out v1.ResizeResult
+		if _, err := owner.Do(ctx, http.MethodPatch, harness.ServerPath(user, name)+"/slice", v1.ResizeRequest{ComputeLimitPercent: &limit}, nil, &out); err != nil {
+			return r, fmt.Errorf("resize %d: %w", i, err)
+		}
+		f, err := w.WaitEvent(ctx, t0, time.Minute)
+		if err != nil {
+			return r, fmt.Errorf("event of resize %d: %w", i, err)
+		}
+		r.each = append(r.each, f.Latencies...)
+		r.all = append(r.all, f.All())
+	}
+	return r, nil
+}
+
+// sayer is where the rig writes: the test's log, or for a benchmark (whose
+// log comes out at its end, cut to ten lines without -v) stderr at once.
+func sayer(tb testing.TB) func(format string, a ...any) {
+	if _, ok := tb.(*testing.B); ok {
+		return func(format string, a ...any) { fmt.Fprintf(os.Stderr, "scale: "+format+"\n", a...) }
+	}
+	return tb.Logf
+}
+
+// logScale prints the rig's figures, with the targets of issue 16.
+func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
+	tb.Helper()
+	say := sayer(tb)
+	rate := "as fast as the workers go"
+	if cfg.rate > 0 {
+		rate = fmt.Sprintf("at most %g/s", cfg.rate)
+	}
+	say("scale rig: %d nodes × %d GPUs, %d replicas, %d servers of %d users, %d in flight, %s",
+		cfg.nodes, cfg.gpus, cfg.replicas, cfg.servers, cfg.users, cfg.workers, rate)
+	if len(r.raw.Latencies) == 0 {
+		return
+	}
+	say("raw pod creates (client-go):   %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", r.raw.PerSecond(), ms(r.raw.Quantile(0.5)), ms(r.raw.Quantile(0.99)))
+	if len(r.broker.Latencies) == 0 {
+		return
+	}
+	say("server creates (brokers):      %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", r.broker.PerSecond(), ms(r.broker.Quantile(0.5)), ms(r.broker.Quantile(0.99)))
+	say("ratio %.2f (target ≥ 0.5); added by the broker: p50 %+.0f ms, p99 %+.0f ms (target p99 ≤ +100 ms)",
+		r.broker.PerSecond()/r.raw.PerSecond(), ms(r.broker.Quantile(0.5)-r.raw.Quantile(0.5)), ms(r.broker.Quantile(0.99)-r.raw.Quantile(0.99)))
+	say("at %d servers (%d listed running):", cfg.servers, r.listed)
+	for i, p := range r.passes {
+		u := r.replicas[i]
+		say("  replica %d: reconcile pass %6.0f ms (target ≤ 1000; %g of it failed); in its %.1f s interval %g Redis commands (%s), %g API requests",
+			i, ms(p.took), p.failed, p.window.Seconds(), p.redis, strings.Join(p.topRedis, " "), p.kube)
+		say("  replica %d: RSS %.0f MiB (target ≤ 512), %.3f cores at rest, %.2f CPU-ms per create while filling", i, u.rssMiB, u.cores, u.fillCPUms)
+	}
+	if r.reclaim.took == 0 {
+		return
+	}
+	say("  reclaim cycle (leader) %.0f ms judging %g servers; in its %.1f s interval %g Redis commands (%s), %g API requests",
+		ms(r.reclaim.took), r.reclaim.decisions, r.reclaim.window.Seconds(), r.reclaim.redis, strings.Join(r.reclaim.topRedis, " "), r.reclaim.kube)
+	if len(r.watch.all) == 0 {
+		return
+	}
+	say("  %d watchers of one server opened in %.1f s: %.1f KiB broker RSS and %.2f Redis connections per watcher",
+		cfg.watchers, r.watch.open.Seconds(), r.watch.perWatcherKiB, float64(r.watch.redisConns)/float64(cfg.watchers))
+	say("  fan-out of %d events: event→watcher p50 %.0f ms p99 %.0f ms; event→all watchers p50 %.0f ms p99 %.0f ms",
+		len(r.watch.all), ms(harness.Quantile(r.watch.each, 0.5)), ms(harness.Quantile(r.watch.each, 0.99)),
+		ms(harness.Quantile(r.watch.all, 0.5)), ms(harness.Quantile(r.watch.all, 0.99)))
+	say("deletes: %d answered, %.1f/s (p50 %.0f ms, p99 %.0f ms, with %d sent again after a 503); every pod gone %.1f s after the last",
+		len(r.deletes.Latencies), r.deletes.PerSecond(), ms(r.deletes.Quantile(0.5)), ms(r.deletes.Quantile(0.99)), r.deleteRetries.Load(), r.podsGone.Seconds())
+}
