@@ -451,3 +451,56 @@ func TestStoppedServerKeepsWhyItEnded(t *testing.T) {
 		t.Errorf("crashed server's stop message %q: want why it stopped", s.Message)
 	}
 }
+
+// TestCreateRetryKeepsTheNotebookToken: the first attempt of a create
+// makes the Secret and the pod, but the API server's answer to the pod is
+// lost (a timeout), so the start stays in creating; the same-key retry
+// finds the pod of its spawn and returns the same server. The Secret must
+// still hold the token the pod was started with: the notebook reads it at
+// start, and the broker's proxy reads it from the Secret.
+func TestCreateRetryKeepsTheNotebookToken(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	lost := false
+	f.Kube.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if lost {
+			return false, nil, nil
+		}
+		lost = true
+		obj := a.(k8stesting.CreateAction).GetObject()
+		if err := f.Kube.Tracker().Create(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, obj, serverstest.Namespace); err != nil {
+			t.Errorf("tracker create: %v", err)
+		}
+		return true, nil, apierrors.NewServerTimeout(schema.GroupResource{Resource: "pods"}, "create", 1)
+	})
+	first, _, err := f.Service.Create(ctx, serverstest.By, "jo", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
+	if err == nil {
+		t.Fatalf("first attempt = %+v, want the lost answer's error", first)
+	}
+	secret := func() string {
+		t.Helper()
+		s, err := f.Kube.CoreV1().Secrets(serverstest.Namespace).Get(ctx, spawner.SecretName("jo", "nb"), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(s.Data[v1.EnvNotebookToken])
+	}
+	started := secret() // what the pod's container reads at start
+	if started == "" {
+		t.Fatal("the Secret has no notebook token")
+	}
+	again, created, err := f.Service.Create(ctx, serverstest.By, "jo", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
+	if err != nil || created {
+		t.Fatalf("retry = %v (created %v), want the same server", err, created)
+	}
+	if got := f.Pod(t, "jo", "nb").Annotations[v1.AnnotationSpawnID]; got != again.SpawnID {
+		t.Errorf("retry answered spawn %s, the pod is spawn %s", again.SpawnID, got)
+	}
+	if got := secret(); got != started {
+		t.Errorf("the retry rewrote the Secret's notebook token: the pod started with %q, the Secret now holds %q", started, got)
+	}
+	tok, err := f.Pods.NotebookToken(ctx, "jo", "nb", again.SpawnID)
+	if err != nil || tok != started {
+		t.Errorf("the broker's token for the spawn %q (%v), want the pod's %q", tok, err, started)
+	}
+}
