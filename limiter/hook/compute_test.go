@@ -14,9 +14,12 @@ import (
 )
 
 // TestComputeShareTracksTarget runs slices that launch back to back
-// (saturating) for 10 s after a 1 s warm-up and measures each slice's share
-// of the device's SM time from the stub's counters. Every case has its own
-// simulated device and runs in parallel with the others.
+// (saturating) and measures each slice's share of the device's SM time from
+// the stub's counters over 10 s, after every process has launched and 1 s
+// of warm-up. Every case has its own simulated device and runs in parallel
+// with the others. The processes saturate until the test ends and the
+// window is timed by the stub's clock, so a test goroutine that is late on
+// a loaded machine only moves or lengthens the window.
 func TestComputeShareTracksTarget(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -56,8 +59,10 @@ func TestComputeShareTracksTarget(t *testing.T) {
 		{name: "25 in a pid namespace, steered by the agent's samples", members: []member{{25, 25, 25}}, hidden: true},
 	}
 	// All cases run at once, each on its own simulated device, so the suite
-	// spends one window, not one per case.
-	ms := int((warmup + window + 2*time.Second).Milliseconds())
+	// spends one window, not one per case. The processes saturate until they
+	// are killed at cleanup: a fixed run time ended before the window on a
+	// loaded machine, where starting a dozen processes can take longer.
+	const ms = 10 * 60 * 1000
 	devs := make([]*device, len(tests))
 	procs := make([][]*proc, len(tests))
 	ctx, cancel := context.WithCancel(t.Context())
@@ -81,6 +86,9 @@ func TestComputeShareTracksTarget(t *testing.T) {
 			agents.Go(func() { fakeAgent(ctx, t, devs[c], procs[c], files) })
 		}
 	}
+	for c := range tests {
+		waitLaunching(t, devs[c], procs[c]...)
+	}
 	time.Sleep(warmup) // the processes run on their own; sleeping only places the window
 	before := make([]stubState, len(tests))
 	for c := range tests {
@@ -101,6 +109,29 @@ func TestComputeShareTracksTarget(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// waitLaunching waits until the stub has charged SM time to every process
+// in ps, failing the test after 30 s.
+func waitLaunching(t *testing.T, dev *device, ps ...*proc) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s := dev.stub()
+		waiting := ""
+		for _, p := range ps {
+			if s.procSMNs(p.pid()) == 0 {
+				waiting += fmt.Sprintf(" %d (stderr %q)", p.pid(), p.errText())
+			}
+		}
+		if waiting == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes not launching within 30 s:%s", waiting)
+		}
+		<-time.After(5 * time.Millisecond)
 	}
 }
 
@@ -151,7 +182,9 @@ func TestComputeQuotaChangeAppliesLive(t *testing.T) {
 	}
 	dev := newDevice(t)
 	f := dev.newSlice("s")
-	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 25}, "saturate", "busy_200us", "132", "12000")
+	// Saturating until killed at cleanup, however long the steps take.
+	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 25}, "saturate", "busy_200us", "132", fmt.Sprint(10*60*1000))
+	waitLaunching(t, dev, p)
 	share := func() float64 {
 		a := dev.stub()
 		time.Sleep(2 * time.Second) // the window; the process runs on its own
