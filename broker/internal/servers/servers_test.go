@@ -156,7 +156,7 @@ func TestRefusals(t *testing.T) {
 		{name: "profile for another group", user: "carol", server: "a", req: v1.CreateServerRequest{Profile: "big"},
 			wantErr: fleet.ErrForbidden, wantMsg: `profile "big" is not offered to your groups`},
 		{name: "no room on any GPU", user: "carol", groups: []string{"ml"}, server: "a", req: v1.CreateServerRequest{Profile: "big"},
-			wantErr: fleet.ErrNoCapacity, wantMsg: "no GPU has 30720 MiB free; the largest free block is 10240 MiB on node n1"},
+			wantErr: fleet.ErrNoCapacity, wantMsg: "no GPU has 30 GiB free; the largest free block is 10 GiB on node n1"},
 		{name: "reserved env", user: "carol", server: "b", req: v1.CreateServerRequest{Profile: "small", Env: map[string]string{"LD_PRELOAD": "/x.so"}},
 			wantErr: fleet.ErrInvalid, wantMsg: "LD_PRELOAD is set by gpubroker"},
 		{name: "bad server name", user: "carol", server: "a/b", req: v1.CreateServerRequest{Profile: "small"},

@@ -127,7 +127,7 @@ async def test_quota_refusal_is_a_clean_user_error(broker, make_spawner, user_na
     with pytest.raises(BrokerSpawnError) as e:
         await third.start()
     assert e.value.status_code == 403
-    assert "quota exceeded: it allows 2 servers at once, and 2 are in use" in str(e.value)
+    assert "quota exceeded: you have 0 of 2 servers left (2 in use)" in str(e.value)
     assert e.value.jupyterhub_message == str(e.value)
     assert await third.poll() == 0  # nothing half-made for the hub to stop
     rec = await broker_server(broker, user, "c")
