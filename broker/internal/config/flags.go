@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/limiter/cliconfig"
 	"github.com/gpubroker/gpubroker/spawner"
@@ -257,8 +256,10 @@ var spawnerResync = spawner.DefaultResync.String()
 // in-pod hook's log level and the notebook pod's own environment (a broker
 // run as the pod runner's child inherits them). The hook reads no other
 // variable: its slice comes from the fixed in-pod files only.
+// (The last three are broker/api/v1's EnvLogLevel, EnvPodIP and
+// EnvBaseURL, spelled out: this package does not import the wire types.)
 var foreignEnv = []string{"GPUBROKER_AGENT_", "GPUBROKER_TEST_", "GPUBROKER_STUB_",
-	v1.EnvLogLevel, v1.EnvPodIP, v1.EnvBaseURL}
+	"GPUBROKER_LIMITER_LOG", "GPUBROKER_POD_IP", "GPUBROKER_BASE_URL"}
 
 // durationFlag is a duration flag that must be at least least (time.Nanosecond: > 0).
 func durationFlag(name string, p *time.Duration, def string, least time.Duration, help string) cliconfig.Flag {

@@ -150,7 +150,7 @@ async def test_capacity_refusal_names_the_free_memory(broker, make_spawner, user
     with pytest.raises(BrokerSpawnError) as e:
         await fourth.start()
     assert e.value.status_code == 409
-    assert str(e.value).startswith("no GPU has 24576 MiB free")
+    assert str(e.value).startswith("no GPU has 24 GiB free")
     for sp in held:
         await sp.stop()
 
