@@ -106,7 +106,7 @@ func TestWhatANewUserMeets(t *testing.T) {
 	var ae *harness.APIError
 	if !errors.As(err, &ae) || ae.Status != http.StatusForbidden || ae.Body.Limit == nil ||
 		*ae.Body.Limit != (v1.Limit{Kind: v1.LimitQuota, Scope: "user", Name: "alice", Resource: "servers", Limit: 2, Used: 2, Want: 1}) ||
-		ae.Body.Message != "user alice quota exceeded: it allows 2 servers at once, and 2 are in use" {
+		ae.Body.Message != "user alice quota exceeded: you have 0 of 2 servers left (2 in use)" {
 		t.Errorf("third server: %v (limit %+v), want 403 naming the servers quota and its use", err, ae.Body.Limit)
 	}
 	if _, err := alice.GetServer(ctx, "alice", "nb3"); !errors.As(err, &ae) || ae.Status != http.StatusNotFound {

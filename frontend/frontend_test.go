@@ -463,7 +463,7 @@ func TestPolicyFormCarriesEveryField(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := full
-	want.UpdatedBy, want.UpdatedAt = "", nil // read-only: the server sets them
+	want.UpdatedBy, want.UpdatedAt, want.Source = "", nil, "" // read-only: the server sets them
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("PUT from the unchanged form (-want +got):\n%s", diff)
 	}

@@ -104,7 +104,9 @@ func New(cs kubernetes.Interface, cfg Config, log *slog.Logger, opts ...Option) 
 // terminating; retry later), ErrNotOwned (an object of that name is not
 // gpubroker's), ErrRejected (the API server refused the objects for good),
 // or the API error (retryable). After an error the Secret may exist without
-// the pod; Delete(ctx, s.User, s.Server, s.SpawnID) removes it.
+// the pod; Delete(ctx, s.User, s.Server, s.SpawnID) removes it. A retry for
+// the same spawn keeps the Secret the first attempt wrote (secretEnv of the
+// retry is not written): the spawn's pod reads that one.
 func (c *Client) Create(ctx context.Context, s Spec, secretEnv map[string]string) error {
 	s.SecretEnv = len(secretEnv) > 0
 	var bad []error
@@ -156,7 +158,10 @@ func (c *Client) Create(ctx context.Context, s Spec, secretEnv map[string]string
 }
 
 // putSecret creates secret, or updates the gpubroker Secret of that name
-// (an earlier spawn's, or this spawn's on a retry) to hold it.
+// left by an earlier spawn to hold it. A Secret of the same spawn (a retry
+// of a create whose answer was lost) is left as it is: the spawn's pod may
+// already run with its values, its notebook token above all, which the
+// proxy reads back from the Secret.
 func (c *Client) putSecret(ctx context.Context, secret *corev1.Secret) error {
 	api := c.cs.CoreV1().Secrets(c.cfg.Namespace)
 	for range maxConflictRetries {
@@ -175,6 +180,8 @@ func (c *Client) putSecret(ctx context.Context, secret *corev1.Secret) error {
 			return apiError("create secret: get existing", secret.Name, err)
 		case old.Labels[v1.LabelManagedBy] != v1.ManagedByValue:
 			return fmt.Errorf("create secret %s: a secret of that name exists: %w", secret.Name, ErrNotOwned)
+		case old.Annotations[v1.AnnotationSpawnID] == secret.Annotations[v1.AnnotationSpawnID]:
+			return nil
 		}
 		next := old.DeepCopy()
 		next.Labels, next.Annotations, next.Data, next.StringData = secret.Labels, secret.Annotations, secret.Data, nil

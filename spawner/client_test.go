@@ -336,6 +336,13 @@ func TestCreateWithSecret(t *testing.T) {
 	if refs := pod.Spec.Containers[0].EnvFrom; len(refs) != 1 || refs[0].SecretRef.Name != secretName {
 		t.Errorf("pod envFrom = %+v, want the secret %s", refs, secretName)
 	}
+	// A retry for the same spawn leaves the Secret its pod started with.
+	if err := h.client.Create(ctx, spec, map[string]string{"JUPYTERHUB_API_TOKEN": "tok-retry"}); err != nil {
+		t.Fatal(err)
+	}
+	if sec, err := h.cs.CoreV1().Secrets("notebooks").Get(ctx, secretName, metav1.GetOptions{}); err != nil || string(sec.Data["JUPYTERHUB_API_TOKEN"]) != "tok-1" {
+		t.Errorf("secret after a retry of the spawn: %v (%v), want its first tok-1", sec.Data, err)
+	}
 
 	// A later spawn after the pod is gone takes over the old Secret.
 	if err := h.client.Delete(ctx, spec.User, spec.Server, spec.SpawnID); err != nil {

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"math"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,9 +15,13 @@ import (
 )
 
 // TestComputeShareTracksTarget runs slices that launch back to back
-// (saturating) for 10 s after a 1 s warm-up and measures each slice's share
-// of the device's SM time from the stub's counters. Every case has its own
-// simulated device and runs in parallel with the others.
+// (saturating) and measures each slice's share of the device's SM time from
+// the stub's counters over 10 s, after every process has launched and 1 s
+// of warm-up, over the time each was asking (askingShare: a launcher
+// descheduled on a loaded machine asks for nothing meanwhile). Every case has its own simulated device and runs in parallel
+// with the others. The processes saturate until the test ends and the
+// window is timed by the stub's clock, so a test goroutine that is late on
+// a loaded machine only moves or lengthens the window.
 func TestComputeShareTracksTarget(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -56,8 +61,10 @@ func TestComputeShareTracksTarget(t *testing.T) {
 		{name: "25 in a pid namespace, steered by the agent's samples", members: []member{{25, 25, 25}}, hidden: true},
 	}
 	// All cases run at once, each on its own simulated device, so the suite
-	// spends one window, not one per case.
-	ms := int((warmup + window + 2*time.Second).Milliseconds())
+	// spends one window, not one per case. The processes saturate until they
+	// are killed at cleanup: a fixed run time ended before the window on a
+	// loaded machine, where starting a dozen processes can take longer.
+	const ms = 10 * 60 * 1000
 	devs := make([]*device, len(tests))
 	procs := make([][]*proc, len(tests))
 	ctx, cancel := context.WithCancel(t.Context())
@@ -81,6 +88,9 @@ func TestComputeShareTracksTarget(t *testing.T) {
 			agents.Go(func() { fakeAgent(ctx, t, devs[c], procs[c], files) })
 		}
 	}
+	for c := range tests {
+		waitLaunching(t, devs[c], procs[c]...)
+	}
 	time.Sleep(warmup) // the processes run on their own; sleeping only places the window
 	before := make([]stubState, len(tests))
 	for c := range tests {
@@ -90,17 +100,40 @@ func TestComputeShareTracksTarget(t *testing.T) {
 	for c, tc := range tests {
 		a, b := before[c], devs[c].stub()
 		t.Run(tc.name, func(t *testing.T) {
-			span := float64(b.NowNs-a.NowNs) * float64(b.SMCount)
 			for i, m := range tc.members {
 				pid := procs[c][i].pid()
-				got := float64(b.procSMNs(pid)-a.procSMNs(pid)) / span * 100
-				t.Logf("slice %d (guarantee %d%%, limit %d%%): %.1f%% of the device", i, m.guarantee, m.limit, got)
+				got := askingShare(a, b, pid)
+				t.Logf("slice %d (guarantee %d%%, limit %d%%): %.1f%% of the device over the %.1f s of %.1f s it was asking", i, m.guarantee, m.limit, got,
+					float64(b.NowNs-a.NowNs-(b.procStallNs(pid)-a.procStallNs(pid)))/1e9, float64(b.NowNs-a.NowNs)/1e9)
 				if m.want >= 0 && math.Abs(got-m.want) > tolerance {
 					t.Errorf("slice %d (guarantee %d%%, limit %d%%) got %.1f%% of the SMs, want %.0f ± %.0f",
 						i, m.guarantee, m.limit, got, m.want, tolerance)
 				}
 			}
 		})
+	}
+}
+
+// waitLaunching waits until the stub has charged SM time to every process
+// in ps, failing the test after 30 s.
+func waitLaunching(t *testing.T, dev *device, ps ...*proc) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s := dev.stub()
+		waiting := ""
+		for _, p := range ps {
+			if s.procSMNs(p.pid()) == 0 {
+				waiting += fmt.Sprintf(" %d (stderr %q)", p.pid(), p.errText())
+			}
+		}
+		if waiting == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes not launching within 30 s:%s", waiting)
+		}
+		<-time.After(5 * time.Millisecond)
 	}
 }
 
@@ -143,7 +176,7 @@ func fakeAgent(ctx context.Context, t *testing.T, dev *device, procs []*proc, fi
 
 // TestComputeQuotaChangeAppliesLive moves a running, saturating slice from
 // 25 % to 75 % and back through its quota file; each share is measured over
-// 2 s starting 1 s after the change.
+// 2 s starting 1 s after the change, over the time the slice was asking.
 func TestComputeQuotaChangeAppliesLive(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -151,12 +184,14 @@ func TestComputeQuotaChangeAppliesLive(t *testing.T) {
 	}
 	dev := newDevice(t)
 	f := dev.newSlice("s")
-	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 25}, "saturate", "busy_200us", "132", "12000")
+	// Saturating until killed at cleanup, however long the steps take.
+	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 25}, "saturate", "busy_200us", "132", fmt.Sprint(10*60*1000))
+	waitLaunching(t, dev, p)
 	share := func() float64 {
 		a := dev.stub()
 		time.Sleep(2 * time.Second) // the window; the process runs on its own
 		b := dev.stub()
-		return float64(b.procSMNs(p.pid())-a.procSMNs(p.pid())) / (float64(b.NowNs-a.NowNs) * float64(b.SMCount)) * 100
+		return askingShare(a, b, p.pid())
 	}
 	steps := []struct {
 		percent int
@@ -175,5 +210,44 @@ func TestComputeQuotaChangeAppliesLive(t *testing.T) {
 		} else {
 			t.Logf("target %.0f%%: share %.1f%%", s.want, got)
 		}
+	}
+}
+
+// TestComputeStalledLauncherDoesNotBurst stops a saturating 25 % slice's
+// process (SIGSTOP) for 150 ms in every 450 ms, as a loaded CPU or a
+// debugger would, and measures its share of the device over the time it
+// was asking (the stub counts the stops as stalls). Stopped, it launches
+// nothing and its measured share is low; a pacer that raised its rate for
+// that would let it burst past its share after every stop.
+func TestComputeStalledLauncherDoesNotBurst(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("6 s measurement; skipped with -short")
+	}
+	dev := newDevice(t)
+	f := dev.newSlice("s")
+	p := dev.start(f, slice{MemoryMiB: 64, ComputePercent: 25}, "saturate", "busy_200us", "132", fmt.Sprint(10*60*1000))
+	waitLaunching(t, dev, p)
+	time.Sleep(time.Second) // warm-up; the process runs on its own
+	a := dev.stub()
+	for range 14 {
+		time.Sleep(300 * time.Millisecond) // running
+		if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(150 * time.Millisecond) // stopped
+		if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := dev.stub()
+	got := askingShare(a, b, p.pid())
+	stalled := time.Duration(b.procStallNs(p.pid()) - a.procStallNs(p.pid()))
+	t.Logf("share over the time it was asking (%.1f s stalled of %.1f s): %.1f%%", stalled.Seconds(), float64(b.NowNs-a.NowNs)/1e9, got)
+	if stalled < 14*100*time.Millisecond {
+		t.Errorf("the stub counted %v of stalls, want at least 14 × 100 ms for 14 stops of 150 ms", stalled)
+	}
+	if math.Abs(got-25) > 5 {
+		t.Errorf("a 25%% slice stopped 150 ms in every 450 ms got %.1f%% of the SMs over the time it was asking, want 25 ± 5", got)
 	}
 }

@@ -518,6 +518,7 @@ type stubState struct {
 		MemBytes uint64 `json:"mem_bytes"`
 		SMNs     uint64 `json:"sm_ns"`
 		Launches uint64 `json:"launches"`
+		StallNs  uint64 `json:"stall_ns"` // gaps between its launches beyond 10 ms, summed
 	} `json:"procs"`
 }
 
@@ -551,6 +552,31 @@ func (s stubState) procMem(pid int) uint64 {
 	for _, p := range s.Procs {
 		if p.PID == pid {
 			return p.MemBytes
+		}
+	}
+	return 0
+}
+
+// askingShare is pid's share of the device's SM time from a to b, in
+// percent, over the time it was asking: the span less its stalls (gaps
+// between its launches beyond 10 ms, GPUBROKER_STUB_STALL_MS). A process
+// that launches back to back and is descheduled or stopped asks for nothing
+// meanwhile; the limiter's token bucket makes up gaps of up to its 10 ms
+// depth, so what is left is the limiter's doing. A pacer that bursts after
+// a stall shows as a share above the target.
+func askingShare(a, b stubState, pid int) float64 {
+	span := float64(b.NowNs-a.NowNs) - float64(b.procStallNs(pid)-a.procStallNs(pid))
+	if span <= 0 {
+		return 0
+	}
+	return float64(b.procSMNs(pid)-a.procSMNs(pid)) / (span * float64(b.SMCount)) * 100
+}
+
+// procStallNs returns the stall time the stub counted for pid.
+func (s stubState) procStallNs(pid int) uint64 {
+	for _, p := range s.Procs {
+		if p.PID == pid {
+			return p.StallNs
 		}
 	}
 	return 0

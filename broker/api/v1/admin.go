@@ -67,7 +67,21 @@ type ReclaimPolicy struct {
 	// read-only (ignored in a PUT).
 	UpdatedBy string     `json:"updatedBy,omitempty"`
 	UpdatedAt *time.Time `json:"updatedAt,omitempty"`
+	// Source says where the answered policy comes from: "stored" (a saved
+	// version) or "default" (the built-in defaults, because none is
+	// stored: never saved, or lost with the store's data). Read-only
+	// (ignored in a PUT); answers set it.
+	Source ReclaimPolicySource `json:"source,omitempty"`
 }
+
+// ReclaimPolicySource is where a reclaim policy comes from.
+type ReclaimPolicySource string
+
+// The reclaim policy sources.
+const (
+	ReclaimPolicyStored  ReclaimPolicySource = "stored"
+	ReclaimPolicyDefault ReclaimPolicySource = "default"
+)
 
 // ReclaimOverride replaces policy fields for the servers it matches: those
 // of Profile, or of members of Group (set one). Zero fields inherit.

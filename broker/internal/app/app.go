@@ -460,7 +460,7 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
 	rec.SetMetrics(m)
 	p.reconciler = rec
-	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.Redis.Prefix), nil)
+	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.Redis.Prefix), nil, log.With("part", "reclaim"))
 	var err error
 	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies, audit); err != nil {
 		return nil, err

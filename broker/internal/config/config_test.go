@@ -144,7 +144,7 @@ func TestLoadPrecedence(t *testing.T) {
 		{
 			name: "other programs' variables are not warned about",
 			env: map[string]string{"GPUBROKER_AGENT_NODE": "n1", "GPUBROKER_TEST_REDIS_SERVER": "/r", "GPUBROKER_STUB_STATE": "/s",
-				"GPUBROKER_QUOTA_FILE": "/q", "NOT_GPUBROKER_X": "1"},
+				"GPUBROKER_LIMITER_LOG": "debug", "GPUBROKER_POD_IP": "10.0.0.7", "GPUBROKER_BASE_URL": "/user/a/b/", "NOT_GPUBROKER_X": "1"},
 			want: func(*config.Config) {},
 		},
 		{
@@ -225,7 +225,7 @@ func TestLoadReportsEveryProblemAtOnce(t *testing.T) {
 				"--check-config=maybe", "--namespace=Notebooks", "extra", "--", "--listen=:1"},
 			env: map[string]string{
 				"GPUBROKER_ORPHAN_GRACE": "soon", "GPUBROKER_SHUTDOWN_TIMEOUT": "1 minute", "GPUBROKER_LOG_LEVEL": "loud",
-				"GPUBROKER_REDIS_PREFX": "gb:", "GPUBROKER_FOO": "1",
+				"GPUBROKER_REDIS_PREFX": "gb:", "GPUBROKER_FOO": "1", "GPUBROKER_QUOTA_FILE": "/q",
 			},
 			want: []string{
 				`--nope: no such flag (see gpubroker serve --help)`,
@@ -245,6 +245,8 @@ func TestLoadReportsEveryProblemAtOnce(t *testing.T) {
 			},
 			wantWarnings: []string{
 				`GPUBROKER_FOO is set, but gpubroker serve has no such setting (see gpubroker serve --help)`,
+				// The hook's old variables: nothing reads them any more.
+				`GPUBROKER_QUOTA_FILE is set, but gpubroker serve has no such setting (see gpubroker serve --help)`,
 				`GPUBROKER_REDIS_PREFX is set, but gpubroker serve has no such setting; did you mean GPUBROKER_REDIS_PREFIX?`,
 			},
 		},

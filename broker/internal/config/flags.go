@@ -251,12 +251,15 @@ const maxRedisWait = cliconfig.RedisReadTimeout - time.Second
 // spawnerResync is --pod-resync's default, spawner.DefaultResync.
 var spawnerResync = spawner.DefaultResync.String()
 
-// foreignEnv are GPUBROKER_* variables of other programs: the node agent's,
-// the test helpers', the stub driver's and the in-pod hook's.
+// foreignEnv are GPUBROKER_* variables of other programs: the node agent's
+// flags (GPUBROKER_AGENT_*), the test helpers' and the stub driver's, the
+// in-pod hook's log level and the notebook pod's own environment (a broker
+// run as the pod runner's child inherits them). The hook reads no other
+// variable: its slice comes from the fixed in-pod files only.
+// (The last three are broker/api/v1's EnvLogLevel, EnvPodIP and
+// EnvBaseURL, spelled out: this package does not import the wire types.)
 var foreignEnv = []string{"GPUBROKER_AGENT_", "GPUBROKER_TEST_", "GPUBROKER_STUB_",
-	"GPUBROKER_SLICE_ID", "GPUBROKER_GPU_UUID", "GPUBROKER_MEMORY_LIMIT_MIB", "GPUBROKER_COMPUTE_PERCENT",
-	"GPUBROKER_COMPUTE_LIMIT_PERCENT", "GPUBROKER_QUOTA_FILE", "GPUBROKER_USAGE_FILE", "GPUBROKER_LIMITER_LOG",
-	"GPUBROKER_POD_IP", "GPUBROKER_BASE_URL"}
+	"GPUBROKER_LIMITER_LOG", "GPUBROKER_POD_IP", "GPUBROKER_BASE_URL"}
 
 // durationFlag is a duration flag that must be at least least (time.Nanosecond: > 0).
 func durationFlag(name string, p *time.Duration, def string, least time.Duration, help string) cliconfig.Flag {

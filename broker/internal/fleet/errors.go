@@ -142,11 +142,11 @@ func (e *CapacityError) sliced() string {
 	case e.Candidates == 0:
 		return "no healthy GPU is registered"
 	case e.LargestFreeMiB < e.Want.MemoryMiB:
-		return fmt.Sprintf("no GPU has %d MiB free; the largest free block is %d MiB on node %s%s",
-			e.Want.MemoryMiB, e.LargestFreeMiB, e.LargestNode, others)
+		return fmt.Sprintf("no GPU has %s free; the largest free block is %s on node %s%s",
+			memoryText(e.Want.MemoryMiB), memoryText(e.LargestFreeMiB), e.LargestNode, others)
 	default:
-		return fmt.Sprintf("no GPU has both %d MiB and %d%% compute free; the GPU with the most free memory (%d MiB on node %s) has %d%% compute free%s",
-			e.Want.MemoryMiB, e.Want.ComputePercent, e.LargestFreeMiB, e.LargestNode, e.LargestFreeComputePercent, others)
+		return fmt.Sprintf("no GPU has both %s and %d%% compute free; the GPU with the most free memory (%s on node %s) has %d%% compute free%s",
+			memoryText(e.Want.MemoryMiB), e.Want.ComputePercent, memoryText(e.LargestFreeMiB), e.LargestNode, e.LargestFreeComputePercent, others)
 	}
 }
 
@@ -164,16 +164,36 @@ type QuotaError struct {
 }
 
 func (e *QuotaError) Error() string {
+	who := "you have"
+	if e.Scope != "user" {
+		who = "the " + e.Scope + " has"
+	}
+	left := max(e.Limit-e.Used, 0)
+	head := fmt.Sprintf("%s %s quota exceeded: %s", e.Scope, e.Name, who)
 	switch e.Resource {
 	case "servers":
-		return fmt.Sprintf("%s %s quota exceeded: it allows %d servers at once, and %d are in use", e.Scope, e.Name, e.Limit, e.Used)
+		return fmt.Sprintf("%s %d of %d servers left (%d in use)", head, left, e.Limit, e.Used)
 	case "memoryMiB":
-		return fmt.Sprintf("%s %s quota exceeded: it allows %d MiB of slice memory; %d MiB are in use and this needs %d MiB more",
-			e.Scope, e.Name, e.Limit, e.Used, e.Want)
+		l, w := memoryText(left), memoryText(e.Want)
+		if l == w { // rounded alike: tell the difference in MiB
+			l, w = fmt.Sprintf("%d MiB", left), fmt.Sprintf("%d MiB", e.Want)
+		}
+		return fmt.Sprintf("%s %s of %s of GPU memory left; this needs %s", head, l, memoryText(e.Limit), w)
 	default:
-		return fmt.Sprintf("%s %s quota exceeded: it allows %d %% compute; %d %% are in use and this needs %d %% more",
-			e.Scope, e.Name, e.Limit, e.Used, e.Want)
+		return fmt.Sprintf("%s %d%% of %d%% compute left; this needs %d%%", head, left, e.Limit, e.Want)
 	}
+}
+
+// memoryText writes MiB the way people read it: "512 MiB", "16 GiB",
+// "5.9 GiB" (one decimal, rounded).
+func memoryText(mib int64) string {
+	if mib < 1024 {
+		return fmt.Sprintf("%d MiB", mib)
+	}
+	if mib%1024 == 0 {
+		return fmt.Sprintf("%d GiB", mib/1024)
+	}
+	return strings.TrimSuffix(fmt.Sprintf("%.1f", float64(mib)/1024), ".0") + " GiB"
 }
 
 // Is makes errors.Is(err, ErrQuotaExceeded) true.
@@ -191,8 +211,8 @@ type RoomError struct {
 }
 
 func (e *RoomError) Error() string {
-	return fmt.Sprintf("GPU %s on node %s has room for at most %d MiB and %d%% compute for this slice; %d MiB and %d%% were asked",
-		e.GPU, e.Node, e.MaxMiB, e.MaxComputePercent, e.Want.MemoryMiB, e.Want.ComputePercent)
+	return fmt.Sprintf("GPU %s on node %s has room for at most %s and %d%% compute for this slice; %s and %d%% were asked",
+		e.GPU, e.Node, memoryText(e.MaxMiB), e.MaxComputePercent, memoryText(e.Want.MemoryMiB), e.Want.ComputePercent)
 }
 
 // Is makes errors.Is(err, ErrNoCapacity) true.

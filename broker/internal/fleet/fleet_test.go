@@ -123,9 +123,9 @@ func TestCapacityErrorMessages(t *testing.T) {
 		want string
 	}{
 		{"memory", &CapacityError{Want: want, Candidates: 4, LargestFreeMiB: 6144, LargestFreeComputePercent: 80, LargestNode: "gpu-3"},
-			"no GPU has 8192 MiB free; the largest free block is 6144 MiB on node gpu-3"},
+			"no GPU has 8 GiB free; the largest free block is 6 GiB on node gpu-3"},
 		{"compute", &CapacityError{Want: want, Candidates: 1, LargestFreeMiB: 10000, LargestFreeComputePercent: 20, LargestNode: "gpu-1"},
-			"no GPU has both 8192 MiB and 30% compute free; the GPU with the most free memory (10000 MiB on node gpu-1) has 20% compute free"},
+			"no GPU has both 8 GiB and 30% compute free; the GPU with the most free memory (9.8 GiB on node gpu-1) has 20% compute free"},
 		{"no GPU", &CapacityError{Want: want}, "no healthy GPU is registered"},
 		{"no GPU of a model", &CapacityError{Want: want, Model: "NVIDIA H200"}, `no healthy GPU of model "NVIDIA H200" is registered`},
 	}
@@ -151,11 +151,11 @@ func TestQuotaErrorMessages(t *testing.T) {
 		want string
 	}{
 		{&QuotaError{Scope: "user", Name: "alice", Resource: "servers", Limit: 2, Used: 2, Want: 1},
-			"user alice quota exceeded: it allows 2 servers at once, and 2 are in use"},
+			"user alice quota exceeded: you have 0 of 2 servers left (2 in use)"},
 		{&QuotaError{Scope: "group", Name: "ml", Resource: "memoryMiB", Limit: 16384, Used: 8192, Want: 16384},
-			"group ml quota exceeded: it allows 16384 MiB of slice memory; 8192 MiB are in use and this needs 16384 MiB more"},
+			"group ml quota exceeded: the group has 8 GiB of 16 GiB of GPU memory left; this needs 16 GiB"},
 		{&QuotaError{Scope: "user", Name: "bob", Resource: "computePercent", Limit: 50, Used: 40, Want: 20},
-			"user bob quota exceeded: it allows 50 % compute; 40 % are in use and this needs 20 % more"},
+			"user bob quota exceeded: you have 10% of 50% compute left; this needs 20%"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.err.Resource, func(t *testing.T) {

@@ -51,7 +51,9 @@ func (a *api) putReclaimPolicy(c echo.Context) error {
 		if err := pol.Validate(); err != nil {
 			return err
 		}
-		return c.JSON(http.StatusOK, pol.API())
+		doc := pol.API()
+		doc.Source = "" // a body checked, not a policy in force
+		return c.JSON(http.StatusOK, doc)
 	}
 	saved, err := a.deps.Policy.Put(c.Request().Context(), reclaim.PolicyFromAPI(body), p.User)
 	if err != nil {
@@ -74,6 +76,7 @@ func (a *api) previewReclaimPolicy(c echo.Context) error {
 	}
 	now := a.deps.Now()
 	out := v1.ReclaimPreview{Policy: pol.API(), At: now.UTC(), Servers: []v1.ReclaimPreviewServer{}}
+	out.Policy.Source = "" // the posted policy, not one in force
 	for _, ps := range servers {
 		s := v1.ReclaimPreviewServer{User: ps.Server.User, Name: ps.Server.Name, Profile: ps.Server.Profile,
 			Idle: toIdleState(ps.State, now), Actions: []v1.ReclaimPreviewAction{}}

@@ -20,7 +20,7 @@ func newPolicyHarness(t *testing.T) *harness {
 	t.Helper()
 	rs := redistest.Start(t)
 	rdb, prefix := rs.Client(t), rs.Prefix(t)
-	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, prefix), func() time.Time { return testNow })
+	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, prefix), func() time.Time { return testNow }, nil)
 	return newHarness(t, harnessConfig{policy: policies, audit: redisstore.NewAuditLog(rdb, prefix, nil)})
 }
 

@@ -135,7 +135,7 @@ func TestResizeRoute(t *testing.T) {
 			name: "a quota refusal is 403", token: tokAlice, path: path, body: `{"memoryMiB":65536}`,
 			err:        &fleet.QuotaError{Scope: "user", Name: "alice", Resource: "memoryMiB", Limit: 40960, Used: 8192, Want: 57344},
 			wantStatus: http.StatusForbidden, wantCode: v1.CodeQuotaExceeded,
-			wantMsg:   "user alice quota exceeded: it allows 40960 MiB of slice memory; 8192 MiB are in use and this needs 57344 MiB more",
+			wantMsg:   "user alice quota exceeded: you have 32 GiB of 40 GiB of GPU memory left; this needs 56 GiB",
 			wantCalls: []resizeCall{{fleet.ServerKey{User: "alice", Name: "lab"}, fleet.Slice{MemoryMiB: 65536, ComputePercent: 20, ComputeLimitPercent: 50}, "alice"}},
 		},
 		{

@@ -41,7 +41,7 @@ func BenchmarkCycle10k(b *testing.B) {
 	store := redisstore.New(rdb, prefix, redisstore.WithClock(c.Now))
 	agents := agentstore.New(rdb, prefix)
 	states := redisstore.NewReclaim(rdb, prefix)
-	policies := reclaim.NewPolicies(states, c.Now)
+	policies := reclaim.NewPolicies(states, c.Now, nil)
 	p := stopPolicy()
 	if _, err := policies.Put(ctx, p, "admin"); err != nil {
 		b.Fatal(err)

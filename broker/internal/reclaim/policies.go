@@ -2,6 +2,8 @@ package reclaim
 
 import (
 	"context"
+	"log/slog"
+	"sync/atomic"
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
@@ -31,27 +33,43 @@ type PolicyStore interface {
 type Policies struct {
 	store PolicyStore
 	now   func() time.Time
+	log   *slog.Logger
+	// seen is the version last read from the store (0: none), reset when
+	// the store has none any more, which is logged then.
+	seen atomic.Int64
 }
 
 // NewPolicies returns the policies kept in store; now is the clock for
-// UpdatedAt and audit times (nil means time.Now).
-func NewPolicies(store PolicyStore, now func() time.Time) *Policies {
+// UpdatedAt and audit times (nil means time.Now); log (nil: discarded)
+// gets the warning when a stored policy disappears.
+func NewPolicies(store PolicyStore, now func() time.Time, log *slog.Logger) *Policies {
 	if now == nil {
 		now = time.Now
 	}
-	return &Policies{store: store, now: now}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Policies{store: store, now: now, log: log}
 }
 
 // Get returns the current policy, or DefaultPolicy (version 0) when none
-// was saved.
+// is stored. When this process had read a stored version and the store
+// has none any more (its data was lost: a Redis FLUSHALL, a failover to an
+// empty replica), it logs a warning once, naming the version lost; the
+// answer's Source (API) says "default" meanwhile.
 func (ps *Policies) Get(ctx context.Context) (Policy, error) {
 	p, ok, err := ps.store.Policy(ctx)
 	if err != nil {
 		return Policy{}, err
 	}
 	if !ok {
+		if lost := ps.seen.Swap(0); lost > 0 {
+			ps.log.WarnContext(ctx, "the stored reclaim policy is gone (the store lost its data?): the reclaimer uses the built-in defaults until an admin saves a policy again",
+				"lost_version", lost)
+		}
 		return DefaultPolicy(), nil
 	}
+	ps.seen.Store(p.Version)
 	return p, nil
 }
 

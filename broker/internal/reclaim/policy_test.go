@@ -3,6 +3,7 @@ package reclaim_test
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -45,7 +46,7 @@ func newStore(t *testing.T) policyEnv {
 		defer mu.Unlock()
 		now = now.Add(time.Minute)
 		return now
-	}), redisstore.NewAuditLog(rdb, prefix, nil)}
+	}, nil), redisstore.NewAuditLog(rdb, prefix, nil)}
 }
 
 func TestValidate(t *testing.T) {
@@ -209,4 +210,83 @@ func TestConcurrentPutsOneWins(t *testing.T) {
 	if wins != 1 || err != nil || len(entries) != 1 {
 		t.Errorf("%d saves, %d audit entries (err %v), want 1 and 1", wins, len(entries), err)
 	}
+}
+
+// TestLostPolicyFallsBackToTheDefaultSaying: when the store loses the
+// saved policy (a Redis FLUSHALL), Get answers the defaults with source
+// "default", and the broker logs one warning naming the version lost, not
+// one per read; a policy saved again is "stored" and a later loss warns
+// again.
+func TestLostPolicyFallsBackToTheDefaultSaying(t *testing.T) {
+	rs := redistest.Start(t)
+	rdb, prefix := rs.Client(t), rs.Prefix(t)
+	var logs strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))
+	ps := reclaim.NewPolicies(redisstore.NewReclaim(rdb, prefix), func() time.Time { return t0 }, log)
+	ctx := t.Context()
+	get := func() v1.ReclaimPolicy {
+		t.Helper()
+		p, err := ps.Get(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.API()
+	}
+	if p := get(); p.Source != v1.ReclaimPolicyDefault || p.Version != 0 {
+		t.Errorf("before any save: version %d source %q, want 0 and default", p.Version, p.Source)
+	}
+	saved, err := ps.Put(ctx, reclaim.DefaultPolicy(), "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := get(); p.Source != v1.ReclaimPolicyStored || p.Version != saved.Version {
+		t.Errorf("after a save: version %d source %q, want %d and stored", p.Version, p.Source, saved.Version)
+	}
+	lose := func() {
+		t.Helper()
+		keys, err := rdb.Keys(ctx, prefix+"*").Result()
+		if err != nil || len(keys) == 0 {
+			t.Fatalf("keys under %q: %v %v", prefix, keys, err)
+		}
+		if err := rdb.Del(ctx, keys...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logged := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.String()
+	}
+	warnings := func() int { return strings.Count(logged(), "the stored reclaim policy is gone") }
+	lose()
+	for range 3 {
+		if p := get(); p.Source != v1.ReclaimPolicyDefault || p.Version != 0 {
+			t.Errorf("after the store lost it: version %d source %q, want 0 and default", p.Version, p.Source)
+		}
+	}
+	if n := warnings(); n != 1 || !strings.Contains(logged(), "lost_version=1") {
+		t.Errorf("%d warnings, want 1 naming version 1:\n%s", n, logged())
+	}
+	if _, err := ps.Put(ctx, reclaim.DefaultPolicy(), "root"); err != nil {
+		t.Fatal(err)
+	}
+	get()
+	lose()
+	get()
+	if n := warnings(); n != 2 {
+		t.Errorf("%d warnings after a second loss, want 2", n)
+	}
+}
+
+// lockedWriter is an io.Writer safe for concurrent use.
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *strings.Builder
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
 }

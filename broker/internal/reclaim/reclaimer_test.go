@@ -164,7 +164,7 @@ func newFixture(t *testing.T) *fixture {
 	agents := agentstore.New(rdb, prefix)
 	states := redisstore.NewReclaim(rdb, prefix)
 	log := redisstore.NewAuditLog(rdb, prefix, nil)
-	policies := reclaim.NewPolicies(states, c.Now)
+	policies := reclaim.NewPolicies(states, c.Now, nil)
 	st := &stopper{store: store}
 	f := &fixture{t: t, prefix: prefix, clock: c, rdb: rdb, store: store, agents: agents, policies: policies,
 		states: states, log: log, stopper: st}

@@ -49,5 +49,11 @@ func (p Policy) API() v1.ReclaimPolicy {
 		t := p.UpdatedAt.UTC()
 		d.UpdatedAt = &t
 	}
+	// Saved versions count from 1; version 0 is DefaultPolicy, answered
+	// when none is stored.
+	d.Source = v1.ReclaimPolicyDefault
+	if p.Version > 0 {
+		d.Source = v1.ReclaimPolicyStored
+	}
 	return d
 }

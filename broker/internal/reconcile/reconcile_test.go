@@ -100,7 +100,7 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 		t.Fatalf("big slice after rebuild: %v", err)
 	}
 	_, _, err = f.Service.Create(ctx, serverstest.By, "u2", []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k")
-	if !errors.Is(err, fleet.ErrNoCapacity) || !strings.Contains(err.Error(), "largest free block is 20480 MiB") {
+	if !errors.Is(err, fleet.ErrNoCapacity) || !strings.Contains(err.Error(), "largest free block is 20 GiB") {
 		t.Errorf("a second big slice = %v, want no capacity with 20480 MiB left on gpu-a", err)
 	}
 	f.Verify(t)

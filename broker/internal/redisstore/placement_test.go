@@ -201,7 +201,7 @@ func TestPlaceCapacityError(t *testing.T) {
 			req:  fleet.PlaceRequest{Slice: slice(8192, 10)},
 			want: &fleet.CapacityError{Want: slice(8192, 10), Candidates: 2,
 				LargestFreeMiB: 6144, LargestFreeComputePercent: 90, LargestNode: "gpu-3"},
-			wantMsg: "no GPU has 8192 MiB free; the largest free block is 6144 MiB on node gpu-3",
+			wantMsg: "no GPU has 8 GiB free; the largest free block is 6 GiB on node gpu-3",
 		},
 		{
 			name: "compute: memory fits but compute is taken",
@@ -210,7 +210,7 @@ func TestPlaceCapacityError(t *testing.T) {
 			req:  fleet.PlaceRequest{Slice: slice(8192, 30)},
 			want: &fleet.CapacityError{Want: slice(8192, 30), Candidates: 1,
 				LargestFreeMiB: 15360, LargestFreeComputePercent: 20, LargestNode: "gpu-1"},
-			wantMsg: "no GPU has both 8192 MiB and 30% compute free; the GPU with the most free memory (15360 MiB on node gpu-1) has 20% compute free",
+			wantMsg: "no GPU has both 8 GiB and 30% compute free; the GPU with the most free memory (15 GiB on node gpu-1) has 20% compute free",
 		},
 		{
 			name: "compute: a GPU with all compute taken still counts as a candidate",

@@ -29,7 +29,7 @@ type reclaimEnv struct {
 func newReclaimEnv(t *testing.T, rdb redis.UniversalClient, prefix string) reclaimEnv {
 	t.Helper()
 	clk := newFakeClock()
-	return reclaimEnv{reclaim.NewPolicies(NewReclaim(rdb, prefix), clk.Now), NewAuditLog(rdb, prefix, nil)}
+	return reclaimEnv{reclaim.NewPolicies(NewReclaim(rdb, prefix), clk.Now, nil), NewAuditLog(rdb, prefix, nil)}
 }
 
 func validCursor(s string) bool { _, ok := audit.ParseCursor(s); return ok }

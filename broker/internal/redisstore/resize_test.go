@@ -86,7 +86,7 @@ func TestResize(t *testing.T) {
 			name:   "memory beyond the GPU is refused with the room there is",
 			resize: slice(12289, 20),
 			other:  slice(4096, 30),
-			want: want{errIs: fleet.ErrNoCapacity, errText: "room for at most 12288 MiB and 70% compute for this slice",
+			want: want{errIs: fleet.ErrNoCapacity, errText: "room for at most 12 GiB and 70% compute for this slice",
 				gpuMem: 8192, gpuCP: 50, userMem: 4096},
 		},
 		{
@@ -106,7 +106,7 @@ func TestResize(t *testing.T) {
 			userQuota: fleet.Quota{MemoryMiB: 6000},
 			resize:    slice(6001, 20),
 			other:     slice(4096, 30),
-			want: want{errIs: fleet.ErrQuotaExceeded, errText: "user alice quota exceeded: it allows 6000 MiB of slice memory; 4096 MiB are in use and this needs 1905 MiB more",
+			want: want{errIs: fleet.ErrQuotaExceeded, errText: "user alice quota exceeded: you have 1904 MiB of 5.9 GiB of GPU memory left; this needs 1905 MiB",
 				gpuMem: 8192, gpuCP: 50, userMem: 4096},
 		},
 		{
@@ -121,7 +121,7 @@ func TestResize(t *testing.T) {
 			groups: map[string]fleet.Quota{"ml": {ComputePercent: 30}},
 			resize: slice(4096, 31),
 			other:  slice(4096, 30),
-			want: want{errIs: fleet.ErrQuotaExceeded, errText: "group ml quota exceeded: it allows 30 % compute; 20 % are in use and this needs 11 % more",
+			want: want{errIs: fleet.ErrQuotaExceeded, errText: "group ml quota exceeded: the group has 10% of 30% compute left; this needs 11%",
 				gpuMem: 8192, gpuCP: 50, userMem: 4096},
 		},
 		{

@@ -34,7 +34,7 @@ func TestRefusedStartLeavesNothing(t *testing.T) {
 		wantMsg string
 	}{
 		{
-			name: "quota", wantErr: fleet.ErrQuotaExceeded, wantMsg: "user alice quota exceeded: it allows 2 servers at once, and 2 are in use",
+			name: "quota", wantErr: fleet.ErrQuotaExceeded, wantMsg: "user alice quota exceeded: you have 0 of 2 servers left (2 in use)",
 			refuse: func(t *testing.T, f *serverstest.Fixture) func() {
 				for _, n := range []string{"q1", "q2"} {
 					if _, _, err := f.Service.Create(t.Context(), serverstest.By, "alice", nil, n, small, n); err != nil {
@@ -256,7 +256,7 @@ func TestLifecycleActionsAreAudited(t *testing.T) {
 	want := []row{ // newest first
 		{"tester", v1.ActorUser, "server.remove", "server:alice/nb", "", "done", "small", "", s.SpawnID},
 		{"root", v1.ActorAdmin, "server.stop", "server:alice/nb", "", "done", "", "", s.SpawnID},
-		{"jupyterhub", v1.ActorHub, "server.create", "server:alice/y", "user alice quota exceeded: it allows 2 servers at once, and 2 are in use", "refused", "small", "", "spawn003"},
+		{"jupyterhub", v1.ActorHub, "server.create", "server:alice/y", "user alice quota exceeded: you have 0 of 2 servers left (2 in use)", "refused", "small", "", "spawn003"},
 		{"jupyterhub", v1.ActorHub, "server.create", "server:alice/x", "", "done", "small", "", "spawn002"},
 		{"jupyterhub", v1.ActorHub, "server.create", "server:alice/nb", "", "done", "small", "A,B", s.SpawnID},
 	}

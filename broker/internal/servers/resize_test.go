@@ -242,7 +242,7 @@ func TestResizeRefusals(t *testing.T) {
 	}{
 		{"a bad slice", f.key, fleet.Slice{MemoryMiB: 1024, ComputePercent: 0, ComputeLimitPercent: 10}, fleet.ErrInvalid, "computePercent must be 1..100"},
 		{"an unknown server", fleet.ServerKey{User: "alice", Name: "nope"}, fleet.Slice{MemoryMiB: 1024, ComputePercent: 10, ComputeLimitPercent: 10}, fleet.ErrNotFound, "no server"},
-		{"more memory than the GPU has", f.key, fleet.Slice{MemoryMiB: 40961, ComputePercent: 20, ComputeLimitPercent: 50}, fleet.ErrNoCapacity, "room for at most 40960 MiB"},
+		{"more memory than the GPU has", f.key, fleet.Slice{MemoryMiB: 40961, ComputePercent: 20, ComputeLimitPercent: 50}, fleet.ErrNoCapacity, "room for at most 40 GiB"},
 		{"the whole GPU, all of the user's memory quota", f.key, fleet.Slice{MemoryMiB: 40960, ComputePercent: 20, ComputeLimitPercent: 50}, nil, ""},
 	}
 	for _, tc := range tests {

@@ -248,8 +248,9 @@ func (s *Service) Create(ctx context.Context, by audit.Actor, user string, group
 	}
 	// Every spawn gets its own notebook token, in its Secret only; the
 	// proxy adds it to the requests it forwards (ARCHITECTURE.md invariant 7).
-	// A same-key retry makes a new one: only the attempt that creates the
-	// pod writes its Secret.
+	// A same-key retry makes a new one, which the spawner does not write:
+	// the Secret of a spawn is written once, by its first attempt, and the
+	// spawn's pod and the proxy both read that one.
 	secret[v1.EnvNotebookToken] = newNotebookToken()
 	command, args := req.Command, req.Args
 	if command == nil && args == nil {

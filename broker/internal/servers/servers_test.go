@@ -156,7 +156,7 @@ func TestRefusals(t *testing.T) {
 		{name: "profile for another group", user: "carol", server: "a", req: v1.CreateServerRequest{Profile: "big"},
 			wantErr: fleet.ErrForbidden, wantMsg: `profile "big" is not offered to your groups`},
 		{name: "no room on any GPU", user: "carol", groups: []string{"ml"}, server: "a", req: v1.CreateServerRequest{Profile: "big"},
-			wantErr: fleet.ErrNoCapacity, wantMsg: "no GPU has 30720 MiB free; the largest free block is 10240 MiB on node n1"},
+			wantErr: fleet.ErrNoCapacity, wantMsg: "no GPU has 30 GiB free; the largest free block is 10 GiB on node n1"},
 		{name: "reserved env", user: "carol", server: "b", req: v1.CreateServerRequest{Profile: "small", Env: map[string]string{"LD_PRELOAD": "/x.so"}},
 			wantErr: fleet.ErrInvalid, wantMsg: "LD_PRELOAD is set by gpubroker"},
 		{name: "bad server name", user: "carol", server: "a/b", req: v1.CreateServerRequest{Profile: "small"},
@@ -449,5 +449,58 @@ func TestStoppedServerKeepsWhyItEnded(t *testing.T) {
 	s := f.WaitState(t, fleet.ServerKey{User: "ivy", Name: "crashed"}, v1.StateStopped)
 	if !strings.HasPrefix(s.Message, "the notebook stopped: ") || !strings.Contains(s.Message, "crashing") {
 		t.Errorf("crashed server's stop message %q: want why it stopped", s.Message)
+	}
+}
+
+// TestCreateRetryKeepsTheNotebookToken: the first attempt of a create
+// makes the Secret and the pod, but the API server's answer to the pod is
+// lost (a timeout), so the start stays in creating; the same-key retry
+// finds the pod of its spawn and returns the same server. The Secret must
+// still hold the token the pod was started with: the notebook reads it at
+// start, and the broker's proxy reads it from the Secret.
+func TestCreateRetryKeepsTheNotebookToken(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	lost := false
+	f.Kube.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if lost {
+			return false, nil, nil
+		}
+		lost = true
+		obj := a.(k8stesting.CreateAction).GetObject()
+		if err := f.Kube.Tracker().Create(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, obj, serverstest.Namespace); err != nil {
+			t.Errorf("tracker create: %v", err)
+		}
+		return true, nil, apierrors.NewServerTimeout(schema.GroupResource{Resource: "pods"}, "create", 1)
+	})
+	first, _, err := f.Service.Create(ctx, serverstest.By, "jo", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
+	if err == nil {
+		t.Fatalf("first attempt = %+v, want the lost answer's error", first)
+	}
+	secret := func() string {
+		t.Helper()
+		s, err := f.Kube.CoreV1().Secrets(serverstest.Namespace).Get(ctx, spawner.SecretName("jo", "nb"), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(s.Data[v1.EnvNotebookToken])
+	}
+	started := secret() // what the pod's container reads at start
+	if started == "" {
+		t.Fatal("the Secret has no notebook token")
+	}
+	again, created, err := f.Service.Create(ctx, serverstest.By, "jo", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
+	if err != nil || created {
+		t.Fatalf("retry = %v (created %v), want the same server", err, created)
+	}
+	if got := f.Pod(t, "jo", "nb").Annotations[v1.AnnotationSpawnID]; got != again.SpawnID {
+		t.Errorf("retry answered spawn %s, the pod is spawn %s", again.SpawnID, got)
+	}
+	if got := secret(); got != started {
+		t.Errorf("the retry rewrote the Secret's notebook token: the pod started with %q, the Secret now holds %q", started, got)
+	}
+	tok, err := f.Pods.NotebookToken(ctx, "jo", "nb", again.SpawnID)
+	if err != nil || tok != started {
+		t.Errorf("the broker's token for the spawn %q (%v), want the pod's %q", tok, err, started)
 	}
 }

@@ -38,9 +38,13 @@
  *     backs off toward its guarantee by MARGIN per period while the card is
  *     full, so a slice below its own guarantee gets room back (the burster
  *     cannot know the others' guarantees; it yields until the card has
- *     MARGIN free). If the slice was held back by the bucket (it waited) or
- *     is above T, rate *= 1 + GAIN * (clamp(T/u, RATIO_MIN, RATIO_MAX) - 1).
- *     A slice that did not wait and is under T keeps its rate (no wind-up).
+ *     MARGIN free). If the slice was held back by the bucket (it waited and
+ *     launched at least BOUND_FRACTION of the blocks the rate allowed since
+ *     the last run) or is above T,
+ *     rate *= 1 + GAIN * (clamp(T/u, RATIO_MIN, RATIO_MAX) - 1). A slice
+ *     under T that the bucket did not bound keeps its rate (no wind-up): a
+ *     launcher stalled on the CPU also waits around the stall and measures
+ *     low, and a rate raised then would burst past the share afterwards.
  *   - Start: rate = T x SMs x (1 block per PACE_INIT_BLOCK_NS per SM): it
  *     assumes 100 us blocks, then converges in a few periods.
  *   - Without a measurement (no NVML, or NVML cannot see the slice's pids,
@@ -67,6 +71,7 @@
 #define PACE_RATIO_MAX       2.0
 #define PACE_MAX_PIDS        GPULIMIT_USAGE_SLOTS
 #define PACE_AGENT_FRESH_NS  (500ull * 1000 * 1000)
+#define PACE_BOUND_FRACTION  0.8
 
 uint32_t pace_sm_count(void)
 {
@@ -216,6 +221,23 @@ static uint64_t start_rate(uint32_t target_pm)
 	return r ? r : 1;
 }
 
+/*
+ * bound reports whether the bucket was what limited the slice over the last
+ * period: it launched at least PACE_BOUND_FRACTION of the blocks the rate
+ * allowed in elapsed ns. A slice whose launcher was descheduled (a loaded
+ * CPU, a stopped process) also waited for tokens around the stall, and its
+ * measured share is low, yet raising its rate then would only let it burst
+ * past its share once it runs again (integral wind-up); the rate is raised
+ * only when it was the limit.
+ */
+static int bound(uint64_t rate_q10_per_ms, uint64_t blocks, uint64_t elapsed_ns)
+{
+	if (elapsed_ns == 0 || elapsed_ns > 10 * PACE_PERIOD_NS)
+		return 0;
+	double allowed = (double)rate_q10_per_ms / 1024.0 * (double)elapsed_ns / 1e6;
+	return (double)blocks >= PACE_BOUND_FRACTION * allowed;
+}
+
 static void control(struct gpulimit_usage *u, int have_nvml)
 {
 	uint64_t next = __atomic_load_n(&u->pace_next_control_ns, __ATOMIC_ACQUIRE);
@@ -232,7 +254,9 @@ static void control(struct gpulimit_usage *u, int have_nvml)
 	if (rate == 0) {
 		rate = start_rate(target);
 	} else if (fresh) {
-		int held = waited > __atomic_load_n(&u->ctl_wait_ns_prev, __ATOMIC_RELAXED);
+		int held = waited > __atomic_load_n(&u->ctl_wait_ns_prev, __ATOMIC_RELAXED) &&
+		           bound(rate, blocks - __atomic_load_n(&u->ctl_blocks_prev, __ATOMIC_RELAXED),
+		                 now - __atomic_load_n(&u->ctl_run_ns_prev, __ATOMIC_RELAXED));
 		if (slice_pm > 0 && (held || slice_pm > target)) {
 			double ratio = (double)target / slice_pm;
 			ratio =

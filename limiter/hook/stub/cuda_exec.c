@@ -152,6 +152,16 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, CUst
 	uint64_t work = blocks * fn->block_ns;
 	uint64_t waves = (blocks + sms - 1) / sms;
 	uint64_t now = stub_now_ns();
+	/*
+	 * A gap since this process's previous launch returned that is longer
+	 * than stall_ns is time it asked for nothing although it launches back
+	 * to back: its launcher was off the CPU (descheduled, stopped) or held
+	 * that long before calling. The excess is counted, so that a test can
+	 * measure a saturating process's share over the time it was asking.
+	 */
+	uint64_t last = __atomic_load_n(&me->last_return_ns, __ATOMIC_RELAXED);
+	if (last != 0 && now > last + d->stall_ns)
+		__atomic_add_fetch(&me->stall_ns_total, now - last - d->stall_ns, __ATOMIC_RELAXED);
 	uint64_t start = s->free_ns > now ? s->free_ns : now;
 	uint64_t b = __atomic_load_n(&d->backlog_end_ns, __ATOMIC_RELAXED), nb;
 	do {
@@ -171,6 +181,7 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, CUst
 	__atomic_add_fetch(&d->c_launch, 1, __ATOMIC_RELAXED);
 	if (finish > now + d->queue_ns)
 		sleep_until(finish - d->queue_ns);
+	__atomic_store_n(&me->last_return_ns, stub_now_ns(), __ATOMIC_RELAXED);
 	return CUDA_SUCCESS;
 }
 

@@ -97,6 +97,7 @@ static void init_device(struct stub_device *d)
 	d->max_threads_per_sm = 2048;
 	d->queue_ns = env_u64("GPUBROKER_STUB_QUEUE_US", 20000) * 1000;
 	d->sample_ns = env_u64("GPUBROKER_STUB_SAMPLE_MS", 50) * 1000000;
+	d->stall_ns = env_u64("GPUBROKER_STUB_STALL_MS", 10) * 1000000;
 	d->nvml_pid_offset = (uint32_t)env_u64("GPUBROKER_STUB_NVML_PID_OFFSET", 0);
 	const char *uuid = getenv("GPUBROKER_STUB_UUID");
 	if (uuid == NULL || parse_uuid(uuid, d->uuid) != 0)

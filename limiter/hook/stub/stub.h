@@ -29,7 +29,7 @@
 #define STUB_EXPORT __attribute__((visibility("default")))
 
 #define STUB_MAGIC      0x42555453u /* "STUB" */
-#define STUB_VERSION    5u
+#define STUB_VERSION    6u
 #define STUB_MAX_PROCS  64
 #define STUB_MAX_ALLOCS 16384
 #define STUB_MAX_POOLS  256
@@ -59,6 +59,8 @@ struct stub_proc {
 	uint32_t sample_sm_permille;
 	uint32_t pad2;
 	uint64_t graph_reserved; /* graph memory reserved for this process, bytes */
+	uint64_t last_return_ns; /* CLOCK_MONOTONIC when its last launch returned; 0 = none yet */
+	uint64_t stall_ns_total; /* launch gaps beyond the device's stall_ns, summed (see launch) */
 };
 
 struct stub_alloc {
@@ -95,6 +97,7 @@ struct stub_device {
 	uint32_t nvml_pid_offset; /* added to pids NVML reports, to mimic a pid namespace */
 	uint32_t pad4;
 	uint32_t pad3;
+	uint64_t stall_ns; /* a gap between a process's launches longer than this is a stall */
 	uint64_t backlog_end_ns; /* CLOCK_MONOTONIC when queued work would finish at full occupancy */
 	uint64_t sm_ns_total;    /* device-wide SM-ns launched */
 	uint64_t dev_sample_prev_sm_ns, dev_sample_prev_ns;

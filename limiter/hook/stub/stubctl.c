@@ -33,9 +33,10 @@ int main(void)
 		struct stub_proc *p = &d->procs[i];
 		if (p->pid == 0)
 			continue;
-		printf("%s{\"pid\":%u,\"mem_bytes\":%" PRIu64 ",\"sm_ns\":%" PRIu64 ",\"launches\":%" PRIu64 "}",
+		printf("%s{\"pid\":%u,\"mem_bytes\":%" PRIu64 ",\"sm_ns\":%" PRIu64 ",\"launches\":%" PRIu64
+		       ",\"stall_ns\":%" PRIu64 "}",
 		       first ? "" : ",", p->pid, p->mem_bytes, __atomic_load_n(&p->sm_ns_total, __ATOMIC_RELAXED),
-		       __atomic_load_n(&p->launches, __ATOMIC_RELAXED));
+		       __atomic_load_n(&p->launches, __ATOMIC_RELAXED), __atomic_load_n(&p->stall_ns_total, __ATOMIC_RELAXED));
 		first = 0;
 	}
 	printf("]}\n");

@@ -242,14 +242,15 @@ class FakeBroker:
         sid = rec.spawn_id
         live = [r for r in self.live(rec.user) if r is not rec]
         if len(live) + 1 > self.servers_per_user:
-            msg = "user %s quota exceeded: it allows %d servers at once, and %d are in use" % (rec.user, self.servers_per_user, len(live))
+            msg = "user %s quota exceeded: you have %d of %d servers left (%d in use)" % (
+                rec.user, max(self.servers_per_user - len(live), 0), self.servers_per_user, len(live))
             return _error(403, "quota_exceeded", msg)
         if not await self._step(rec, "placing", "looking for a GPU with room for the slice", sid):
             return None
         used = sum(r.memory_mib for r in self.live() if r is not rec)
         free = self.gpu_memory_mib - used
         if rec.memory_mib > free:
-            msg = "no GPU has %d MiB free; the largest free block is %d MiB on node gpu-1" % (rec.memory_mib, free)
+            msg = "no GPU has %s free; the largest free block is %s on node gpu-1" % (_memory_text(rec.memory_mib), _memory_text(free))
             return _error(409, "no_capacity", msg)
         if not await self._step(rec, "creating", "placed %d MiB and 10%% compute on GPU GPU-1 (node gpu-1); creating the pod" % rec.memory_mib, sid):
             return None
@@ -426,3 +427,13 @@ class FakeBroker:
             self._notify()
         await resp.write_eof()
         return resp
+
+
+def _memory_text(mib):
+    """MiB as the broker writes it in refusals: "512 MiB", "24 GiB", "7.6 GiB"."""
+    if mib < 1024:
+        return "%d MiB" % mib
+    if mib % 1024 == 0:
+        return "%d GiB" % (mib // 1024)
+    text = "%.1f" % (mib / 1024)
+    return (text[:-2] if text.endswith(".0") else text) + " GiB"

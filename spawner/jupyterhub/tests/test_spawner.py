@@ -127,7 +127,7 @@ async def test_quota_refusal_is_a_clean_user_error(broker, make_spawner, user_na
     with pytest.raises(BrokerSpawnError) as e:
         await third.start()
     assert e.value.status_code == 403
-    assert "quota exceeded: it allows 2 servers at once, and 2 are in use" in str(e.value)
+    assert "quota exceeded: you have 0 of 2 servers left (2 in use)" in str(e.value)
     assert e.value.jupyterhub_message == str(e.value)
     assert await third.poll() == 0  # nothing half-made for the hub to stop
     rec = await broker_server(broker, user, "c")
@@ -150,7 +150,7 @@ async def test_capacity_refusal_names_the_free_memory(broker, make_spawner, user
     with pytest.raises(BrokerSpawnError) as e:
         await fourth.start()
     assert e.value.status_code == 409
-    assert str(e.value).startswith("no GPU has 24576 MiB free")
+    assert str(e.value).startswith("no GPU has 24 GiB free")
     for sp in held:
         await sp.stop()
 

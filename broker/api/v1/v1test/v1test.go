@@ -29,7 +29,7 @@ func FullReclaimPolicy() v1.ReclaimPolicy {
 				MaxAgeSeconds: 43200, Action: v1.ReclaimShrink, ShrinkComputePercent: 5},
 			{Group: "research", Exempt: true},
 		},
-		Reason: "night shift", UpdatedBy: "root", UpdatedAt: &at,
+		Reason: "night shift", UpdatedBy: "root", UpdatedAt: &at, Source: v1.ReclaimPolicyStored,
 	}
 }
 
