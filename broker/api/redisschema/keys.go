@@ -24,9 +24,10 @@ const HashTag = "{gpubroker}"
 //	                                                                score = free MiB; placement walks these
 //	idx:f:all, idx:f:m:<model>       zset    none                   healthy GPUs with all compute taken
 //	allocs                           hash    none                   place/restore/release: slice id → JSON
-//	usage                            hash    none                   place/restore/release: per user and group
-//	                                                                servers, MiB and compute in use; fields
-//	                                                                deleted at zero
+//	usage                            hash    none                   place/restore/release: one field per user
+//	                                                                (u:<user>) and group (g:<group>), value
+//	                                                                "<servers> <MiB> <compute %>" in use;
+//	                                                                deleted at zero servers
 //	Servers (broker/internal/redisstore; restored from pods by the reconciler)
 //	srv:<user>:<name>                hash    retention once         the server record; no TTL while its
 //	                                         terminal (7 d)         spawn is live

@@ -27,13 +27,15 @@ func scopeIndexes(k redisschema.Keys, model string) (avail, full string) {
 	return k.AvailIndex(model), k.FullIndex(model)
 }
 
-// Field prefixes in the usage hash. A subject's fields are
-// <prefix><name>:s, :m and :c; since the suffix is fixed, no two names
-// share a field. release.lua builds them from these prefixes, passed in ARGV.
+// Field prefixes in the usage hash. A subject has one field,
+// <prefix><name>, holding "<servers> <MiB> <compute percent>" (decimal
+// integers, one space apart; scripts/lib.lua reads and writes it); the
+// prefixes keep a user and a group of the same name apart. release.lua and
+// resize.lua build the fields from these prefixes, passed in ARGV.
 const (
 	userFieldPrefix  = "u:"
 	groupFieldPrefix = "g:"
 )
 
-func userUsage(user string) string   { return userFieldPrefix + user + ":" }
-func groupUsage(group string) string { return groupFieldPrefix + group + ":" }
+func userUsage(user string) string   { return userFieldPrefix + user }
+func groupUsage(group string) string { return groupFieldPrefix + group }

@@ -540,6 +540,9 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 	register(t, s, h200("GPU-1", "n1"))
 	mustPlace(t, s, fleet.PlaceRequest{SliceID: "a", User: "alice", Slice: slice(1024, 10), GroupQuotas: map[string]fleet.Quota{"ml": {}}})
 	verify(t, s)
+	setUsage := func(field, val string) func() error {
+		return func() error { return rdb.HSet(t.Context(), s.k.Usage(), field, val).Err() }
+	}
 	tests := []struct {
 		name    string
 		corrupt func() error
@@ -550,12 +553,11 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 			func() error { return rdb.HIncrBy(t.Context(), s.k.GPU("GPU-1"), "amem", -1).Err() }, "gpu GPU-1 counters"},
 		{"index score", func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail(), redisZ(1, "GPU-1")).Err() },
 			func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail(), redisZ(143771-1024, "GPU-1")).Err() }, "all-avail index score"},
-		{"user counter", func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), userUsage("alice")+"c", 5).Err() },
-			func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), userUsage("alice")+"c", -5).Err() }, "user alice counters"},
-		{"group counter", func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), groupUsage("ml")+"s", 1).Err() },
-			func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), groupUsage("ml")+"s", -1).Err() }, "group ml counters"},
-		{"stale group counter", func() error { return rdb.HSet(t.Context(), s.k.Usage(), groupUsage("gone")+"s", 1).Err() },
-			func() error { return rdb.HDel(t.Context(), s.k.Usage(), groupUsage("gone")+"s").Err() }, "group gone has counters"},
+		{"user counter", setUsage(userUsage("alice"), "1 1024 15"), setUsage(userUsage("alice"), "1 1024 10"), "user alice counters"},
+		{"group counter", setUsage(groupUsage("ml"), "2 1024 10"), setUsage(groupUsage("ml"), "1 1024 10"), "group ml counters"},
+		{"malformed counter", setUsage(userUsage("alice"), "1 1024"), setUsage(userUsage("alice"), "1 1024 10"), `usage field "u:alice" is "1 1024"`},
+		{"stale group counter", setUsage(groupUsage("gone"), "1 0 0"),
+			func() error { return rdb.HDel(t.Context(), s.k.Usage(), groupUsage("gone")).Err() }, "group gone has counters"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

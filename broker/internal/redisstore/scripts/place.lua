@@ -15,7 +15,7 @@
 -- ARGV[6] policy: "binpack" or "spread"
 -- ARGV[7] k, the number of quota subjects (the user, then its groups)
 -- ARGV[8..7+6k] per subject: scope ("user"/"group"), name, usage field
---         prefix, and its caps: servers, mem MiB, compute percent (0 = none)
+--         (lib.lua), and its caps: servers, mem MiB, compute percent (0 = none)
 -- Returns one of
 --   {"placed", allocation JSON}    a new allocation
 --   {"exists", allocation JSON}    the slice id was already allocated
@@ -57,13 +57,23 @@ for i = 1, k do
   end
 end
 
--- fits reports whether the GPU has cp percent of guaranteed compute free;
--- its free memory is its index score, which the walk already bounded.
+-- fits loads a candidate GPU and keeps it in chosen if it has cp percent
+-- of guaranteed compute free; its free memory is its index score, which the
+-- walk already bounded. Loading the whole record here saves the chosen
+-- GPU a second read.
+local chosen
 local function fits(uuid)
-  return 100 - tonumber(redis.call('HGET', gprefix .. uuid, 'acp')) >= cp
+  local g = gpu_load(gprefix .. uuid)
+  if g and 100 - g.acp >= cp then
+    chosen = g
+    return true
+  end
+  return false
 end
 
-local batch = 32
+-- batch is the walk's page: the first candidate usually fits, so a short
+-- page builds fewer Lua strings.
+local batch = 8
 
 -- binpack: the fitting GPU with the least free memory; ties in uuid order
 -- (a zset orders equal scores by member).
@@ -131,7 +141,7 @@ if not uuid then
 end
 
 local gkey = gprefix .. uuid
-local g = gpu_load(gkey)
+local g = chosen
 gpu_charge(gkey, g, uuid, mem, cp, 1, KEYS[5], KEYS[6])
 usage_charge(KEYS[7], prefixes, used, mem, cp, 1)
 local rec = ARGV[3] .. g.ref .. '}'

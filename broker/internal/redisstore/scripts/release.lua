@@ -5,7 +5,7 @@
 -- KEYS[4] usage (hash of user and group counters)
 -- ARGV[1] gpu key prefix
 -- ARGV[2] user and ARGV[3] group usage field prefixes ("u:", "g:"); a
---         subject's fields are <prefix><name>:s|m|c
+--         subject's field is <prefix><name> (lib.lua)
 -- ARGV[4] slice id
 -- Returns 1 when an allocation was freed, 0 when there was none.
 
@@ -14,6 +14,11 @@ if not rec then
   return 0
 end
 local a = cjson.decode(rec)
+local fields = {ARGV[2] .. a.user}
+for _, grp in ipairs(a.groups) do
+  fields[#fields + 1] = ARGV[3] .. grp
+end
+local used = usage_load(KEYS[4], fields)
 local gkey = ARGV[1] .. a.gpu
 -- A GPU record never disappears today; the check keeps a hand-deleted one
 -- from being recreated as a half hash.
@@ -21,10 +26,6 @@ local g = gpu_load(gkey)
 if g then
   gpu_charge(gkey, g, a.gpu, a.memoryMiB, a.computePercent, -1, KEYS[2], KEYS[3])
 end
-local prefixes = {ARGV[2] .. a.user .. ':'}
-for _, grp in ipairs(a.groups) do
-  prefixes[#prefixes + 1] = ARGV[3] .. grp .. ':'
-end
-usage_charge(KEYS[4], prefixes, usage_load(KEYS[4], prefixes), a.memoryMiB, a.computePercent, -1)
+usage_charge(KEYS[4], fields, used, a.memoryMiB, a.computePercent, -1)
 redis.call('HDEL', KEYS[1], ARGV[4])
 return 1

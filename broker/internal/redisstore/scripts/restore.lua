@@ -8,7 +8,7 @@
 -- ARGV[3] memory MiB, ARGV[4] compute percent
 -- ARGV[5] the allocation JSON up to the comma before the GPU's ref
 -- ARGV[6] the ref to end it with, "" for the GPU's own (its node)
--- ARGV[7..] usage field prefixes of the user and its groups
+-- ARGV[7..] usage fields of the user and its groups (lib.lua)
 -- Returns one of
 --   {"restored", allocation JSON}
 --   {"overcommit", allocation JSON, allocated MiB, memory MiB, allocated compute}
@@ -26,12 +26,13 @@ if not g then
 end
 local mem = tonumber(ARGV[3])
 local cp = tonumber(ARGV[4])
-gpu_charge(KEYS[2], g, ARGV[2], mem, cp, 1, KEYS[3], KEYS[4])
-local prefixes = {}
+local fields = {}
 for i = 7, #ARGV do
-  prefixes[#prefixes + 1] = ARGV[i]
+  fields[#fields + 1] = ARGV[i]
 end
-usage_charge(KEYS[5], prefixes, usage_load(KEYS[5], prefixes), mem, cp, 1)
+local used = usage_load(KEYS[5], fields)
+gpu_charge(KEYS[2], g, ARGV[2], mem, cp, 1, KEYS[3], KEYS[4])
+usage_charge(KEYS[5], fields, used, mem, cp, 1)
 local ref = ARGV[6]
 if ref == '' then
   ref = g.ref
