@@ -18,6 +18,10 @@ var (
 	// ErrNotReady means allocations are being rebuilt (for example after
 	// Redis lost its data) and placement must wait for the reconciler.
 	ErrNotReady = errors.New("fleet: allocations are being rebuilt")
+	// ErrUnavailable means a part the operation needs (the Kubernetes API)
+	// did not answer or take a write; nothing changed, and the same request
+	// can be sent again.
+	ErrUnavailable = errors.New("fleet: unavailable")
 )
 
 // CapacityError says why no GPU could take a slice. It matches ErrNoCapacity.

@@ -147,6 +147,12 @@ var errorTable = []errorRule{
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
 	{
+		match:  is(fleet.ErrUnavailable),
+		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		message: sentinelMessage("a part of the cluster did not answer; try again shortly"),
+		headers: map[string]string{echo.HeaderRetryAfter: "5"},
+	},
+	{
 		match:  is(context.DeadlineExceeded),
 		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
 		message: func(error) string { return "the broker timed out; try again" },
@@ -210,7 +216,7 @@ func (a *api) handleError(err error, c echo.Context) {
 // fleetSentinels are the sentinels whose text sentinelMessage removes.
 var fleetSentinels = []error{
 	fleet.ErrNotFound, fleet.ErrConflict, fleet.ErrNoCapacity, fleet.ErrQuotaExceeded,
-	fleet.ErrInvalid, fleet.ErrForbidden, fleet.ErrNotReady,
+	fleet.ErrInvalid, fleet.ErrForbidden, fleet.ErrNotReady, fleet.ErrUnavailable,
 }
 
 // sentinelMessage returns a message builder for errors that wrap a fleet

@@ -48,9 +48,11 @@ type Store interface {
 	MarkReconciled(ctx context.Context) error
 }
 
-// Pods lists and deletes notebook pods (spawner.Client).
+// Pods lists and deletes notebook pods (spawner.Client). FenceSlice marks a
+// pod and returns it as the API server has it now (see Once).
 type Pods interface {
 	Pods() ([]spawner.ManagedPod, error)
+	FenceSlice(ctx context.Context, name, spawnID string) (spawner.ManagedPod, error)
 	Delete(ctx context.Context, user, server, spawnID string) error
 	DeletePod(ctx context.Context, name, spawnID string) error
 }
@@ -203,6 +205,18 @@ func (r *Reconciler) Once(ctx context.Context) (Report, error) {
 		}
 		alloc := allocationOf(p)
 		if _, held := allocBySlice[p.SpawnID]; !held {
+			// Restore the slice the API server has, not the cache's, and
+			// fence off a resize in flight: the write changes the pod's
+			// resourceVersion, so a resize that changed Redis before this
+			// restore cannot record its slice on the pod after it; it starts
+			// over on the restored data (servers.Service.Resize).
+			fresh, err := r.pods.FenceSlice(ctx, p.Name, p.SpawnID)
+			if err != nil {
+				complete = false
+				errs = append(errs, fmt.Errorf("fence pod %s before restoring its slice: %w", p.Name, err))
+				continue
+			}
+			alloc = allocationOf(fresh)
 			restored, err := r.store.Restore(ctx, alloc)
 			switch {
 			case errors.Is(err, fleet.ErrConflict) && restored:
