@@ -693,6 +693,12 @@ func (ch *chaos) endProblems(ctx context.Context) ([]string, error) {
 	}
 	for _, sec := range secrets.Items {
 		s, ok := servers[sec.Annotations[v1.AnnotationSpawnID]]
+		ch.mu.Lock()
+		lost := ch.lostWithRedis[sec.Annotations[v1.AnnotationUser]+"/"+sec.Annotations[v1.AnnotationServer]]
+		ch.mu.Unlock()
+		if lost {
+			continue // the known limit: its server went with Redis's data
+		}
 		if !ok || s.State != v1.StateRunning {
 			problems = append(problems, fmt.Sprintf("orphan secret %s (spawn %s, server state %q)", sec.Name, sec.Annotations[v1.AnnotationSpawnID], s.State))
 		}

@@ -17,6 +17,10 @@ const HashTag = "{gpubroker}"
 //	Placement (broker/internal/redisstore; rebuilt from pods by the reconciler after a flush)
 //	marker                           string  none                   reconciler (MarkReconciled); its absence
 //	                                                                blocks placement (ErrNotReady)
+//	marker:epoch                     string  none                   reconciler (ReconcileEpoch): random token
+//	                                                                a pass reads first; marking checks it, so
+//	                                                                a pass that began before a flush cannot
+//	                                                                mark the flushed data rebuilt
 //	gpus                             set     none                   RegisterGPU: every registered GPU uuid
 //	gpu:<uuid>                       hash    none                   RegisterGPU/SetGPUHealth (inventory) and
 //	                                                                place/release/restore (usage counters)
@@ -75,6 +79,9 @@ func New(prefix string) Keys { return Keys{p: prefix + HashTag + ":"} }
 
 // Marker is the reconcile marker (string, the time of the last rebuild).
 func (k Keys) Marker() string { return k.p + "marker" }
+
+// MarkerEpoch is the reconcile epoch token (string, random hex).
+func (k Keys) MarkerEpoch() string { return k.p + "marker:epoch" }
 
 // GPUs is the set of every registered GPU uuid.
 func (k Keys) GPUs() string { return k.p + "gpus" }

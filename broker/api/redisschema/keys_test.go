@@ -31,6 +31,7 @@ func TestKeys(t *testing.T) {
 		{"all full", k.AllFull(), "p:{gpubroker}:idx:f:all"},
 		{"allocs", k.Allocs(), "p:{gpubroker}:allocs"},
 		{"usage", k.Usage(), "p:{gpubroker}:usage"},
+		{"marker epoch", k.MarkerEpoch(), "p:{gpubroker}:marker:epoch"},
 		{"server", k.Server("a:b", "c d"), "p:{gpubroker}:srv:a%3Ab:c+d"},
 		{"events", k.Events("alice", ""), "p:{gpubroker}:ev:alice:"},
 		{"user servers", k.UserServers("alice"), "p:{gpubroker}:usrv:alice"},

@@ -15,7 +15,9 @@
 //   - deletes pods that belong to no current spawn, or whose annotations
 //     cannot be read, after the grace period;
 //   - marks the allocations as rebuilt only when every pod's slice is
-//     recorded, which is what lets placement resume after Redis lost its data.
+//     recorded, which is what lets placement resume after Redis lost its data,
+//     and only if Redis has not lost its data again since the pass began (the
+//     reconcile epoch, read first, is unchanged).
 //
 // Reading allocations before records matters: a create writes its record
 // before it places, so an allocation seen first always has its record in the
@@ -45,7 +47,8 @@ type Store interface {
 	Restore(ctx context.Context, a fleet.Allocation) (bool, error)
 	RestoreServer(ctx context.Context, s fleet.Server) (bool, error)
 	Release(ctx context.Context, sliceID string) (bool, error)
-	MarkReconciled(ctx context.Context) error
+	ReconcileEpoch(ctx context.Context) (string, error)
+	MarkReconciledAt(ctx context.Context, epoch string) (bool, error)
 }
 
 // Pods lists and deletes notebook pods (spawner.Client). FenceSlice marks a
@@ -143,6 +146,12 @@ func (r *Reconciler) Once(ctx context.Context) (Report, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var rep Report
+	// The epoch first: if Redis loses its data during the pass, the pass
+	// read allocations that are gone and must not mark the rebuild done.
+	epoch, err := r.store.ReconcileEpoch(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("reconcile: epoch: %w", err)
+	}
 	allocs, err := r.store.Allocations(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: allocations: %w", err)
@@ -286,9 +295,13 @@ func (r *Reconciler) Once(ctx context.Context) (Report, error) {
 	}
 
 	if complete {
-		if err := r.store.MarkReconciled(ctx); err != nil {
+		marked, err := r.store.MarkReconciledAt(ctx, epoch)
+		switch {
+		case err != nil:
 			errs = append(errs, fmt.Errorf("mark reconciled: %w", err))
-		} else {
+		case !marked:
+			r.log.WarnContext(ctx, "Redis lost its data during the reconcile pass; the next pass rebuilds")
+		default:
 			rep.Complete = true
 		}
 	}

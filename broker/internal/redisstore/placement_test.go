@@ -575,3 +575,39 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 		})
 	}
 }
+
+// TestMarkReconciledAtRefusesAfterAFlush is the reconcile epoch: a pass
+// that read the epoch before Redis lost its data cannot open placement on
+// the emptied data; a pass that reads the new epoch can.
+func TestMarkReconciledAtRefusesAfterAFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	s := New(rdb, "")
+	ctx := t.Context()
+	before, err := s.ReconcileEpoch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.ReconcileEpoch(ctx); err != nil || again != before {
+		t.Fatalf("second ReconcileEpoch = %q, %v; want the stored %q", again, err, before)
+	}
+	if err := rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if marked, err := s.MarkReconciledAt(ctx, before); err != nil || marked {
+		t.Fatalf("MarkReconciledAt with the epoch from before the flush = %v, %v; want false", marked, err)
+	}
+	if ok, err := s.Reconciled(ctx); err != nil || ok {
+		t.Fatalf("Reconciled = %v, %v; want false after a refused mark", ok, err)
+	}
+	after, err := s.ReconcileEpoch(ctx)
+	if err != nil || after == before || after == "" {
+		t.Fatalf("ReconcileEpoch after the flush = %q, %v; want a new token", after, err)
+	}
+	if marked, err := s.MarkReconciledAt(ctx, after); err != nil || !marked {
+		t.Fatalf("MarkReconciledAt with the current epoch = %v, %v; want true", marked, err)
+	}
+	if ok, err := s.Reconciled(ctx); err != nil || !ok {
+		t.Fatalf("Reconciled = %v, %v; want true", ok, err)
+	}
+}
