@@ -235,8 +235,8 @@ type chaos struct {
 	// podsAtLoss[i] holds "user/server" of every live pod just before data
 	// loss i+1; guarded by mu.
 	podsAtLoss []map[string]bool
-	restarts sync.WaitGroup
-	down     [8]atomic.Bool // replica i is killed and not yet restarted
+	restarts   sync.WaitGroup
+	down       [8]atomic.Bool // replica i is killed and not yet restarted
 }
 
 func (ch *chaos) rand() *rand.Rand {
