@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -99,13 +101,39 @@ type browserEnv struct {
 // the test calls releaseNode: the test decides when a server gets to run.
 func newBrowserEnv(t *testing.T, held bool) *browserEnv {
 	t.Helper()
+	return newBrowserEnvWith(t, browserOptions{held: held})
+}
+
+// browserOptions vary a browser env.
+type browserOptions struct {
+	// held: the node is not managed by kwok yet (see newBrowserEnv).
+	held bool
+	// notebooks: the node is a pod runner's, whose pods run as real
+	// notebook servers (notebookProfiles).
+	notebooks bool
+	// hostMode serves notebooks in host mode under the notebook domain
+	// "localhost" (Chromium sends every *.localhost name to this machine);
+	// the public URL is then http://localhost:<port>. Else path mode.
+	hostMode bool
+	// brokerArgs are more gpubroker serve flags.
+	brokerArgs []string
+}
+
+// newBrowserEnvWith is newBrowserEnv with options.
+func newBrowserEnvWith(t *testing.T, o browserOptions) *browserEnv {
+	t.Helper()
 	c := needCluster(t)
 	bin := brokerBinary(t)
 	e := &env{t: t, cluster: c}
 	e.ns = newNamespace(t, c)
-	if held {
+	profiles := testProfiles
+	switch {
+	case o.notebooks:
+		e.runner, e.nodes, e.hook = newRunnerNodes(t, c, e.ns, 1)
+		profiles = notebookProfiles
+	case o.held:
 		e.nodes = []string{heldNode(t, c)}
-	} else {
+	default:
 		e.nodes = newNodes(t, c, 1)
 	}
 	e.gpus = []v1.GPU{{UUID: "GPU-" + e.ns + "-0", Node: e.nodes[0], Model: gpuModel, MemoryMiB: gpuMemoryMiB, SMCount: gpuSMs, Healthy: true}}
@@ -113,6 +141,11 @@ func newBrowserEnv(t *testing.T, held bool) *browserEnv {
 
 	proxy := httptest.NewUnstartedServer(nil)
 	public := "http://" + proxy.Listener.Addr().String()
+	args := []string{"--notebook-mode=path"}
+	if o.hostMode {
+		public = "http://localhost:" + strconv.Itoa(proxy.Listener.Addr().(*net.TCPAddr).Port)
+		args = []string{"--notebook-mode=host", "--notebook-domain=localhost"}
+	}
 	secret := "web-" + harness.UniqueName("secret")
 	e.issuer = devissuer.StartTest(t,
 		devissuer.WithUsers(
@@ -127,9 +160,9 @@ func newBrowserEnv(t *testing.T, held bool) *browserEnv {
 	}
 	b, err := harness.StartBroker(t.Context(), harness.BrokerOptions{
 		Binary: bin, Dir: dir, RedisURL: e.redis.URL(), Kubeconfig: c.BrokerKubeconfig, Namespace: e.ns,
-		IssuerURL: e.issuer.URL(), Audience: audience, ProfilesYAML: testProfiles,
+		IssuerURL: e.issuer.URL(), Audience: audience, ProfilesYAML: profiles,
 		ReconcileInterval: time.Second, OrphanGrace: 2 * time.Second,
-		Args: []string{"--public-url=" + public, "--oidc-client-secret-file=" + secretFile},
+		Args: append(append(args, "--public-url="+public, "--oidc-client-secret-file="+secretFile), o.brokerArgs...),
 	})
 	if err != nil {
 		t.Fatalf("start broker: %v", err)

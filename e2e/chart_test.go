@@ -35,11 +35,11 @@ import (
 )
 
 // pendingBrokerEnv are variables the chart sets for broker settings that
-// other work adds (issue 14's metrics listener, issue 12's notebook proxy):
+// other work adds (the metrics listener):
 // a broker without them warns that it does not know them, and only about
 // them. Once a setting exists the broker reads it and stops warning; then
 // its name here is dead and may go.
-var pendingBrokerEnv = []string{"GPUBROKER_METRICS_LISTEN", "GPUBROKER_NOTEBOOK_MODE", "GPUBROKER_NOTEBOOK_DOMAIN"}
+var pendingBrokerEnv = []string{"GPUBROKER_METRICS_LISTEN"}
 
 // TestChartOnTheAPIServer installs every documented combination of the
 // chart's values (its examples/) on the real kube-apiserver: each object is

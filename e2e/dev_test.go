@@ -102,8 +102,24 @@ func TestDevModeReadyAndPrintedCommandWorks(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v", err)
 	}
-	if s.SpawnID != created.SpawnID || s.GPU == nil || s.URL == "" {
-		t.Errorf("running dev server %+v: want spawn %s, a GPU and a URL", s, created.SpawnID)
+	if s.SpawnID != created.SpawnID || s.GPU == nil || s.URL == "" || s.OpenURL != base+"/user/"+user+"/"+name+"/" {
+		t.Errorf("running dev server %+v: want spawn %s, a GPU, a URL and its address through the proxy", s, created.SpawnID)
+	}
+	// Jupyter is installed here (e2e/testdeps), so the notebook is a real
+	// one, reached through the broker's proxy with the same token.
+	testdeps.Need(t, "py:notebook")
+	var status struct {
+		Started string `json:"started"`
+	}
+	err = harness.Poll(ctx, 100*time.Millisecond, 30*time.Second, func(ctx context.Context) (bool, string, error) {
+		code, err := cl.Do(ctx, "GET", "/user/"+user+"/"+name+"/api/status", nil, nil, &status)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return code == 200 && status.Started != "", fmt.Sprintf("%d %+v", code, status), nil
+	})
+	if err != nil {
+		t.Errorf("the dev notebook's own API through the proxy: %v", err)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/devissuer"
 	"github.com/gpubroker/gpubroker/broker/redistest"
 	"github.com/gpubroker/gpubroker/e2e/harness"
+	"github.com/gpubroker/gpubroker/spawner/runner"
 )
 
 const (
@@ -67,6 +68,11 @@ type env struct {
 	admin *harness.Client
 	// hubToken is the JupyterHub service token the broker accepts.
 	hubToken string
+	// runner runs the pods of its nodes as local processes (envOptions
+	// notebooks); nil when kwok runs them.
+	runner *runner.Runner
+	// hook is the runner nodes' hook directory (nil without a runner).
+	hook *nodeHook
 }
 
 // envOptions size an env. Zero values take the defaults.
@@ -77,6 +83,10 @@ type envOptions struct {
 	profiles string
 	// brokerArgs are more gpubroker serve flags.
 	brokerArgs []string
+	// notebooks puts the env's nodes under a pod runner instead of kwok:
+	// pods run as real processes (the default profiles are then
+	// notebookProfiles).
+	notebooks bool
 }
 
 // newEnv builds an env for t: namespace, nodes, redis-server, issuer, a
@@ -93,11 +103,18 @@ func newEnv(t testing.TB, o envOptions) *env {
 	}
 	if o.profiles == "" {
 		o.profiles = testProfiles
+		if o.notebooks {
+			o.profiles = notebookProfiles
+		}
 	}
 	bin := brokerBinary(t)
 	e := &env{t: t, cluster: c}
 	e.ns = newNamespace(t, c)
-	e.nodes = newNodes(t, c, o.nodes)
+	if o.notebooks {
+		e.runner, e.nodes, e.hook = newRunnerNodes(t, c, e.ns, o.nodes)
+	} else {
+		e.nodes = newNodes(t, c, o.nodes)
+	}
 	for ni, node := range e.nodes {
 		for gi := range o.gpusPerNode {
 			e.gpus = append(e.gpus, v1.GPU{

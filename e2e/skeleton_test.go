@@ -19,6 +19,7 @@ import (
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/e2e/harness"
+	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // TestServerLifecycle walks the skeleton: a user with a real token creates a
@@ -192,14 +193,16 @@ func checkPodContract(t *testing.T, pod *corev1.Pod, w podWant) {
 	}
 	c := pod.Spec.Containers[0]
 	// The slice reaches the hook only through the read-only quota mount:
-	// no GPUBROKER_ variable in the container (the tenant's environment).
+	// no GPUBROKER_ variable in the container (the tenant's environment)
+	// but the notebook's base URL and the pod's IP (downward API).
 	gotEnv := map[string]string{}
 	for _, ev := range c.Env {
 		if ev.Name == "NVIDIA_VISIBLE_DEVICES" || strings.HasPrefix(ev.Name, "GPUBROKER_") {
 			gotEnv[ev.Name] = ev.Value
 		}
 	}
-	if diff := cmp.Diff(map[string]string{"NVIDIA_VISIBLE_DEVICES": w.gpu.UUID}, gotEnv); diff != "" {
+	wantEnv := map[string]string{"NVIDIA_VISIBLE_DEVICES": w.gpu.UUID, v1.EnvBaseURL: spawner.BaseURL(w.user, w.server), v1.EnvPodIP: ""}
+	if diff := cmp.Diff(wantEnv, gotEnv); diff != "" {
 		t.Errorf("pod %s GPU env (-want +got):\n%s", pod.Name, diff)
 	}
 	wantMounts := map[string]bool{ // path → read-only

@@ -137,8 +137,13 @@ func (c apiClient) allServers(ctx context.Context, r *http.Request, v Viewer) ([
 }
 
 func (c apiClient) server(ctx context.Context, r *http.Request, v Viewer, name string) (v1.Server, error) {
+	return c.serverOf(ctx, r, v, v.User, name)
+}
+
+// serverOf reads user's server name (an admin may read anyone's).
+func (c apiClient) serverOf(ctx context.Context, r *http.Request, v Viewer, user, name string) (v1.Server, error) {
 	var out v1.Server
-	return out, c.call(ctx, r, v, http.MethodGet, serverPath(v.User, name), nil, nil, &out)
+	return out, c.call(ctx, r, v, http.MethodGet, serverPath(user, name), nil, nil, &out)
 }
 
 func (c apiClient) create(ctx context.Context, r *http.Request, v Viewer, name, idem string, req v1.CreateServerRequest) (v1.Server, error) {

@@ -23,7 +23,10 @@
 //     event stream (EventSource sends the session cookie).
 //
 // *Handler also renders the web login's pages (LoginFailed, SignedOut),
-// matching the auth package's Pages interface without importing it.
+// matching the auth package's Pages interface without importing it, and
+// the notebook proxy's (Notebook: a server that is stopped, with a start
+// that comes back to the notebook's address; starting, following the spawn
+// and reloading into the notebook once it runs; not answering; and Error).
 //
 // # Honesty
 //

@@ -103,7 +103,7 @@ var (
 	}
 	gpu     = &v1.GPURef{UUID: "GPU-1", Node: "node-a", Model: "NVIDIA H200"}
 	running = v1.Server{User: "alice", Name: "nb", Profile: "small", SpawnID: "sp1", State: v1.StateRunning, Message: "the notebook is running",
-		Slice: profiles[0].Slice, GPU: gpu, URL: "http://10.0.0.5:8888", Pod: "nb-alice-1", CreatedAt: t0, UpdatedAt: t0}
+		Slice: profiles[0].Slice, GPU: gpu, URL: "http://10.0.0.5:8888", OpenURL: "https://broker.example/user/alice/nb/", Pod: "nb-alice-1", CreatedAt: t0, UpdatedAt: t0}
 	creating = v1.Server{User: "alice", Name: "new", Profile: "big", SpawnID: "sp2", State: v1.StateCreating, Message: "creating the pod",
 		Slice: profiles[1].Slice, GPU: gpu, CreatedAt: t0, UpdatedAt: t0}
 )
@@ -255,7 +255,7 @@ func TestServerPageIsHonestAboutMissingParts(t *testing.T) {
 		}
 	}
 	body = s.do(t, "GET", "/servers/nb", nil).Body.String()
-	if strings.Contains(body, "data-events") || !strings.Contains(body, `id="open" href="http://10.0.0.5:8888"`) {
+	if strings.Contains(body, "data-events") || !strings.Contains(body, `id="open" href="https://broker.example/user/alice/nb/"`) {
 		t.Error("a running server's page should not follow events and should offer Open")
 	}
 }
@@ -677,5 +677,53 @@ func TestServerPageChartsSamples(t *testing.T) {
 		if body := rec.Body.String(); !strings.Contains(body, tc.want) || strings.Contains(body, tc.notWant) {
 			t.Errorf("%s: want %q and not %q in\n%s", tc.path, tc.want, tc.notWant, body)
 		}
+	}
+}
+
+// TestNotebookPages checks the pages the notebook proxy shows for a
+// notebook that cannot be opened now: a stopped one offers a start that
+// comes back to the notebook's address, a starting one follows its events
+// and enters the notebook, and another user gets no start button.
+func TestNotebookPages(t *testing.T) {
+	stopped := v1.Server{User: "alice", Name: "old", Profile: "small", SpawnID: "sp0", State: v1.StateStopped, Message: "stopped",
+		Slice: profiles[0].Slice, CreatedAt: t0, UpdatedAt: t0}
+	answers := baseAnswers()
+	answers["GET /api/v1/users/alice/servers/old"] = answer{200, stopped}
+	answers["PUT /api/v1/users/alice/servers/old"] = answer{201, creating}
+	s := newSite(t, fakeSessions{v: alice}, answers)
+	page := func(user, name, path, problem string) (int, string) {
+		t.Helper()
+		r := httptest.NewRequest(http.MethodGet, path, nil)
+		rec := httptest.NewRecorder()
+		s.h.Notebook(rec, r, http.StatusOK, user, name, problem)
+		return rec.Code, rec.Body.String()
+	}
+	_, body := page("alice", "old", "/user/alice/old/tree", "")
+	for _, want := range []string{`id="stopped"`, `id="start"`, `name="next" value="/user/alice/old/tree"`, `name="profile" value="small"`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("stopped page lacks %q", want)
+		}
+	}
+	_, body = page("alice", "new", "/user/alice/new/", "")
+	if !strings.Contains(body, `data-enter="true"`) || !strings.Contains(body, `data-events="/api/v1/users/alice/servers/new/events"`) || strings.Contains(body, `id="start"`) {
+		t.Errorf("starting page: want it to follow the events and enter, without a start button:\n%s", body)
+	}
+	code, body := page("alice", "nb", "/user/alice/nb/", "The notebook is not answering.")
+	if code != 200 || !strings.Contains(body, "The notebook is not answering.") || strings.Contains(body, "data-enter") {
+		t.Errorf("running but not answering: %d, want the problem and no automatic reload:\n%s", code, body)
+	}
+	form := url.Values{"csrf": {csrf}, "name": {"old"}, "profile": {"small"}, "idem": {"i1"}, "next": {"/user/alice/old/tree"}}
+	rec := s.do(t, "POST", "/servers", form)
+	if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/user/alice/old/tree" {
+		t.Errorf("start from the notebook page: %d → %s, want back to the notebook", rec.Code, rec.Header().Get("Location"))
+	}
+	form.Set("next", "//evil.example/user/x")
+	if rec := s.do(t, "POST", "/servers", form); rec.Header().Get("Location") != "/servers/old" {
+		t.Errorf("a foreign next: → %s, want the server's page", rec.Header().Get("Location"))
+	}
+	rec = httptest.NewRecorder()
+	s.h.Error(rec, httptest.NewRequest(http.MethodGet, "/user/bob/x/", nil), http.StatusNotFound, "There is no notebook server at this address, or it is not yours.")
+	if rec.Code != 404 || !strings.Contains(rec.Body.String(), "not yours") {
+		t.Errorf("error page: %d %s", rec.Code, rec.Body)
 	}
 }

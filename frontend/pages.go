@@ -77,6 +77,12 @@ func (h *Handler) launch(w http.ResponseWriter, r *http.Request, v Viewer) {
 		h.apiFailed(w, r, v, err)
 		return
 	}
+	// A start from a notebook's page goes back there, which follows the
+	// start and enters the notebook; only notebook paths are accepted.
+	if next := r.PostForm.Get("next"); strings.HasPrefix(next, "/user/") && !strings.Contains(next, "//") && !strings.ContainsAny(next, "\\\r\n") {
+		http.Redirect(w, r, next, http.StatusSeeOther)
+		return
+	}
 	http.Redirect(w, r, "/servers/"+url.PathEscape(form.Name), http.StatusSeeOther)
 }
 

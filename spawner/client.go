@@ -65,6 +65,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	lister  corelisters.PodLister // nil until synced
+	tokens  map[tokenKey]string   // notebook tokens of spawns
 	subs    map[int]func(PodEvent)
 	nextSub int
 
@@ -86,6 +87,7 @@ func New(cs kubernetes.Interface, cfg Config, log *slog.Logger, opts ...Option) 
 		syncedCh: make(chan struct{}),
 		started:  make(chan struct{}),
 		subs:     map[int]func(PodEvent){},
+		tokens:   map[tokenKey]string{},
 		queue:    newEventQueue(),
 	}
 	for _, o := range opts {
@@ -220,6 +222,60 @@ func (c *Client) Delete(ctx context.Context, user, server, spawnID string) error
 			return secretAPI.Get(ctx, name, metav1.GetOptions{})
 		},
 		secretAPI.Delete)
+}
+
+// tokenCacheLimit bounds the cached notebook tokens; a full cache is
+// cleared.
+const tokenCacheLimit = 8192
+
+// NotebookToken returns the notebook token of spawn spawnID of server
+// (user, server), read from the server's Secret (v1.EnvNotebookToken) on
+// first use and then kept (a spawn's token never changes). The error wraps
+// ErrNoToken when the Secret is missing, not managed by gpubroker, of
+// another spawn or without a token; other errors are the API server's
+// (retryable).
+func (c *Client) NotebookToken(ctx context.Context, user, server, spawnID string) (string, error) {
+	key := tokenKey{user, server, spawnID}
+	c.mu.Lock()
+	tok, ok := c.tokens[key]
+	c.mu.Unlock()
+	if ok {
+		return tok, nil
+	}
+	tok, err := c.readNotebookToken(ctx, user, server, spawnID)
+	if err != nil {
+		return "", err
+	}
+	c.mu.Lock()
+	if len(c.tokens) >= tokenCacheLimit {
+		clear(c.tokens)
+	}
+	c.tokens[key] = tok
+	c.mu.Unlock()
+	return tok, nil
+}
+
+// tokenKey names one spawn of one server.
+type tokenKey struct{ user, server, spawnID string }
+
+func (c *Client) readNotebookToken(ctx context.Context, user, server, spawnID string) (string, error) {
+	name := SecretName(user, server)
+	s, err := c.cs.CoreV1().Secrets(c.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return "", fmt.Errorf("secret %s: %w: it does not exist", name, ErrNoToken)
+	case err != nil:
+		return "", fmt.Errorf("secret %s: %w", name, err)
+	case s.Labels[v1.LabelManagedBy] != v1.ManagedByValue:
+		return "", fmt.Errorf("secret %s: %w: %w", name, ErrNoToken, ErrNotOwned)
+	case spawnOf(s) != spawnID:
+		return "", fmt.Errorf("secret %s: %w: it belongs to spawn %s", name, ErrNoToken, spawnOf(s))
+	}
+	tok := string(s.Data[v1.EnvNotebookToken])
+	if tok == "" {
+		return "", fmt.Errorf("secret %s: %w: it has no %s", name, ErrNoToken, v1.EnvNotebookToken)
+	}
+	return tok, nil
 }
 
 // DeletePod deletes one notebook pod by name with the same checks as Delete,

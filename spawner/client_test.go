@@ -497,3 +497,62 @@ func TestDeletePodGarbled(t *testing.T) {
 		t.Errorf("gone event for %q", ev.Pod)
 	}
 }
+
+// TestNotebookTokenAndPrefix reads a spawn's token (once, then from the
+// cache), refuses another spawn's, and finds the notebook's path prefix
+// and pod from the cache: the broker's base URL, or the hub's prefix for a
+// hub-started notebook.
+func TestNotebookTokenAndPrefix(t *testing.T) {
+	h := startClient(t)
+	ctx := t.Context()
+	spec := testSpec()
+	spec.Server = "nb"
+	if err := h.client.Create(ctx, spec, map[string]string{v1.EnvNotebookToken: "tok-1"}); err != nil {
+		t.Fatal(err)
+	}
+	reads := 0
+	h.cs.PrependReactor("get", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		reads++
+		return false, nil, nil
+	})
+	for range 3 {
+		if tok, err := h.client.NotebookToken(ctx, spec.User, spec.Server, spec.SpawnID); err != nil || tok != "tok-1" {
+			t.Fatalf("NotebookToken = %q, %v", tok, err)
+		}
+	}
+	if reads != 1 {
+		t.Errorf("the Secret was read %d times for one spawn, want once", reads)
+	}
+	if _, err := h.client.NotebookToken(ctx, spec.User, spec.Server, "another-spawn"); !errors.Is(err, ErrNoToken) {
+		t.Errorf("another spawn's token: %v, want ErrNoToken", err)
+	}
+	if _, err := h.client.NotebookToken(ctx, spec.User, "missing", spec.SpawnID); !errors.Is(err, ErrNoToken) {
+		t.Errorf("no Secret: %v, want ErrNoToken", err)
+	}
+
+	h.waitEvent(t, "the pod is cached", func(ev PodEvent) bool { return ev.SpawnID == spec.SpawnID })
+	if prefix, hub, ok := h.client.NotebookPrefix(spec.User, spec.Server, spec.SpawnID); !ok || hub || prefix != "/user/alice/nb/" {
+		t.Errorf("prefix %q hub %t ok %t, want the broker's base URL", prefix, hub, ok)
+	}
+	if _, _, ok := h.client.NotebookPrefix(spec.User, spec.Server, "old-spawn"); ok {
+		t.Error("a prefix for another spawn")
+	}
+	mp, ok, err := h.client.PodBySlugs("alice", "nb")
+	if err != nil || !ok || mp.User != "alice" || mp.Server != "nb" {
+		t.Errorf("PodBySlugs = %+v %t %v", mp, ok, err)
+	}
+	if _, ok, _ := h.client.PodBySlugs("alice", "other"); ok {
+		t.Error("PodBySlugs found a pod for another server")
+	}
+
+	hubSpec := testSpec()
+	hubSpec.Server, hubSpec.SpawnID = "hub", "hub-spawn"
+	hubSpec.Env = map[string]string{"JUPYTERHUB_SERVICE_PREFIX": "/user/alice/hub/"}
+	if err := h.client.Create(ctx, hubSpec, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.waitEvent(t, "the hub's pod is cached", func(ev PodEvent) bool { return ev.SpawnID == hubSpec.SpawnID })
+	if prefix, hub, ok := h.client.NotebookPrefix("alice", "hub", "hub-spawn"); !ok || !hub || prefix != "/user/alice/hub/" {
+		t.Errorf("hub notebook: prefix %q hub %t ok %t, want the hub's prefix", prefix, hub, ok)
+	}
+}

@@ -13,10 +13,17 @@
 //     durable record of allocations (invariant 2).
 //   - Classify, URL: the pure reading of a pod's status into a Phase and a
 //     sentence for the user, failing fast on terminal conditions.
-//   - Client: create and delete, checking ownership (client.go); watch: the
-//     informer cache behind Pods, and PodEvents delivered to subscribers in
-//     order per pod (watch.go).
+//   - BaseURL: the path a server's notebook is served under through the
+//     broker's proxy, /user/<user slug>/<server slug>/ (the pod's
+//     GPUBROKER_BASE_URL).
+//   - Client: create and delete, checking ownership, and a spawn's notebook
+//     token from its Secret, kept per spawn (client.go); watch: the informer
+//     cache behind Pods, the notebook's path prefix and a pod by the slugs of
+//     its base URL, and PodEvents delivered to subscribers in order per pod
+//     (watch.go).
 //   - devcluster: a simulated cluster for dev mode.
+//   - runner: a kubelet for machines without one, running each pod of its
+//     nodes as a local process (e2e tests and dev mode's real notebooks).
 //
 // # Invariants
 //
@@ -46,8 +53,11 @@
 //     updates; it reads the cache, and the informer never relists on a
 //     timer. Missing timestamps never trigger a deadline.
 //   - Secrets: credentials go into the server's Secret (envFrom), never into
-//     plain pod env; the quota directory and the hook are mounted read-only
-//     and the container drops all capabilities (invariant 3).
+//     plain pod env, the spawn's notebook token (JUPYTER_TOKEN) included; the
+//     quota directory and the hook are mounted read-only and the container
+//     drops all capabilities (invariant 3).
+//   - A failing notebook reports its last output lines as the reason
+//     (terminationMessagePolicy FallbackToLogsOnError).
 //   - Goroutines: none start in constructors; Run owns all of them and
 //     returns only after they exited.
 //

@@ -22,4 +22,7 @@ var (
 	// ErrNotOwned is returned when an object with the name the spawner wants
 	// exists but is not managed by gpubroker; the spawner never touches it.
 	ErrNotOwned = errors.New("spawner: object not managed by gpubroker")
+	// ErrNoToken is returned by Client.NotebookToken when the spawn's Secret
+	// is missing, belongs to another spawn or holds no notebook token.
+	ErrNoToken = errors.New("spawner: no notebook token for this spawn")
 )

@@ -110,6 +110,14 @@ func composeName(prefix, suffix, user, server string) string {
 	return prefix + u + "--" + s + suffix
 }
 
+// BaseURL returns the path a server's notebook is served under through the
+// broker's proxy: "/user/<Slug(user)>/<Slug(server)>/". Slugs need no
+// escaping in a URL path and are never "." or "..", and Slug is injective,
+// so the path names exactly one server.
+func BaseURL(user, server string) string {
+	return "/user/" + Slug(user) + "/" + Slug(server) + "/"
+}
+
 // Labels returns the labels of a server's pod and Secret.
 func Labels(user, server, spawnID string) map[string]string {
 	return map[string]string{
@@ -153,8 +161,12 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 	// The slice reaches the limiter only through the read-only quota
 	// mount, never the environment, which the notebook user controls
 	// (ARCHITECTURE.md invariant 3): the node agent writes the first quota
-	// file from the annotations as soon as it sees this pod.
-	var env []corev1.EnvVar
+	// file from the annotations as soon as it sees this pod. The env says
+	// only where the notebook is served and the pod's IP.
+	env := []corev1.EnvVar{
+		{Name: v1.EnvBaseURL, Value: BaseURL(s.User, s.Server)},
+		{Name: v1.EnvPodIP, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "status.podIP"}}},
+	}
 	var runtimeClass *string
 	switch cfg.Exposure {
 	case ExposureCDI:
@@ -202,6 +214,9 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 				Command:         slices.Clone(s.Command),
 				Args:            slices.Clone(s.Args),
 				ImagePullPolicy: cfg.ImagePullPolicy,
+				// A notebook that fails reports its last output lines as
+				// the reason, so a crash reads as the program's own words.
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 				Ports: []corev1.ContainerPort{{
 					Name: portName, ContainerPort: int32(cfg.NotebookPort), Protocol: corev1.ProtocolTCP,
 				}},

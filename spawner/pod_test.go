@@ -144,11 +144,10 @@ func golden(t *testing.T, path string, got []byte) {
 	}
 }
 
-// TestPodContract checks the ARCHITECTURE.md pod contract on the built object, so a
-// regenerated golden file cannot silently drop it.
-// limiterEnv lists the container's GPUBROKER_ variables: there must be none
-// (ARCHITECTURE.md invariant 3: the environment belongs to the tenant).
-func limiterEnv(env []corev1.EnvVar) []string {
+// gpubrokerEnv lists the container's GPUBROKER_ variables: only the
+// notebook's address, never a limit, a path of the limiter or the slice's
+// identity (ARCHITECTURE.md invariant 3: the environment belongs to the tenant).
+func gpubrokerEnv(env []corev1.EnvVar) []string {
 	var out []string
 	for _, e := range env {
 		if strings.HasPrefix(e.Name, "GPUBROKER_") {
@@ -158,6 +157,8 @@ func limiterEnv(env []corev1.EnvVar) []string {
 	return out
 }
 
+// TestPodContract checks the ARCHITECTURE.md pod contract on the built object, so a
+// regenerated golden file cannot silently drop it.
 func TestPodContract(t *testing.T) {
 	cfg, spec := testConfig(), testSpec()
 	spec.SecretEnv = true
@@ -179,46 +180,46 @@ func TestPodContract(t *testing.T) {
 		hostPaths[v.Name] = v.HostPath.Path
 	}
 	got := map[string]any{
-		"managed-by":  pod.Labels[v1.LabelManagedBy],
-		"node":        pod.Spec.NodeName,
-		"visible":     env["NVIDIA_VISIBLE_DEVICES"],
-		"limiter env": limiterEnv(c.Env),
-		"hook ro":     mounts[v1.PodHookDir].ReadOnly,
-		"preload ro":  mounts[v1.PodPreload].ReadOnly,
-		"quota ro":    mounts[v1.PodQuotaDir].ReadOnly,
-		"usage ro":    mounts[v1.PodUsageDir].ReadOnly,
-		"quota host":  hostPaths[mounts[v1.PodQuotaDir].Name],
-		"usage host":  hostPaths[mounts[v1.PodUsageDir].Name],
-		"preload":     hostPaths[mounts[v1.PodPreload].Name],
-		"secret":      c.EnvFrom[0].SecretRef.Name,
-		"automount":   *pod.Spec.AutomountServiceAccountToken,
-		"escalation":  *c.SecurityContext.AllowPrivilegeEscalation,
-		"mem limit":   c.Resources.Limits.Memory().String(),
-		"runtime":     *pod.Spec.RuntimeClassName,
-		"restart":     pod.Spec.RestartPolicy,
-		"port":        c.Ports[0].ContainerPort,
-		"annotations": len(pod.Annotations),
+		"managed-by":    pod.Labels[v1.LabelManagedBy],
+		"node":          pod.Spec.NodeName,
+		"visible":       env["NVIDIA_VISIBLE_DEVICES"],
+		"gpubroker env": gpubrokerEnv(c.Env),
+		"hook ro":       mounts[v1.PodHookDir].ReadOnly,
+		"preload ro":    mounts[v1.PodPreload].ReadOnly,
+		"quota ro":      mounts[v1.PodQuotaDir].ReadOnly,
+		"usage ro":      mounts[v1.PodUsageDir].ReadOnly,
+		"quota host":    hostPaths[mounts[v1.PodQuotaDir].Name],
+		"usage host":    hostPaths[mounts[v1.PodUsageDir].Name],
+		"preload":       hostPaths[mounts[v1.PodPreload].Name],
+		"secret":        c.EnvFrom[0].SecretRef.Name,
+		"automount":     *pod.Spec.AutomountServiceAccountToken,
+		"escalation":    *c.SecurityContext.AllowPrivilegeEscalation,
+		"mem limit":     c.Resources.Limits.Memory().String(),
+		"runtime":       *pod.Spec.RuntimeClassName,
+		"restart":       pod.Spec.RestartPolicy,
+		"port":          c.Ports[0].ContainerPort,
+		"annotations":   len(pod.Annotations),
 	}
 	want := map[string]any{
-		"managed-by":  "gpubroker",
-		"node":        "gpu-1",
-		"visible":     spec.GPU.UUID,
-		"limiter env": []string(nil), // the slice reaches the hook only through the read-only quota mount
-		"hook ro":     true,
-		"preload ro":  true,
-		"quota ro":    true,
-		"usage ro":    false,
-		"quota host":  "/var/lib/gpubroker/slices/" + spec.SpawnID + "/quota",
-		"usage host":  "/var/lib/gpubroker/slices/" + spec.SpawnID + "/usage",
-		"preload":     "/var/lib/gpubroker/hook/ld.so.preload",
-		"secret":      "nb-alice-env",
-		"automount":   false,
-		"escalation":  false,
-		"mem limit":   "4Gi",
-		"runtime":     "nvidia",
-		"restart":     corev1.RestartPolicyOnFailure,
-		"port":        int32(8888),
-		"annotations": 10,
+		"managed-by":    "gpubroker",
+		"node":          "gpu-1",
+		"visible":       spec.GPU.UUID,
+		"gpubroker env": []string{v1.EnvBaseURL, v1.EnvPodIP}, // the notebook's address only: the slice reaches the hook only through the read-only quota mount
+		"hook ro":       true,
+		"preload ro":    true,
+		"quota ro":      true,
+		"usage ro":      false,
+		"quota host":    "/var/lib/gpubroker/slices/" + spec.SpawnID + "/quota",
+		"usage host":    "/var/lib/gpubroker/slices/" + spec.SpawnID + "/usage",
+		"preload":       "/var/lib/gpubroker/hook/ld.so.preload",
+		"secret":        "nb-alice-env",
+		"automount":     false,
+		"escalation":    false,
+		"mem limit":     "4Gi",
+		"runtime":       "nvidia",
+		"restart":       corev1.RestartPolicyOnFailure,
+		"port":          int32(8888),
+		"annotations":   10,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("pod contract (-want +got):\n%s", diff)

@@ -164,16 +164,88 @@ func (c *Client) Pods() ([]ManagedPod, error) {
 	now := c.now()
 	out := make([]ManagedPod, 0, len(objs))
 	for _, pod := range objs {
-		m, err := ParsePod(pod)
+		m, err := c.managed(pod, now)
 		m.Err = err
-		m.Phase, m.Message = Classify(pod, now, c.cfg)
-		if m.Phase != PhaseRunning {
-			m.URL = ""
-		}
 		out = append(out, m)
 	}
 	slices.SortFunc(out, func(a, b ManagedPod) int { return cmp.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// managed reads pod as ParsePod does, classified at now (no URL unless it
+// runs); the error is ParsePod's, with what could be read.
+func (c *Client) managed(pod *corev1.Pod, now time.Time) (ManagedPod, error) {
+	m, err := ParsePod(pod)
+	m.Phase, m.Message = Classify(pod, now, c.cfg)
+	if m.Phase != PhaseRunning {
+		m.URL = ""
+	}
+	return m, err
+}
+
+// PodBySlugs returns the cached pod whose user and server labels are
+// userSlug and serverSlug (the path segments of BaseURL), classified as
+// Pods does; ok is false when there is none. The error wraps ErrNotSynced
+// before the cache has synced.
+func (c *Client) PodBySlugs(userSlug, serverSlug string) (ManagedPod, bool, error) {
+	c.mu.Lock()
+	lister := c.lister
+	c.mu.Unlock()
+	if lister == nil {
+		return ManagedPod{}, false, fmt.Errorf("find pod: %w", ErrNotSynced)
+	}
+	set := owned()
+	set[v1.LabelUser], set[v1.LabelServer] = userSlug, serverSlug
+	sel := labels.SelectorFromSet(set)
+	objs, err := lister.Pods(c.cfg.Namespace).List(sel)
+	if err != nil {
+		return ManagedPod{}, false, fmt.Errorf("find pod: %w", err)
+	}
+	for _, pod := range objs {
+		if pod.Name != PodName(pod.Annotations[v1.AnnotationUser], pod.Annotations[v1.AnnotationServer]) {
+			continue // labels that do not match the raw names: not the server's pod
+		}
+		m, err := c.managed(pod, c.now())
+		if err != nil {
+			continue
+		}
+		return m, true, nil
+	}
+	return ManagedPod{}, false, nil
+}
+
+// NotebookPrefix returns the path prefix of the running notebook of spawn
+// spawnID of (user, server), read from its cached pod: JupyterHub's
+// JUPYTERHUB_SERVICE_PREFIX when the hub started it (hub is then true: the
+// notebook takes the hub's tokens, not the spawn's), else
+// v1.EnvBaseURL. ok is false when the cache has no such pod.
+func (c *Client) NotebookPrefix(user, server, spawnID string) (prefix string, hub, ok bool) {
+	c.mu.Lock()
+	lister := c.lister
+	c.mu.Unlock()
+	if lister == nil {
+		return "", false, false
+	}
+	pod, err := lister.Pods(c.cfg.Namespace).Get(PodName(user, server))
+	if err != nil || spawnOf(pod) != spawnID {
+		return "", false, false
+	}
+	for _, ctr := range pod.Spec.Containers {
+		if ctr.Name != ContainerName {
+			continue
+		}
+		base := ""
+		for _, e := range ctr.Env {
+			switch e.Name {
+			case "JUPYTERHUB_SERVICE_PREFIX":
+				return e.Value, true, true
+			case v1.EnvBaseURL:
+				base = e.Value
+			}
+		}
+		return base, false, base != ""
+	}
+	return "", false, false
 }
 
 // observe turns an informer notification into a queued event. It never

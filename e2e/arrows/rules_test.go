@@ -37,7 +37,7 @@ var (
 // Packages whose only job is to support tests, public so that every part's
 // tests (and e2e) may use them.
 var testSupport = []string{
-	"broker/redistest", "broker/devissuer", "broker/api/v1/v1test",
+	"broker/redistest", "broker/devissuer", "broker/jupytertest", "broker/api/v1/v1test",
 	"e2e/testdeps", "limiter/hook/stubtest", "limiter/cliconfig/cliconfigtest",
 	"spawner/jupyterhub/pytest",
 	"deploy/...", // the chart's Go tooling (rendering it for tests)
@@ -125,6 +125,15 @@ var rules = []rule{
 			"broker/internal/servers", "spawner"}),
 		why: "the REST API (echo): domain types in, wire types out; every store and service is behind deps.go's " +
 			"interfaces, so it reaches no store, no Redis and no Kubernetes client",
+	},
+	{
+		group: "proxy", pkgs: []string{"broker/internal/proxy"},
+		may: []string{"broker/api/v1", "broker/internal/fleet", "broker/internal/auth", "spawner"},
+		never: join(redisClient, httpServer, gpuDriver, []string{"broker/internal/redisstore", "broker/internal/servers",
+			"broker/internal/httpapi", "frontend"}),
+		why: "the notebook proxy (net/http's ReverseProxy): it checks web sessions and bearer tokens through auth, " +
+			"reads servers (fleet) and their pods and notebook tokens (the spawner's cache); its hand-off codes, host " +
+			"sessions and activity are behind its own interfaces (redisstore implements them), its pages behind Pages",
 	},
 	{
 		group: "frontend", pkgs: []string{"frontend/..."}, tests: true, testMay: testSupport,
@@ -220,11 +229,12 @@ var rules = []rule{
 
 	// Test support and e2e.
 	{
-		group: "test support", pkgs: []string{"broker/redistest", "broker/devissuer", "broker/api/v1/v1test",
+		group: "test support", pkgs: []string{"broker/redistest", "broker/devissuer", "broker/jupytertest", "broker/api/v1/v1test",
 			"e2e/testdeps", "limiter/hook/stubtest", "limiter/cliconfig/cliconfigtest", "spawner/jupyterhub/pytest"},
 		may:   []string{"broker/api/v1", "e2e/testdeps", "limiter/cliconfig"},
 		never: []string{"broker/internal/..."},
-		why:   "public helpers for every part's tests: a real redis-server, a real OIDC issuer, fixtures, the Debian package list",
+		why: "public helpers for every part's tests: a real redis-server, a real OIDC issuer, Debian's Jupyter notebook " +
+			"server with a kernel client, fixtures, the Debian package list",
 	},
 	{
 		group: "serverstest", pkgs: []string{"broker/internal/servers/serverstest"},
@@ -234,10 +244,11 @@ var rules = []rule{
 	},
 	{
 		group: "e2e", pkgs: []string{"e2e/..."}, tests: true, testMay: testSupport,
-		may:   []string{"broker/api/v1", "e2e/harness", "limiter/agent/agentstore"},
+		may:   []string{"broker/api/v1", "e2e/harness", "limiter/agent/agentstore", "spawner", "spawner/runner"},
 		never: []string{"broker/internal/..."},
 		why: "end-to-end tests through public interfaces only: the binaries, the REST API (v1), client-go, " +
-			"the agent contract and the public test helpers",
+			"the agent contract, the public test helpers, the pod runner that plays the kubelet for the notebook " +
+			"pods and the spawner's names of the pod contract (PodName, SecretName)",
 	},
 }
 

@@ -36,6 +36,12 @@
       if (bar && i >= 0) { bar.value = i + 1; if (step) { step.textContent = String(i + 1); } }
       box.setAttribute('data-state', ev.state);
       if (ev.state === 'running') {
+        if (box.getAttribute('data-enter') === 'true') {
+          // A notebook's own page: the notebook answers at this address now.
+          es.close();
+          window.location.reload();
+          return;
+        }
         // Keep listening: a stop may follow.
         showOpen(box.getAttribute('data-server'));
       } else if (ev.state === 'stopped' || ev.state === 'failed') {
@@ -59,7 +65,7 @@
     fetch(serverURL, { credentials: 'same-origin', headers: { Accept: 'application/json' } })
       .then(function (r) { return r.ok ? r.json() : null; })
       .then(function (s) {
-        if (s && s.url) { open.href = s.url; open.hidden = false; }
+        if (s && s.openUrl) { open.href = s.openUrl; open.hidden = false; }
       })
       .catch(function () { /* the Open link appears on the next page load */ });
   }

@@ -44,6 +44,13 @@ const HashTag = "{gpubroker}"
 //	web:<sha256(id)>:session         string  the session's TTL      callback writes, refresh rewrites
 //	                                                                (KEEPTTL), logout DELs
 //	web:<sha256(id)>:refresh         string  15 s                   lock of the replica refreshing a session
+//	Notebook proxy (broker/internal/redisstore.Notebooks for broker/internal/proxy; lost: a new hand-off)
+//	nb:<sha256(code)>:handoff        string  HandoffTTL (1 min)     host mode's one-time code: the broker's
+//	                                                                origin writes, the notebook host GETDELs
+//	nb:<sha256(id)>:host             string  the host session's     a notebook host's session (cookie id),
+//	                                         TTL (≤ web session)    written when a code is redeemed
+//	nb:act:<spawnID>                 hash    ActivityTTL (25 h),    per replica: "<last request ms> <open
+//	                                         renewed                WebSockets> <written ms>"; the reclaimer reads
 //	Reclaim (broker/internal/redisstore for broker/internal/reclaim; not rebuilt: a flush
 //	restores the default policy and gives every spawn a fresh idle clock)
 //	reclaim:policy                   string  none                   policy save: JSON of the current policy
@@ -144,7 +151,24 @@ func digest(s string) string {
 func (k Keys) Login(state string) string { return k.p + "web:" + digest(state) + ":login" }
 
 // Session is the web session of the cookie value id (string, JSON).
-func (k Keys) Session(id string) string { return k.p + "web:" + digest(id) + ":session" }
+func (k Keys) Session(id string) string { return k.SessionByDigest(digest(id)) }
+
+// SessionByDigest is the web session whose cookie value has the hex
+// SHA-256 digest d: what a notebook host session keeps of the web session
+// it came from, so it can tell when that one ends without holding it.
+func (k Keys) SessionByDigest(d string) string { return k.p + "web:" + d + ":session" }
+
+// ---- notebook proxy ----
+
+// Handoff is host mode's one-time hand-off code (string).
+func (k Keys) Handoff(code string) string { return k.p + "nb:" + digest(code) + ":handoff" }
+
+// HostSession is a notebook host's session of the cookie value id (string).
+func (k Keys) HostSession(id string) string { return k.p + "nb:" + digest(id) + ":host" }
+
+// ProxyActivity is what the replicas' notebook proxies saw of one spawn
+// (hash, field per replica).
+func (k Keys) ProxyActivity(spawnID string) string { return k.p + "nb:act:" + spawnID }
 
 // SessionRefresh is the lock of the replica refreshing session id's tokens.
 func (k Keys) SessionRefresh(id string) string { return k.p + "web:" + digest(id) + ":refresh" }

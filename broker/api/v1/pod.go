@@ -37,6 +37,23 @@ const (
 // only from PodQuotaFile and PodUsageFile.
 const EnvLogLevel = "GPUBROKER_LIMITER_LOG"
 
+// Environment every notebook pod gets for starting its notebook server.
+const (
+	// EnvPodIP is the pod's IP (downward API status.podIP), for a notebook
+	// command that must bind it rather than 0.0.0.0 (the pod runner's
+	// notebooks share one machine's network).
+	EnvPodIP = "GPUBROKER_POD_IP"
+	// EnvBaseURL is the path the notebook is served under through the
+	// broker's proxy, "/user/<user slug>/<server slug>/" (always with both
+	// slashes), for the notebook's base_url option.
+	EnvBaseURL = "GPUBROKER_BASE_URL"
+	// EnvNotebookToken holds the spawn's notebook token, in the server's
+	// Secret only (never plain pod env). Jupyter servers read it as their
+	// token; the broker's proxy sends it on every proxied request, so the
+	// browser never sees it.
+	EnvNotebookToken = "JUPYTER_TOKEN"
+)
+
 // Paths inside the notebook pod; the hook's fixed paths are PodQuotaFile
 // and PodUsageFile (equal to limiter/hook/include/gpulimit_region.h, tested).
 const (

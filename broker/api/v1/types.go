@@ -48,7 +48,12 @@ type Server struct {
 	Slice   Slice   `json:"slice"`
 	GPU     *GPURef `json:"gpu,omitempty"` // nil until placed
 	// URL is the notebook's in-cluster address (http://podIP:port), set when running.
-	URL       string    `json:"url,omitempty"`
+	URL string `json:"url,omitempty"`
+	// OpenURL is the browser's address of the notebook through the
+	// broker's proxy (<public URL>/user/<user slug>/<server slug>/), set
+	// when the broker serves notebooks: the notebook itself while it runs,
+	// else a page that says it is stopped or follows its start.
+	OpenURL   string    `json:"openUrl,omitempty"`
 	Pod       string    `json:"pod,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
@@ -68,9 +73,9 @@ type CreateServerRequest struct {
 	// Command and Args are the notebook container's command and arguments,
 	// with Kubernetes' meaning: Command replaces the image's ENTRYPOINT,
 	// Args its CMD; an empty or absent list keeps the image's. They are a
-	// pair: a request that sets either replaces the pod's default command as
-	// a whole (today the image's; a profile's default command, once profiles
-	// carry one, is used only when the request sets neither). JupyterHub
+	// pair: a request that sets either replaces the profile's command as a
+	// whole; the profile's is used only when the request sets neither (and
+	// an explicit empty list keeps the image's own). JupyterHub
 	// sends Args ["jupyterhub-singleuser", ...] and no Command, so the
 	// image's entrypoint (tini in the Jupyter docker-stacks images) still
 	// runs first. Together at most MaxCommandEntries entries of at most

@@ -37,6 +37,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/httpapi"
+	"github.com/gpubroker/gpubroker/broker/internal/proxy"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 	"github.com/gpubroker/gpubroker/broker/internal/reconcile"
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
@@ -140,7 +141,9 @@ type parts struct {
 	service    *servers.Service
 	reconciler *reconcile.Reconciler
 	reclaimer  *reclaim.Reclaimer
-	handler    http.Handler
+	// notebooks is the notebook proxy; nil while the web pages are off.
+	notebooks *proxy.Proxy
+	handler   http.Handler
 	// checkers are the readiness checks (/readyz), also logged shortly
 	// after start so a broker whose dependencies are down says so.
 	checkers []httpapi.Checker
@@ -198,6 +201,9 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listen
 		return ignoreCanceled(p.reconciler.Run(gctx))
 	})
 	g.Go(func() error { return ignoreCanceled(runReclaimer(gctx, cfg, p)) })
+	if p.notebooks != nil {
+		g.Go(func() error { return ignoreCanceled(p.notebooks.Run(gctx)) })
+	}
 	g.Go(func() error { return serveHTTP(gctx, cfg, log, ln, p.handler) })
 	g.Go(func() error { return warnIfNotReady(gctx, log, p.checkers, startupCheckDelay) })
 	log.Info("gpubroker started", "listen", ln.Addr().String(), "mode", string(cfg.Mode), "version", cliconfig.Version())
@@ -417,12 +423,17 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 	}
 	authn := []auth.Authenticator{infra.Hub, infra.Bearer}
 	var web *auth.Web
-	proxy := &pagesProxy{}
+	pages := &pagesProxy{}
+	var openURL func(user, name string) string
 	if ws != nil {
-		if web, err = newWebLogin(cfg, ws, rdb, log, proxy); err != nil {
+		if web, err = newWebLogin(cfg, ws, rdb, log, pages); err != nil {
 			return nil, err
 		}
 		authn = append(authn, web)
+		if p.notebooks, err = newNotebookProxy(cfg, ws, log, p, web, infra.Bearer, pages); err != nil {
+			return nil, err
+		}
+		openURL = p.notebooks.OpenURL
 	}
 	p.checkers = []httpapi.Checker{
 		checker{"redis", store.Ping},
@@ -433,17 +444,19 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
 		Policy: policies, Audit: audit, Reclaim: p.reclaimer,
 		Auth: auth.Chain(authn...), Version: cliconfig.Version(), Mode: mode,
-		Checkers: p.checkers,
+		Checkers: p.checkers, OpenURL: openURL,
 	}, httpapi.WithEventsBlock(eventsBlock))
 	if err != nil {
 		return nil, fmt.Errorf("http api: %w", err)
 	}
 	p.handler = h
 	if web != nil {
-		if p.handler, err = mountPages(h, web, proxy, agentUsage{agents: p.agents}, log, mode.Notice); err != nil {
+		if p.handler, err = mountPages(h, web, pages, agentUsage{agents: p.agents}, log, mode.Notice); err != nil {
 			return nil, err
 		}
-		log.Info("web pages on", "public_url", ws.PublicURL, "issuer", redirectHost(ws.IssuerURL))
+		p.handler = p.notebooks.Handler(p.handler)
+		log.Info("web pages and notebook proxy on", "public_url", ws.PublicURL, "issuer", redirectHost(ws.IssuerURL),
+			"notebook_mode", cfg.NotebookMode, "notebook_domain", cfg.NotebookDomain)
 	}
 	return p, nil
 }

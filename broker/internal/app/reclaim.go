@@ -2,37 +2,43 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/gpubroker/gpubroker/broker/internal/config"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/leader"
+	"github.com/gpubroker/gpubroker/broker/internal/proxy"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
+	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // newReclaimer builds the idle reclaimer over the parts: idle states and
 // audit in Redis, the agents' samples through agentstore, events through
 // the store, stops through the lifecycle, shrinks through the resize
-// service, probes with the hub API token (when configured) and, with
-// --hub-url, activity posted to the hub.
+// service, the notebook proxy's activity from Redis, probes of each
+// notebook under its own path prefix with its spawn's token (the hub API
+// token for notebooks the hub started) and, with --hub-url, activity
+// posted to the hub.
 func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *reclaim.Policies, audit *redisstore.AuditLog) (*reclaim.Reclaimer, error) {
 	token, err := cfg.HubAPIToken()
 	if err != nil {
 		return nil, err
 	}
-	client := &http.Client{Timeout: 10 * time.Second}
+	hubClient := &http.Client{Timeout: 10 * time.Second}
 	if token != "" {
-		client.Transport = tokenTransport{token: token.Reveal(), base: http.DefaultTransport}
+		hubClient.Transport = tokenTransport{token: token.Reveal(), base: http.DefaultTransport}
 	}
 	var hub reclaim.HubNotifier
 	if cfg.HubURL != "" {
-		h, err := reclaim.NewHub(cfg.HubURL, token.Reveal(), client)
+		h, err := reclaim.NewHub(cfg.HubURL, token.Reveal(), hubClient)
 		if err != nil {
 			return nil, err
 		}
@@ -46,9 +52,35 @@ func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *recla
 			_, err := svc.Resize(ctx, srv.ServerKey, fleet.Slice{MemoryMiB: srv.Slice.MemoryMiB, ComputePercent: cp, ComputeLimitPercent: cl}, reclaim.Actor)
 			return err
 		}),
-		Prober: reclaim.NewProber(client, 5*time.Second), Hub: hub,
+		Prober: reclaim.NewProber(&http.Client{Timeout: 10 * time.Second}, 5*time.Second, notebookTarget(p.spawner, token.Reveal())),
+		Hub:    hub, Proxy: redisstore.NewNotebooks(p.redis, cfg.Redis.Prefix), ProxyFresh: 3 * proxy.DefaultActivityFlush,
 		Interval: cfg.ReclaimInterval, Log: log,
 	})
+}
+
+// notebookTarget locates a running server's notebook API for the probe:
+// its pod's URL under the notebook's own path prefix, with the spawn's
+// notebook token, or the hub API token for a notebook JupyterHub started
+// (it takes the hub's tokens only).
+func notebookTarget(sp *spawner.Client, hubToken string) reclaim.Target {
+	return func(ctx context.Context, s fleet.Server) (string, string, error) {
+		prefix, hub, ok := sp.NotebookPrefix(s.User, s.Name, s.SpawnID)
+		if !ok {
+			return "", "", errors.New("the notebook's pod is not in the broker's cache")
+		}
+		base := strings.TrimSuffix(s.URL, "/") + prefix
+		if hub {
+			if hubToken == "" {
+				return "", "", errors.New("JupyterHub started this notebook; give the broker --hub-api-token-file (scope access:servers) to read its activity")
+			}
+			return base, hubToken, nil
+		}
+		tok, err := sp.NotebookToken(ctx, s.User, s.Name, s.SpawnID)
+		if err != nil {
+			return "", "", fmt.Errorf("the notebook's token: %w", err)
+		}
+		return base, tok, nil
+	}
 }
 
 var _ reclaim.Stopper = (*servers.Service)(nil)

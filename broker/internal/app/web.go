@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
 	"github.com/gpubroker/gpubroker/broker/internal/config"
+	"github.com/gpubroker/gpubroker/broker/internal/proxy"
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/frontend"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
@@ -54,6 +56,35 @@ func (p *pagesProxy) LoginFailed(w http.ResponseWriter, r *http.Request, status 
 }
 
 func (p *pagesProxy) SignedOut(w http.ResponseWriter, r *http.Request) { p.h.SignedOut(w, r) }
+
+// Notebook and Error render the notebook proxy's pages.
+func (p *pagesProxy) Notebook(w http.ResponseWriter, r *http.Request, status int, user, name, problem string) {
+	p.h.Notebook(w, r, status, user, name, problem)
+}
+
+func (p *pagesProxy) Error(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	p.h.Error(w, r, status, msg)
+}
+
+var _ proxy.Pages = (*pagesProxy)(nil)
+
+// newNotebookProxy builds the notebook proxy next to the web pages: server
+// records and host-mode records in Redis, pods and tokens from the
+// spawner, sign-in by the web session or a bearer token.
+func newNotebookProxy(cfg config.Config, ws *WebSettings, log *slog.Logger, p *parts, web *auth.Web, bearer *auth.Bearer, pages *pagesProxy) (*proxy.Proxy, error) {
+	nb := redisstore.NewNotebooks(p.redis, cfg.Redis.Prefix)
+	px, err := proxy.New(proxy.Config{
+		Mode: proxy.Mode(cfg.NotebookMode), PublicURL: strings.TrimSuffix(ws.PublicURL, "/"), Domain: cfg.NotebookDomain,
+		AdminAccess: cfg.NotebookAdminAccess, HostSessionTTL: cfg.SessionTTL,
+	}, proxy.Deps{
+		Servers: p.store, Pods: p.spawner, Tokens: p.spawner, Sessions: web, Bearer: bearer,
+		Handoffs: nb, Activity: nb, Pages: pages, Log: log.With("part", "proxy"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("notebook proxy: %w", err)
+	}
+	return px, nil
+}
 
 var _ auth.SessionStore = (*redisstore.Sessions)(nil)
 

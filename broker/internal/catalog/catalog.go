@@ -15,11 +15,21 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
 //go:embed default.yaml
 var defaultYAML []byte
+
+// DefaultArgs returns the notebook container's args for a profile that sets
+// neither command nor args: the Jupyter docker-stacks images' start script
+// (kept as a wrapper in every image since the move to start-notebook.py),
+// which serves on 0.0.0.0:8888 and reads its token from JUPYTER_TOKEN,
+// under the base URL the broker's proxy uses.
+func DefaultArgs() []string {
+	return []string{"start-notebook.sh", "--ServerApp.base_url=$(" + v1.EnvBaseURL + ")"}
+}
 
 // Catalog is a parsed profiles-and-quotas file. It is immutable and safe for
 // concurrent use; accessors return copies.
@@ -44,6 +54,10 @@ type profileDoc struct {
 	Slice       sliceDoc `json:"slice"`
 	Model       string   `json:"model"`
 	Groups      []string `json:"groups"`
+	// Command and Args: nil (absent) takes DefaultArgs; [] keeps the
+	// image's own.
+	Command *[]string `json:"command"`
+	Args    *[]string `json:"args"`
 }
 
 type sliceDoc struct {
@@ -174,7 +188,10 @@ func build(doc fileDoc) (*Catalog, []error) {
 				add(fmt.Errorf("groups[%d] is empty", j))
 			}
 		}
+		command, args := commandOf(pd, add)
 		c.profiles = append(c.profiles, fleet.Profile{
+			Command:     command,
+			Args:        args,
 			Name:        pd.Name,
 			DisplayName: pd.DisplayName,
 			Description: pd.Description,
@@ -190,6 +207,32 @@ func build(doc fileDoc) (*Catalog, []error) {
 	c.quotas.Users, errs = quotaMap("quotas.users", "user", doc.Quotas.Users, errs)
 	c.quotas.Groups, errs = quotaMap("quotas.groups", "group", doc.Quotas.Groups, errs)
 	return c, errs
+}
+
+// commandOf returns a profile's notebook command and args (DefaultArgs when
+// it sets neither), reporting entries no container could run.
+func commandOf(pd profileDoc, add func(error)) (command, args []string) {
+	if pd.Command == nil && pd.Args == nil {
+		return nil, DefaultArgs()
+	}
+	if pd.Command != nil {
+		command = append([]string{}, *pd.Command...)
+	}
+	if pd.Args != nil {
+		args = append([]string{}, *pd.Args...)
+	}
+	if len(command) > 0 && strings.TrimSpace(command[0]) == "" {
+		add(errors.New("command[0] is empty"))
+	}
+	if n := len(command) + len(args); n > v1.MaxCommandEntries {
+		add(fmt.Errorf("command and args have %d entries; the limit is %d", n, v1.MaxCommandEntries))
+	}
+	for i, a := range slices.Concat(command, args) {
+		if len(a) > v1.MaxCommandEntryBytes || strings.ContainsRune(a, 0) {
+			add(fmt.Errorf("command/args entry %d is longer than %d bytes or contains a NUL byte", i, v1.MaxCommandEntryBytes))
+		}
+	}
+	return command, args
 }
 
 func checkQuantity(field, v, examples string) error {
@@ -386,5 +429,6 @@ func (c *Catalog) Quotas() fleet.Quotas {
 
 func clone(p fleet.Profile) fleet.Profile {
 	p.Groups = slices.Clone(p.Groups)
+	p.Command, p.Args = slices.Clone(p.Command), slices.Clone(p.Args)
 	return p
 }

@@ -42,12 +42,14 @@ var (
 		Name: "small", DisplayName: "Small", Description: "a small one",
 		Image: "quay.io/jupyter/minimal-notebook:latest", CPU: "1", Memory: "4Gi",
 		Slice: fleet.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50},
+		Args:  catalog.DefaultArgs(),
 	}
 	large = fleet.Profile{
 		Name: "gpu-large", DisplayName: "Large",
 		Image: "quay.io/jupyter/pytorch-notebook:cuda12-latest", CPU: "500m", Memory: "64Gi",
 		Slice: fleet.Slice{MemoryMiB: 71680, ComputePercent: 50, ComputeLimitPercent: 50},
 		Model: "NVIDIA H200", Groups: []string{"ml-team", "admins"},
+		Args: catalog.DefaultArgs(),
 	}
 )
 
@@ -114,6 +116,7 @@ func TestAccessorsReturnCopies(t *testing.T) {
 	c.Profiles()[1].Groups[0] = "mutated"
 	p, _ := c.Profile("gpu-large")
 	p.Groups[0] = "mutated"
+	p.Args[0] = "mutated"
 	c.For([]string{"admins"})[1].Groups[0] = "mutated"
 	c.Quotas().Users["alice"] = fleet.Quota{Servers: 99}
 	again, _ := c.Profile("gpu-large")
@@ -215,7 +218,7 @@ quotas:
 `,
 			want: []string{
 				`top level: unknown field "profile" (known: profiles, quotas)`,
-				`profiles[0]: unknown field "gpus" (known: cpu, description, displayName, groups, image, memory, model, name, slice)`,
+				`profiles[0]: unknown field "gpus" (known: args, command, cpu, description, displayName, groups, image, memory, model, name, slice)`,
 				`profiles[0].slice: unknown field "memoryMib" (known: computeLimitPercent, computePercent, memoryMiB)`,
 				`quotas.users.bob: unknown field "server" (known: computePercent, memoryMiB, servers)`,
 			},
@@ -289,9 +292,52 @@ quotas:
 	want := []fleet.Profile{{
 		Name: "7", DisplayName: "7", Image: "i", CPU: "2", Memory: "1.5",
 		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 5, ComputeLimitPercent: 5},
+		Args:  catalog.DefaultArgs(),
 	}}
 	if diff := cmp.Diff(want, c.Profiles()); diff != "" {
 		t.Errorf("Profiles (-want +got):\n%s", diff)
+	}
+}
+
+// TestProfileCommand checks the notebook command a profile gives: the
+// docker-stacks default without command and args, its own when it sets
+// either, the image's own with explicit empty lists, and a clear problem
+// for entries no container can run.
+func TestProfileCommand(t *testing.T) {
+	const head = "profiles:\n  - {name: p, displayName: P, image: i, cpu: 1, memory: 1Gi, slice: {memoryMiB: 1, computePercent: 1}"
+	tests := []struct {
+		name          string
+		extra         string
+		command, args []string
+		problem       string
+	}{
+		{name: "neither set takes the docker-stacks default", args: catalog.DefaultArgs()},
+		{name: "args only", extra: `, args: [jupyter, lab]`, args: []string{"jupyter", "lab"}},
+		{name: "command and args", extra: `, command: [/usr/bin/python3, -m, notebook], args: ["--ip=$(GPUBROKER_POD_IP)"]`,
+			command: []string{"/usr/bin/python3", "-m", "notebook"}, args: []string{"--ip=$(GPUBROKER_POD_IP)"}},
+		{name: "empty lists keep the image's", extra: `, command: [], args: []`, command: []string{}, args: []string{}},
+		{name: "empty executable", extra: `, command: [""]`, problem: "profiles[0] (p): command[0] is empty"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := catalog.Parse([]byte(head + tc.extra + "}\n"))
+			if tc.problem != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.problem) {
+					t.Fatalf("Parse: %v, want %q", err, tc.problem)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			p := c.Profiles()[0]
+			if diff := cmp.Diff(tc.command, p.Command); diff != "" {
+				t.Errorf("command (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.args, p.Args); diff != "" {
+				t.Errorf("args (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 

@@ -14,6 +14,8 @@
 //	    slice: {memoryMiB: 8192, computePercent: 20, computeLimitPercent: 50}
 //	    model: ""              # optional GPU model constraint, e.g. "NVIDIA H200"
 //	    groups: []             # empty: everyone
+//	    command: [...]         # optional: the notebook container's command
+//	    args: [...]            # optional: its args (see below)
 //	quotas:
 //	  defaultUser: {servers: 2, memoryMiB: 32768, computePercent: 100}
 //	  users: {alice: {servers: 4}}
@@ -31,6 +33,13 @@
 //     burst).
 //   - In quotas a zero or missing field means unlimited; negative values are
 //     errors. A user's own entry replaces defaultUser (see fleet.Quotas).
+//   - command and args start the notebook when a create request sets
+//     neither (Kubernetes meaning: command replaces the image's ENTRYPOINT,
+//     args its CMD). A profile with neither gets DefaultArgs, the Jupyter
+//     docker-stacks start script under $(GPUBROKER_BASE_URL); an explicit
+//     empty list keeps the image's own. $(GPUBROKER_BASE_URL) and
+//     $(GPUBROKER_POD_IP) expand as in any pod; the notebook's token is
+//     JUPYTER_TOKEN from the server's Secret.
 //   - Profiles keep the file's order.
 //
 // A *Catalog is immutable after Parse and safe for concurrent use; its

@@ -52,6 +52,20 @@ type Config struct {
 	// the pages are off. Dev mode defaults it to the listen address.
 	PublicURL string
 
+	// NotebookMode is how the notebook proxy addresses notebooks: "host"
+	// (each server on its own host under NotebookDomain; the serve default)
+	// or "path" (all under PublicURL/user/...; the dev default). The proxy
+	// is on whenever the web pages are.
+	NotebookMode string
+	// NotebookDomain is host mode's notebook domain: server pages at
+	// <pod name>.<NotebookDomain>, with PublicURL's scheme and port (one
+	// wildcard DNS record and certificate). Required in host mode with a
+	// PublicURL.
+	NotebookDomain string
+	// NotebookAdminAccess lets admins open other users' notebooks through
+	// the proxy. Default false.
+	NotebookAdminAccess bool
+
 	// Redis is the Redis to use: a URL or a Sentinel pair, a password file
 	// and the key prefix (default "gpubroker:"). Required in serve mode; in
 	// dev mode none means an embedded Redis.

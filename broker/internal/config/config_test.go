@@ -80,9 +80,10 @@ func defaults(mode config.Mode) config.Config {
 		LeaseName:              "gpubroker-reclaimer",
 		LogLevel:               "info",
 		LogFormat:              "json",
+		NotebookMode:           "host",
 	}
 	if mode == config.ModeDev {
-		c.LogFormat = "text"
+		c.LogFormat, c.NotebookMode = "text", "path"
 	}
 	return c
 }
@@ -150,7 +151,7 @@ func TestLoadPrecedence(t *testing.T) {
 		{
 			name: "every string flag",
 			args: []string{
-				"--public-url=https://gpu.example", "--redis-url=redis://r:6379/1",
+				"--public-url=https://gpu.example", "--notebook-domain=nb.gpu.example", "--redis-url=redis://r:6379/1",
 				"--redis-prefix=gb:", "--namespace=nb",
 				"--oidc-issuer=https://idp", "--oidc-audience=aud", "--oidc-username-claim=email",
 				"--oidc-groups-claim=roles", "--admin-group=root",
@@ -158,7 +159,7 @@ func TestLoadPrecedence(t *testing.T) {
 				"--start-timeout=1m", "--shutdown-timeout=1s", "--log-level=debug",
 			},
 			want: func(c *config.Config) {
-				c.PublicURL, c.Redis.URL = "https://gpu.example", "redis://r:6379/1"
+				c.PublicURL, c.NotebookDomain, c.Redis.URL = "https://gpu.example", "nb.gpu.example", "redis://r:6379/1"
 				c.Redis.Prefix, c.Namespace = "gb:", "nb"
 				c.OIDCIssuer, c.OIDCAudience, c.OIDCUsernameClaim = "https://idp", "aud", "email"
 				c.OIDCGroupsClaim, c.AdminGroup = "roles", "root"
@@ -325,7 +326,7 @@ func validServe(t *testing.T) config.Config {
 	c.HubTokenFile = writeFile(t, "hub-token", "hub\n")
 	c.ProfilesFile = writeFile(t, "profiles.yaml", "profiles: []\n")
 	c.Kube.Kubeconfig = writeFile(t, "kubeconfig", "apiVersion: v1\n")
-	c.PublicURL = "https://gpu.example"
+	c.PublicURL, c.NotebookDomain = "https://gpu.example", "nb.gpu.example"
 	return c
 }
 
@@ -344,6 +345,11 @@ func TestValidate(t *testing.T) {
 		{name: "dev needs nothing", mutate: func(c *config.Config) {
 			*c = defaults(config.ModeDev)
 		}},
+		{name: "path mode needs no notebook domain", mutate: func(c *config.Config) {
+			c.NotebookMode, c.NotebookDomain = "path", ""
+		}},
+		{name: "host mode needs a notebook domain", mutate: func(c *config.Config) { c.NotebookDomain = "" },
+			want: []string{"--notebook-domain (GPUBROKER_NOTEBOOK_DOMAIN): is required with --notebook-mode=host and --public-url (or use --notebook-mode=path)"}},
 		{
 			name: "serve requires issuer, audience, redis and profiles",
 			mutate: func(c *config.Config) {
@@ -370,6 +376,8 @@ func TestValidate(t *testing.T) {
 				c.Mode = "batch"
 				c.Listen = "8080"
 				c.PublicURL = "gpu.example"
+				c.NotebookMode = "subdomain"
+				c.NotebookDomain = "not a domain"
 				c.Redis.URL = "redis://:secretpw@host:6379/notadb"
 				c.Redis.PasswordFile = missing
 				c.Redis.Prefix = "{gb}:"
@@ -395,6 +403,8 @@ func TestValidate(t *testing.T) {
 				`mode "batch" is neither "serve" nor "dev"`,
 				`--listen (GPUBROKER_LISTEN): "8080" is not host:port`,
 				`--public-url (GPUBROKER_PUBLIC_URL): "gpu.example" is not an absolute http(s) URL`,
+				`--notebook-mode (GPUBROKER_NOTEBOOK_MODE): must be one of host, path, got "subdomain"`,
+				`--notebook-domain (GPUBROKER_NOTEBOOK_DOMAIN): "not a domain" is not a DNS name`,
 				`--redis-url (GPUBROKER_REDIS_URL): redis://:xxxxx@host:6379/notadb is not a valid Redis URL (want redis://[user:password@]host:port[/db])`,
 				`--redis-password-file (GPUBROKER_REDIS_PASSWORD_FILE): cannot use ` + missing + `: stat ` + missing + `: no such file or directory`,
 				`--redis-prefix (GPUBROKER_REDIS_PREFIX): must not contain braces or whitespace (hash tags are added per key), got "{gb}:"`,

@@ -26,12 +26,12 @@ func (c *Config) Table() *cliconfig.Table {
 		return nil
 	}
 	// What stands in for a setting left empty, per mode.
-	logFormat := "json"
+	logFormat, notebookMode := "json", "host"
 	summary := "Runs the broker against a real Redis, Kubernetes API server and OIDC issuer."
 	noRedis, noKube, noIssuer, noAudience, noProfiles := "none; required unless Sentinel is set", "none: the in-cluster config",
 		"none; required", "none; required", "none; required"
 	if c.Mode == ModeDev {
-		logFormat = "text"
+		logFormat, notebookMode = "text", "path"
 		summary = "Runs the whole path in one process: an embedded Redis, OIDC issuer, profiles\nand simulated GPUs and cluster, unless the flags below name real ones."
 		noRedis, noKube, noIssuer, noAudience, noProfiles = "none: an embedded Redis", "none: a simulated cluster",
 			"none: an embedded issuer", "none; required with --oidc-issuer (the embedded issuer uses gpubroker)", "none: the embedded profiles"
@@ -56,6 +56,22 @@ func (c *Config) Table() *cliconfig.Table {
 	add(cliconfig.Flag{Name: "public-url", Placeholder: "URL", Value: cliconfig.String(&c.PublicURL),
 		Help:  "External base URL of the broker, for links and login redirects; the web pages are on only with it in serve mode.",
 		Check: func() error { return optional(c.PublicURL, checkHTTPURL) }})
+	add(oneOf("notebook-mode", "MODE", &c.NotebookMode, notebookMode, []string{"host", "path"},
+		"How the broker serves notebooks to their owners: host (each server on its own host name under --notebook-domain, so notebooks never share a browser origin) or path (all under <public-url>/user/...: one origin for every notebook and the broker's pages; see the README)."))
+	add(cliconfig.Flag{Name: "notebook-domain", Placeholder: "DOMAIN", Value: cliconfig.String(&c.NotebookDomain),
+		Help: "Host mode's notebook domain: a server is served at <pod name>.<domain> with the public URL's scheme and port, behind one wildcard DNS record and certificate (*.<domain>); required in host mode with --public-url.",
+		Check: func() error {
+			d := strings.Trim(c.NotebookDomain, ".")
+			switch {
+			case d == "" && c.NotebookMode == "host" && c.PublicURL != "":
+				return errors.New("is required with --notebook-mode=host and --public-url (or use --notebook-mode=path)")
+			case d != "" && (len(d) > 253 || !dns1123Subdomain.MatchString(strings.ToLower(d))):
+				return fmt.Errorf("%q is not a DNS name", c.NotebookDomain)
+			}
+			return nil
+		}})
+	add(cliconfig.Flag{Name: "notebook-admin-access", Value: cliconfig.Bool(&c.NotebookAdminAccess),
+		Help: "Let admins open other users' notebooks through the proxy (off: only the owner)."})
 	add(c.Redis.Flags(cliconfig.RedisRequirement{Required: serve, Why: " in serve mode", URLDefault: noRedis})...)
 	add(cliconfig.Flag{Name: "redis-stream-connections", Placeholder: "N", Value: cliconfig.Int(&c.RedisStreamConnections), Default: "1000",
 		Help:  "Most Redis connections the event streams of this replica hold at once, in a pool of their own (each waiting stream holds one, until a few seconds after its client left), so streams never delay placement.",
@@ -216,7 +232,8 @@ var spawnerResync = spawner.DefaultResync.String()
 // the test helpers', the stub driver's and the in-pod hook's.
 var foreignEnv = []string{"GPUBROKER_AGENT_", "GPUBROKER_TEST_", "GPUBROKER_STUB_",
 	"GPUBROKER_SLICE_ID", "GPUBROKER_GPU_UUID", "GPUBROKER_MEMORY_LIMIT_MIB", "GPUBROKER_COMPUTE_PERCENT",
-	"GPUBROKER_COMPUTE_LIMIT_PERCENT", "GPUBROKER_QUOTA_FILE", "GPUBROKER_USAGE_FILE", "GPUBROKER_LIMITER_LOG"}
+	"GPUBROKER_COMPUTE_LIMIT_PERCENT", "GPUBROKER_QUOTA_FILE", "GPUBROKER_USAGE_FILE", "GPUBROKER_LIMITER_LOG",
+	"GPUBROKER_POD_IP", "GPUBROKER_BASE_URL"}
 
 // durationFlag is a duration flag that must be at least least (time.Nanosecond: > 0).
 func durationFlag(name string, p *time.Duration, def string, least time.Duration, help string) cliconfig.Flag {

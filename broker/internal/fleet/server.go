@@ -53,6 +53,12 @@ type Profile struct {
 	Model string
 	// Groups that may use the profile; empty means everyone.
 	Groups []string
+	// Command and Args start the notebook when a create request sets
+	// neither (Kubernetes meaning: Command replaces the image's ENTRYPOINT,
+	// Args its CMD; nil keeps the image's). They may use $(GPUBROKER_BASE_URL)
+	// and $(GPUBROKER_POD_IP); the notebook token reaches the notebook as
+	// JUPYTER_TOKEN from the server's Secret.
+	Command, Args []string
 }
 
 // Allows reports whether a member of groups may use p.
@@ -87,4 +93,18 @@ type ResizeResult struct {
 	// Deadline is, when not Applied, the time by which the agent is
 	// expected to apply Generation (service clock); zero when Applied.
 	Deadline time.Time
+}
+
+// ProxyActivity is what the broker's notebook proxy saw of one spawn: the
+// time of the last request it forwarded and the WebSockets (kernel channels,
+// terminals) open through it. It is one activity signal among others for
+// the reclaimer; its absence means "not used through the broker", never
+// "idle" (ARCHITECTURE.md invariant 4).
+type ProxyActivity struct {
+	// LastRequest is when the last proxied request of the spawn began (UTC);
+	// zero when none was seen.
+	LastRequest time.Time
+	// OpenWebSockets is the number of WebSockets open through the proxy now,
+	// summed over the broker replicas that reported recently.
+	OpenWebSockets int
 }

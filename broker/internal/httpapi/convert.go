@@ -8,10 +8,28 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
-// toServer converts a server record to its wire form. The GPU reference
-// comes from the allocation; fleet.Allocation carries no model, so
-// GPU.Model stays "" until it does.
-func toServer(s fleet.Server) v1.Server {
+// toServer converts a server record to its wire form, with its browser
+// address when the broker serves notebooks (Deps.OpenURL).
+func (a *api) toServer(s fleet.Server) v1.Server {
+	out := toServerRecord(s)
+	if a.deps.OpenURL != nil {
+		out.OpenURL = a.deps.OpenURL(s.User, s.Name)
+	}
+	return out
+}
+
+// toServers converts a list, keeping its order; never nil.
+func (a *api) toServers(in []fleet.Server) []v1.Server {
+	out := make([]v1.Server, 0, len(in))
+	for _, s := range in {
+		out = append(out, a.toServer(s))
+	}
+	return out
+}
+
+// toServerRecord converts a server record to its wire form. The GPU
+// reference comes from the allocation.
+func toServerRecord(s fleet.Server) v1.Server {
 	out := v1.Server{
 		User:      s.User,
 		Name:      s.Name,
@@ -27,15 +45,6 @@ func toServer(s fleet.Server) v1.Server {
 	}
 	if s.Allocation != nil && s.Allocation.GPUUUID != "" {
 		out.GPU = &v1.GPURef{UUID: s.Allocation.GPUUUID, Node: s.Allocation.Node, Model: s.Allocation.Model}
-	}
-	return out
-}
-
-// toServers converts a list, keeping its order; never nil.
-func toServers(in []fleet.Server) []v1.Server {
-	out := make([]v1.Server, 0, len(in))
-	for _, s := range in {
-		out = append(out, toServer(s))
 	}
 	return out
 }

@@ -110,10 +110,14 @@ type Deps struct {
 	Mode Mode
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// OpenURL gives a server's browser address through the broker's
+	// notebook proxy (v1.Server.OpenURL); nil when the broker serves no
+	// notebooks.
+	OpenURL func(user, name string) string
 }
 
 // DefaultSimulatedNotice is the notice shown in dev mode when Deps.Notice is "".
-const DefaultSimulatedNotice = "dev mode: the Kubernetes cluster and the GPUs are simulated; no real notebook runs"
+const DefaultSimulatedNotice = "dev mode: the Kubernetes cluster and the GPUs are simulated"
 
 // Policy is the reclaim policy (implemented by *reclaim.Policies). It is
 // optional: without it the reclaim-policy routes are not served (404).

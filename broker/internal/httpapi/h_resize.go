@@ -52,7 +52,7 @@ func (a *api) resizeServer(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	out := v1.ResizeResult{Server: toServer(res.Server), Slice: res.Slice, Generation: res.Generation, Applied: res.Applied}
+	out := v1.ResizeResult{Server: a.toServer(res.Server), Slice: res.Slice, Generation: res.Generation, Applied: res.Applied}
 	status := http.StatusOK
 	if !res.Applied {
 		d := res.Deadline.UTC()

@@ -94,7 +94,7 @@ func (a *api) writeServers(c echo.Context, user string) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, toServers(list))
+	return c.JSON(http.StatusOK, a.toServers(list))
 }
 
 // createServer starts a server (PUT is idempotent per Idempotency-Key):
@@ -132,7 +132,7 @@ func (a *api) createServer(c echo.Context) error {
 	if created {
 		status = http.StatusCreated
 	}
-	return c.JSON(status, toServer(s))
+	return c.JSON(status, a.toServer(s))
 }
 
 // getServer answers the server, or 404.
@@ -148,7 +148,7 @@ func (a *api) getServer(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, toServer(s))
+	return c.JSON(http.StatusOK, a.toServer(s))
 }
 
 // deleteServer stops the server: 202 with its state after the call
@@ -166,7 +166,7 @@ func (a *api) deleteServer(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusAccepted, toServer(s))
+	return c.JSON(http.StatusAccepted, a.toServer(s))
 }
 
 // visibleKey reads the server key and checks that the caller may act for

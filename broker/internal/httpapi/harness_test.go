@@ -68,6 +68,7 @@ type harnessConfig struct {
 	mode     Mode
 	checkers []Checker
 	opts     []Option
+	openURL  func(user, name string) string
 }
 
 var testNow = time.Date(2026, 11, 29, 15, 0, 0, 0, time.UTC)
@@ -100,6 +101,7 @@ func newHarness(t *testing.T, cfgs ...harnessConfig) *harness {
 		Version:  "1.2.3",
 		Mode:     cfg.mode,
 		Now:      now,
+		OpenURL:  cfg.openURL,
 	}, cfg.opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)

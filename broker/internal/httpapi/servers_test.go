@@ -50,6 +50,31 @@ func TestCreateIsIdempotentPerKey(t *testing.T) {
 	}
 }
 
+// TestServersCarryTheirBrowserAddress checks that every server answer has
+// the proxy's address when the broker serves notebooks, and none otherwise.
+func TestServersCarryTheirBrowserAddress(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		openURL func(user, name string) string
+		want    string
+	}{
+		{"no proxy", nil, ""},
+		{"proxy", func(u, n string) string { return "https://b.example/user/" + u + "/" + n + "/" }, "https://b.example/user/alice/nb/"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, harnessConfig{openURL: tc.openURL})
+			rec := h.do(t, req{method: "PUT", path: "/api/v1/users/alice/servers/nb", token: tokAlice, body: `{"profile":"small"}`})
+			if got := decode[v1.Server](t, rec).OpenURL; got != tc.want {
+				t.Errorf("create: openUrl %q, want %q", got, tc.want)
+			}
+			rec = h.do(t, req{method: "GET", path: "/api/v1/servers", token: tokAlice})
+			if got := decode[[]v1.Server](t, rec); len(got) != 1 || got[0].OpenURL != tc.want {
+				t.Errorf("list: %+v, want openUrl %q", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestCreateCarriesCommandAndArgs checks that the service gets the
 // command and args as sent, order and empty entries kept.
 func TestCreateCarriesCommandAndArgs(t *testing.T) {

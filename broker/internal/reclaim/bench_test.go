@@ -22,7 +22,7 @@ import (
 // probe would be a defect.
 type failProber struct{}
 
-func (failProber) Probe(context.Context, string) (reclaim.Activity, error) {
+func (failProber) Probe(context.Context, fleet.Server) (reclaim.Activity, error) {
 	return reclaim.Activity{}, fmt.Errorf("unexpected probe: %d", http.StatusTeapot)
 }
 

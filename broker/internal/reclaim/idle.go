@@ -6,6 +6,7 @@ import (
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
 // Verdict is what the reclaimer makes of a running server; the wire type
@@ -28,6 +29,7 @@ const (
 	reasonKernelBusy   = "a kernel is running code"
 	reasonNotebookUsed = "the notebook was used recently"
 	reasonMinRunning   = "started recently (minimum running time)"
+	reasonProxyUsed    = "the notebook was used through the broker recently"
 )
 
 // Sample is the part of a node agent's usage sample (ARCHITECTURE.md
@@ -124,6 +126,24 @@ func notebookEvidence(now time.Time, a Activity, probeErr error, lookback time.D
 	}
 	if !a.LastActivity.IsZero() && !a.LastActivity.Before(now.Add(-lookback)) {
 		return VerdictActive, reasonNotebookUsed
+	}
+	return VerdictIdle, ""
+}
+
+// proxyEvidence classifies a server whose GPU and notebook look idle by
+// the broker's proxy: a request through it within lookback makes it
+// active; anything else (no record, an old request) leaves it idle. Open
+// WebSockets are an input only: a tab left open is not use.
+func proxyEvidence(now time.Time, a fleet.ProxyActivity, ok bool, lookback time.Duration, inputs map[string]string) (Verdict, string) {
+	if !ok {
+		return VerdictIdle, ""
+	}
+	inputs["proxyWebSockets"] = strconv.Itoa(a.OpenWebSockets)
+	if !a.LastRequest.IsZero() {
+		inputs["proxyLastRequest"] = a.LastRequest.UTC().Format(time.RFC3339)
+		if !a.LastRequest.Before(now.Add(-lookback)) {
+			return VerdictActive, reasonProxyUsed
+		}
 	}
 	return VerdictIdle, ""
 }

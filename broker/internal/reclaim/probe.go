@@ -10,6 +10,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
 // Activity is what a Jupyter server reports about itself through
@@ -31,31 +33,46 @@ type Activity struct {
 type Prober struct {
 	client  *http.Client
 	timeout time.Duration
+	target  Target
 }
 
-// NewProber returns a Prober that uses client (which carries whatever
-// credentials the notebook servers need, e.g. a transport adding a hub
-// token) with timeout per probe (0 means 5 s). nil client means
-// http.DefaultClient.
-func NewProber(client *http.Client, timeout time.Duration) *Prober {
+// Target finds where a running server's notebook API is (its base URL,
+// with the notebook's own path prefix) and the token it accepts ("" sends
+// none). An error makes the probe fail with it (unknown, never idle).
+type Target func(ctx context.Context, s fleet.Server) (base, token string, err error)
+
+// NewProber returns a Prober that uses client with timeout per probe (0
+// means 5 s). nil client means http.DefaultClient. target locates each
+// server's notebook and its token; nil probes the server's URL as it is,
+// without a token.
+func NewProber(client *http.Client, timeout time.Duration, target Target) *Prober {
 	if client == nil {
 		client = http.DefaultClient
 	}
 	if timeout <= 0 {
 		timeout = 5 * time.Second
 	}
-	return &Prober{client: client, timeout: timeout}
+	if target == nil {
+		target = func(_ context.Context, s fleet.Server) (string, string, error) { return s.URL, "", nil }
+	}
+	return &Prober{client: client, timeout: timeout, target: target}
 }
 
 // errProbe marks a failed probe; its text is the readable reason.
 var errProbe = errors.New("notebook activity probe failed")
 
-// Probe reads the activity of the notebook server at base (its URL, e.g.
-// "http://10.0.0.7:8888/user/ada/"). Every request carries
+// Probe reads the activity of server s's notebook at its target (e.g.
+// "http://10.0.0.7:8888/user/ada/nb/") with the target's token
+// ("Authorization: token ..."). Every request carries
 // no_track_activity=1 so the probe itself is not activity. Any failure (no
-// URL, transport error, non-200 answer, malformed JSON) is an error that
-// wraps errProbe and says what failed; callers treat it as "unknown".
-func (p *Prober) Probe(ctx context.Context, base string) (Activity, error) {
+// target or token, no URL, transport error, non-200 answer, malformed JSON)
+// is an error that wraps errProbe and says what failed; callers treat it
+// as "unknown".
+func (p *Prober) Probe(ctx context.Context, s fleet.Server) (Activity, error) {
+	base, token, err := p.target(ctx, s)
+	if err != nil {
+		return Activity{}, fmt.Errorf("%w: %w", errProbe, err)
+	}
 	if base == "" {
 		return Activity{}, fmt.Errorf("%w: the server has no URL", errProbe)
 	}
@@ -75,7 +92,7 @@ func (p *Prober) Probe(ctx context.Context, base string) (Activity, error) {
 		LastActivity string `json:"last_activity"`
 		Connections  int    `json:"connections"`
 	}
-	if err := p.get(ctx, u, "api/status", &status); err != nil {
+	if err := p.get(ctx, u, token, "api/status", &status); err != nil {
 		return Activity{}, err
 	}
 	later(status.LastActivity)
@@ -84,7 +101,7 @@ func (p *Prober) Probe(ctx context.Context, base string) (Activity, error) {
 		LastActivity   string `json:"last_activity"`
 		ExecutionState string `json:"execution_state"`
 	}
-	if err := p.get(ctx, u, "api/kernels", &kernels); err != nil {
+	if err := p.get(ctx, u, token, "api/kernels", &kernels); err != nil {
 		return Activity{}, err
 	}
 	a.Kernels = len(kernels)
@@ -97,7 +114,7 @@ func (p *Prober) Probe(ctx context.Context, base string) (Activity, error) {
 	var terminals []struct {
 		LastActivity string `json:"last_activity"`
 	}
-	if err := p.get(ctx, u, "api/terminals", &terminals); err != nil {
+	if err := p.get(ctx, u, token, "api/terminals", &terminals); err != nil {
 		return Activity{}, err
 	}
 	a.Terminals = len(terminals)
@@ -107,8 +124,8 @@ func (p *Prober) Probe(ctx context.Context, base string) (Activity, error) {
 	return a, nil
 }
 
-// get fetches base/path?no_track_activity=1 into v.
-func (p *Prober) get(ctx context.Context, base *url.URL, path string, v any) error {
+// get fetches base/path?no_track_activity=1 into v, with token when set.
+func (p *Prober) get(ctx context.Context, base *url.URL, token, path string, v any) error {
 	u := *base
 	u.Path = strings.TrimSuffix(u.Path, "/") + "/" + path
 	u.RawQuery = "no_track_activity=1"
@@ -117,6 +134,9 @@ func (p *Prober) get(ctx context.Context, base *url.URL, path string, v any) err
 		return fmt.Errorf("%w: %s: %w", errProbe, path, err)
 	}
 	req.Header.Set("Accept", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "token "+token)
+	}
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return fmt.Errorf("%w: %s: %w", errProbe, path, err)

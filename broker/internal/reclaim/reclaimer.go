@@ -37,7 +37,14 @@ type Shrinker interface {
 
 // ActivityProber reads a notebook server's own activity (*Prober).
 type ActivityProber interface {
-	Probe(ctx context.Context, url string) (Activity, error)
+	Probe(ctx context.Context, s fleet.Server) (Activity, error)
+}
+
+// ProxyActivity reads what the broker's notebook proxy saw of each spawn
+// (redisstore.Notebooks): in order, the activity and whether there is any
+// record; open WebSockets count only from records written within fresh.
+type ProxyActivity interface {
+	ProxyActivity(ctx context.Context, spawnIDs []string, now time.Time, fresh time.Duration) ([]fleet.ProxyActivity, []bool, error)
 }
 
 // HubNotifier tells JupyterHub that a server is in use (*Hub).
@@ -88,6 +95,13 @@ type Config struct {
 	Prober   ActivityProber
 	// Hub, when set, is told about servers whose GPU is busy.
 	Hub HubNotifier
+	// Proxy, when set, adds the notebook proxy's activity as a signal: a
+	// request through it within the lookback makes an otherwise idle
+	// server active. No record, or a failed read, changes nothing.
+	Proxy ProxyActivity
+	// ProxyFresh is how recent a proxy replica's record must be for its
+	// open WebSockets to count (proxy.Proxy.OpenFresh); 0 means 30 s.
+	ProxyFresh time.Duration
 	// Interval is the time between cycles; 0 means 30 s. Activity within
 	// the last Interval (at least 1 min) counts as current.
 	Interval time.Duration
@@ -116,6 +130,8 @@ type Reclaimer struct {
 	shrinker Shrinker
 	prober   ActivityProber
 	hub      HubNotifier
+	proxy    ProxyActivity
+	fresh    time.Duration
 	interval time.Duration
 	lookback time.Duration
 	nSamples int
@@ -132,7 +148,7 @@ func New(cfg Config) (*Reclaimer, error) {
 	}
 	r := &Reclaimer{policies: cfg.Policies, audit: cfg.Audit, states: cfg.States, samples: cfg.Samples,
 		servers: cfg.Servers, stopper: cfg.Stopper, shrinker: cfg.Shrinker, prober: cfg.Prober, hub: cfg.Hub,
-		interval: cfg.Interval, nSamples: cfg.SamplesPerServer, probes: cfg.ProbeConcurrency, now: cfg.Now, log: cfg.Log}
+		proxy: cfg.Proxy, fresh: cfg.ProxyFresh, interval: cfg.Interval, nSamples: cfg.SamplesPerServer, probes: cfg.ProbeConcurrency, now: cfg.Now, log: cfg.Log}
 	if r.interval <= 0 {
 		r.interval = 30 * time.Second
 	}
@@ -142,6 +158,9 @@ func New(cfg Config) (*Reclaimer, error) {
 	}
 	if r.probes <= 0 {
 		r.probes = 32
+	}
+	if r.fresh <= 0 {
+		r.fresh = 30 * time.Second
 	}
 	if r.now == nil {
 		r.now = time.Now
@@ -232,13 +251,41 @@ func (r *Reclaimer) observe(ctx context.Context, pol Policy, now time.Time) (obs
 	g.SetLimit(r.probes)
 	for _, i := range probe {
 		g.Go(func() error {
-			a, perr := r.prober.Probe(gctx, o.run[i].URL)
+			a, perr := r.prober.Probe(gctx, o.run[i])
 			o.obs[i].verdict, o.obs[i].reason = notebookEvidence(now, a, perr, r.lookback, o.obs[i].inputs)
 			return nil
 		})
 	}
 	_ = g.Wait() // the probes return no errors; failures are verdicts
+	r.addProxyEvidence(ctx, now, &o, probe)
 	return o, nil
+}
+
+// addProxyEvidence lets the notebook proxy's activity turn the probed
+// servers that still look idle active (ARCHITECTURE.md invariant 4: a
+// missing record or a failed read leaves every verdict as it was).
+func (r *Reclaimer) addProxyEvidence(ctx context.Context, now time.Time, o *observed, probed []int) {
+	var idle []int
+	for _, i := range probed {
+		if o.obs[i].verdict == VerdictIdle {
+			idle = append(idle, i)
+		}
+	}
+	if r.proxy == nil || len(idle) == 0 {
+		return
+	}
+	ids := make([]string, len(idle))
+	for j, i := range idle {
+		ids[j] = o.run[i].SpawnID
+	}
+	acts, ok, err := r.proxy.ProxyActivity(ctx, ids, now, r.fresh)
+	if err != nil || len(acts) != len(ids) || len(ok) != len(ids) {
+		r.log.WarnContext(ctx, "reclaim: notebook proxy activity not read; deciding without it", "err", err)
+		return
+	}
+	for j, i := range idle {
+		o.obs[i].verdict, o.obs[i].reason = proxyEvidence(now, acts[j], ok[j], r.lookback, o.obs[i].inputs)
+	}
 }
 
 // Cycle classifies every running server once and takes the actions due.

@@ -44,8 +44,9 @@ type notebook struct {
 	busyKernels  int
 	idleKernels  int
 	lastActivity time.Time
-	failStatus   int // non-zero: every request answers this status
-	tracked      int // requests that lacked no_track_activity=1
+	failStatus   int    // non-zero: every request answers this status
+	tracked      int    // requests that lacked no_track_activity=1
+	token        string // non-empty: requests without "Authorization: token <token>" get 403
 	srv          *httptest.Server
 }
 
@@ -69,6 +70,10 @@ func (nb *notebook) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if nb.failStatus != 0 {
 		http.Error(w, "broken", nb.failStatus)
+		return
+	}
+	if nb.token != "" && r.Header.Get("Authorization") != "token "+nb.token {
+		http.Error(w, "Forbidden", http.StatusForbidden)
 		return
 	}
 	last := nb.lastActivity.UTC().Format(time.RFC3339Nano)
@@ -171,10 +176,17 @@ func newFixture(t *testing.T) *fixture {
 // not nil) about busy servers.
 func (f *fixture) reclaimer(hub reclaim.HubNotifier) *reclaim.Reclaimer {
 	f.t.Helper()
+	return f.reclaimerWith(reclaim.Config{Hub: hub, Prober: reclaim.NewProber(nil, 0, nil)})
+}
+
+// reclaimerWith builds a Reclaimer over the fixture's parts with cfg's
+// Hub, Prober and Proxy.
+func (f *fixture) reclaimerWith(cfg reclaim.Config) *reclaim.Reclaimer {
+	f.t.Helper()
 	rec, err := reclaim.New(reclaim.Config{
 		Policies: f.policies, Audit: f.log, States: f.states, Samples: redisstore.AgentSamples{Agents: f.agents},
 		Servers: f.store, Stopper: f.stopper, Shrinker: quotaShrinker(f.agents),
-		Prober: reclaim.NewProber(nil, 0), Hub: hub, Interval: interval, Now: f.clock.Now,
+		Prober: cfg.Prober, Hub: cfg.Hub, Proxy: cfg.Proxy, Interval: interval, Now: f.clock.Now,
 	})
 	if err != nil {
 		f.t.Fatal(err)
@@ -277,6 +289,23 @@ func stopPolicy() reclaim.Policy {
 	return p
 }
 
+// checkOutcome compares server name's outcome with want; with inWhy the
+// reason must contain it instead of equalling want's.
+func (f *fixture) checkOutcome(name string, want outcome, inWhy string) {
+	f.t.Helper()
+	st := f.state(name)
+	got := outcome{State: f.get(name).State, Verdict: st.Verdict, Reason: st.Reason, Audits: len(f.audit()), Stops: f.stopper.calls}
+	if inWhy != "" {
+		if !strings.Contains(st.Reason, inWhy) {
+			f.t.Errorf("reason %q does not contain %q", st.Reason, inWhy)
+		}
+		got.Reason = ""
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		f.t.Errorf("outcome (-want +got):\n%s", diff)
+	}
+}
+
 type outcome struct {
 	State   v1.ServerState
 	Verdict reclaim.Verdict
@@ -323,20 +352,62 @@ func TestNotReclaimed(t *testing.T) {
 			nb.set(tc.setup)
 			f.server("a", "spawn-1", nb, tc.groups...)
 			f.run(45*time.Minute, "spawn-1", tc.sm)
-			st := f.state("a")
-			got := outcome{State: f.get("a").State, Verdict: st.Verdict, Reason: st.Reason, Audits: len(f.audit()), Stops: f.stopper.calls}
-			if tc.inWhy != "" {
-				if !strings.Contains(st.Reason, tc.inWhy) {
-					t.Errorf("reason %q does not contain %q", st.Reason, tc.inWhy)
-				}
-				got.Reason = ""
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("after 45 min (-want +got):\n%s", diff)
-			}
+			f.checkOutcome("a", tc.want, tc.inWhy)
 			if nb.tracked != 0 {
 				t.Errorf("%d probes lacked no_track_activity=1", nb.tracked)
 			}
+		})
+	}
+}
+
+// TestNotebookTokenAndProxyActivity probes a notebook that takes only its
+// own token, through the prober's target, and adds the notebook proxy's
+// activity: a recent request through the proxy keeps an otherwise idle
+// server, an old one or none does not, and a refused probe is unknown.
+func TestNotebookTokenAndProxyActivity(t *testing.T) {
+	tests := []struct {
+		name  string
+		token string        // what the target hands the prober
+		last  time.Duration // proxy's last request before the end; 0: no record
+		want  outcome
+		inWhy string
+	}{
+		{name: "a recent request through the proxy keeps it", token: "nb-tok", last: 20 * time.Second,
+			want: outcome{State: v1.StateRunning, Verdict: reclaim.VerdictActive, Reason: "the notebook was used through the broker recently"}},
+		{name: "an old request through the proxy does not", token: "nb-tok", last: time.Hour,
+			want: outcome{State: v1.StateStopped, Verdict: reclaim.VerdictIdle, Audits: 2, Stops: 1}},
+		{name: "no proxy record does not", token: "nb-tok",
+			want: outcome{State: v1.StateStopped, Verdict: reclaim.VerdictIdle, Audits: 2, Stops: 1}},
+		{name: "a notebook refusing the probe is unknown, whatever the proxy saw", token: "wrong", last: time.Hour,
+			want: outcome{State: v1.StateRunning, Verdict: reclaim.VerdictUnknown}, inWhy: "api/status answered 403 Forbidden"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.policy(stopPolicy())
+			nb := newNotebook(t, t0.Add(-time.Hour))
+			nb.set(func(nb *notebook) { nb.token = "nb-tok" })
+			proxyStore := redisstore.NewNotebooks(f.rdb, f.prefix)
+			f.rec = f.reclaimerWith(reclaim.Config{Proxy: proxyStore,
+				Prober: reclaim.NewProber(nil, 0, func(_ context.Context, s fleet.Server) (string, string, error) { return s.URL, tc.token, nil })})
+			f.server("a", "spawn-1", nb)
+			end := t0.Add(45 * time.Minute)
+			if tc.last > 0 {
+				// The proxy keeps writing its record, as replicas flush.
+				f.run(45*time.Minute, "spawn-1", func(now time.Time) int {
+					at := end.Add(-tc.last)
+					if at.After(now) {
+						at = now.Add(-tc.last)
+					}
+					if err := proxyStore.PutActivity(t.Context(), "spawn-1", "r1", fleet.ProxyActivity{LastRequest: at}, now); err != nil {
+						t.Fatal(err)
+					}
+					return 0
+				})
+			} else {
+				f.run(45*time.Minute, "spawn-1", constSM(0))
+			}
+			f.checkOutcome("a", tc.want, tc.inWhy)
 		})
 	}
 }

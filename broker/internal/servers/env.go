@@ -1,17 +1,20 @@
 package servers
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"regexp"
 	"strings"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // reservedEnvPrefixes are set by gpubroker on every pod; a request may not
 // override them, or a notebook could lift its own limits.
-var reservedEnvPrefixes = []string{"GPUBROKER_", "NVIDIA_", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD"}
+var reservedEnvPrefixes = []string{"GPUBROKER_", "NVIDIA_", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", v1.EnvNotebookToken}
 
 // secretWords mark an env name as a credential: its value goes into the
 // server's Secret even when the caller sent it as plain env (JupyterHub
@@ -82,3 +85,7 @@ func looksSecret(name string) bool {
 	}
 	return false
 }
+
+// newNotebookToken returns a fresh notebook token: 26 base32 characters
+// from crypto/rand (130 bits).
+func newNotebookToken() string { return rand.Text() }

@@ -63,7 +63,7 @@ func (s *Service) apply(ctx context.Context, rec fleet.Server, ev spawner.PodEve
 	case spawner.PhaseGone:
 		switch rec.State {
 		case v1.StateStopping:
-			_, err = s.finishStop(ctx, rec, "stopped")
+			_, err = s.finishStop(ctx, rec, stoppedMessage(rec))
 		case v1.StateRunning:
 			err = s.stopAfterPodEnd(ctx, rec, "the pod was deleted outside gpubroker")
 		case v1.StateStarting:

@@ -147,7 +147,14 @@ func (s *Service) Create(ctx context.Context, user string, groups []string, name
 	// cancel, so a hung-up client leaves no half-created server.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
-	rec, err = s.spawn(ctx, rec, prof, groups, plain, secret, req.Command, req.Args)
+	// Every spawn gets its own notebook token, in its Secret only; the
+	// proxy adds it to the requests it forwards (ARCHITECTURE.md invariant 7).
+	secret[v1.EnvNotebookToken] = newNotebookToken()
+	command, args := req.Command, req.Args
+	if command == nil && args == nil {
+		command, args = prof.Command, prof.Args
+	}
+	rec, err = s.spawn(ctx, rec, prof, groups, plain, secret, command, args)
 	return rec, true, err
 }
 
@@ -256,7 +263,7 @@ func (s *Service) Delete(ctx context.Context, key fleet.ServerKey) (fleet.Server
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
 	if rec.State != v1.StateStopping {
-		rec, err = s.store.Transition(ctx, key, rec.SpawnID, v1.StateStopping, "stopping: deleting the pod", fleet.ServerPatch{})
+		rec, err = s.store.Transition(ctx, key, rec.SpawnID, v1.StateStopping, msgStopping, fleet.ServerPatch{})
 		if err != nil {
 			return rec, fmt.Errorf("server %s/%s: %w", key.User, key.Name, err)
 		}
@@ -283,6 +290,19 @@ func (s *Service) podPresent(rec fleet.Server) bool {
 		}
 	}
 	return false
+}
+
+// msgStopping is the message of a stop that was asked for.
+const msgStopping = "stopping: deleting the pod"
+
+// stoppedMessage is the final message of a stopping server: "stopped" for
+// a stop that was asked for, else the reason it is stopping (the notebook
+// ended by itself), so the stopped server still says why.
+func stoppedMessage(rec fleet.Server) string {
+	if rec.Message == "" || rec.Message == msgStopping {
+		return "stopped"
+	}
+	return rec.Message
 }
 
 // finishStop releases a stopping server's slice and records it stopped.

@@ -16,6 +16,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/catalog"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
@@ -235,15 +236,53 @@ func TestSecretEnvNeverInPodSpec(t *testing.T) {
 	for k, v := range sec.StringData {
 		got[k] = v
 	}
+	if tok := got[v1.EnvNotebookToken]; len(tok) < 26 {
+		t.Errorf("notebook token %q in the Secret: want a fresh random token of at least 26 characters", tok)
+	}
+	delete(got, v1.EnvNotebookToken)
 	want := map[string]string{"JUPYTERHUB_API_TOKEN": "hub-secret-1", "WANDB": "wandb-secret-2"}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("secret data (-want +got):\n%s", diff)
 	}
 }
 
+// TestNotebookTokenIsFreshPerSpawn checks that every spawn gets its own
+// notebook token in its Secret, and that a caller cannot choose it.
+func TestNotebookTokenIsFreshPerSpawn(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "gus", Name: "nb"}
+	token := func() string {
+		t.Helper()
+		sec, err := f.Kube.CoreV1().Secrets(serverstest.Namespace).Get(ctx, spawner.SecretName("gus", "nb"), metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("secret: %v", err)
+		}
+		return string(sec.Data[v1.EnvNotebookToken])
+	}
+	if _, _, err := f.Service.Create(ctx, "gus", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
+		t.Fatal(err)
+	}
+	first := token()
+	if _, err := f.Service.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	f.WaitState(t, key, v1.StateStopped)
+	if _, _, err := f.Service.Create(ctx, "gus", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k2"); err != nil {
+		t.Fatal(err)
+	}
+	if second := token(); second == first || second == "" {
+		t.Errorf("second spawn's token %q, first %q: want a new one", second, first)
+	}
+	_, _, err := f.Service.Create(ctx, "gus", nil, "other", v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{v1.EnvNotebookToken: "mine"}}, "k3")
+	if !errors.Is(err, fleet.ErrInvalid) || !strings.Contains(err.Error(), v1.EnvNotebookToken) {
+		t.Errorf("create with its own %s: %v, want ErrInvalid naming it", v1.EnvNotebookToken, err)
+	}
+}
+
 // TestCommandAndArgsReachThePod checks that the create request's command
 // and args become the notebook container's, and that a create without them
-// keeps the image's entrypoint and CMD.
+// gets the profile's (here the docker-stacks default).
 func TestCommandAndArgsReachThePod(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
@@ -259,7 +298,7 @@ func TestCommandAndArgsReachThePod(t *testing.T) {
 		command, args []string
 	}{
 		{server: "hub", args: []string{"jupyterhub-singleuser", "--debug"}},
-		{server: "plain"},
+		{server: "plain", args: catalog.DefaultArgs()},
 	}
 	for _, tc := range tests {
 		c := f.Pod(t, "erin", tc.server).Spec.Containers[0]
@@ -386,5 +425,31 @@ func TestIdempotencyKeyReusedForAnotherProfileIsAConflict(t *testing.T) {
 	_, _, err := f.Service.Create(ctx, "ivy", []string{"ml"}, "nb", v1.CreateServerRequest{Profile: "big"}, "k1")
 	if !errors.Is(err, fleet.ErrConflict) || !strings.Contains(fleet.Message(err), `already used for a create with profile "small"`) {
 		t.Errorf("reuse with another profile = %v, want a conflict naming the first profile", err)
+	}
+}
+
+// TestStoppedServerKeepsWhyItEnded checks that a running server whose
+// notebook ended by itself says so once stopped, while a stop that was
+// asked for just says stopped.
+func TestStoppedServerKeepsWhyItEnded(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	for _, name := range []string{"asked", "crashed"} {
+		if _, _, err := f.Service.Create(ctx, "ivy", nil, name, v1.CreateServerRequest{Profile: "small"}, "k-"+name); err != nil {
+			t.Fatal(err)
+		}
+		f.SetPodRunning(t, "ivy", name, "10.0.0.9")
+		f.WaitState(t, fleet.ServerKey{User: "ivy", Name: name}, v1.StateRunning)
+	}
+	if _, err := f.Service.Delete(ctx, fleet.ServerKey{User: "ivy", Name: "asked"}); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.WaitState(t, fleet.ServerKey{User: "ivy", Name: "asked"}, v1.StateStopped); s.Message != "stopped" {
+		t.Errorf("asked stop: %q, want stopped", s.Message)
+	}
+	f.SetPodWaiting(t, "ivy", "crashed", "CrashLoopBackOff", "back-off 10s restarting failed container")
+	s := f.WaitState(t, fleet.ServerKey{User: "ivy", Name: "crashed"}, v1.StateStopped)
+	if !strings.HasPrefix(s.Message, "the notebook stopped: ") || !strings.Contains(s.Message, "crashing") {
+		t.Errorf("crashed server's stop message %q: want why it stopped", s.Message)
 	}
 }

@@ -14,6 +14,10 @@ type Config struct {
 	Broker config.Config
 	// GPUs is the number of simulated H200 GPUs, 1..64. Default 8.
 	GPUs int
+	// Notebooks is "auto" (default: real Jupyter servers through the pod
+	// runner when one is installed here, else simulated pods) or
+	// "simulated" (pods that run nothing, as without Jupyter).
+	Notebooks string
 }
 
 // Table is gpubroker-dev's flag table bound to c: the broker's flags in dev
@@ -33,7 +37,15 @@ name a real one. It says so in its log, its banner and every API answer.`
 				return fmt.Errorf("must be 1..64, got %d", c.GPUs)
 			}
 			return nil
-		}})
+		}},
+		cliconfig.Flag{Name: "dev-notebooks", Placeholder: "HOW", Value: cliconfig.String(&c.Notebooks), Default: "auto",
+			Help: "auto: with the simulated cluster, run each notebook pod as a real local Jupyter server (Debian's python3-notebook under /usr/bin/python3, or python3 with the notebook module) when one is installed, else simulate; simulated: pods run nothing.",
+			Check: func() error {
+				if c.Notebooks != "auto" && c.Notebooks != "simulated" {
+					return fmt.Errorf("must be auto or simulated, got %q", c.Notebooks)
+				}
+				return nil
+			}})
 	return t
 }
 

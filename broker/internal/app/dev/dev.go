@@ -27,6 +27,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/limiter/agent"
 	"github.com/gpubroker/gpubroker/spawner/devcluster"
+	"github.com/gpubroker/gpubroker/spawner/runner"
 )
 
 // Dev mode's fixed names.
@@ -151,8 +152,24 @@ func build(ctx context.Context, c Config, log *slog.Logger, ln net.Listener, std
 	if cfg.Kube.Kubeconfig == "" {
 		cl := devcluster.New([]string{devNode}, log.With("part", "devcluster"), devcluster.WithNamespace(cfg.Namespace))
 		in.Kube = cl.Clientset()
-		in.Background = append(in.Background, cl.Run)
-		simulated = append(simulated, "the Kubernetes cluster is simulated: one node, "+devNode+"; pods do not really run")
+		var nb *runner.Runner
+		why := "--dev-notebooks=simulated"
+		if c.Notebooks != "simulated" {
+			var cleanup func()
+			if nb, cleanup, why, err = localNotebooks(ctx, log, in.Kube, cfg.Namespace, cfg.HostRoot, in.Catalog.Profiles()); err != nil {
+				return fail(err)
+			}
+			if cleanup != nil {
+				in.Closers = append(in.Closers, cleanup)
+			}
+		}
+		if nb != nil {
+			in.Background = append(in.Background, nb.Run)
+			simulated = append(simulated, "the Kubernetes cluster is simulated: one node, "+devNode+", whose notebook pods run as real Jupyter servers on this machine (without a GPU)")
+		} else {
+			in.Background = append(in.Background, cl.Run)
+			simulated = append(simulated, "the Kubernetes cluster is simulated: one node, "+devNode+"; pods do not really run ("+why+")")
+		}
 	} else if in.Kube, err = app.KubeClient(cfg.Kube); err != nil {
 		return fail(err)
 	}
@@ -240,6 +257,9 @@ func printBanner(w io.Writer, base, web, token string, profiles []fleet.Profile)
 			token, profile, base, devUser)
 		fmt.Fprintf(&b, "\nWatch it start (server-sent events):\n")
 		fmt.Fprintf(&b, "  curl -sS -N -H 'Authorization: Bearer %s' %s/api/v1/users/%s/servers/demo/events\n", token, base, devUser)
+		if web != "" {
+			fmt.Fprintf(&b, "\nOpen the notebook in a browser (the broker's proxy; signed in as %s):\n  %s/user/%s/demo/\n", devUser, web, devUser)
+		}
 		fmt.Fprintf(&b, "\nThe token is valid for %s.\n", devTokenTTL)
 	}
 	fmt.Fprintf(&b, "Stop with Ctrl-C.\n\n")

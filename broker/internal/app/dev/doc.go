@@ -7,8 +7,14 @@
 //     non-admin alice, a web login that signs dev in with one click, and a
 //     token minted for the printed curl commands (--oidc-issuer: the real
 //     one);
-//   - the cluster: spawner/devcluster, one node whose pods "run" at once
-//     (--kubeconfig: the real one);
+//   - the cluster: spawner/devcluster, one node (--kubeconfig: the real
+//     one). When a Jupyter server is installed here (--dev-notebooks=auto,
+//     the default), spawner/runner runs each notebook pod as a real local
+//     Jupyter server on a loopback pod IP: the profiles' default command,
+//     the docker-stacks start-notebook.sh, is a small script standing in
+//     for the image that runs the local classic notebook; without Jupyter
+//     the pods are moved to Running without a process, and the log says
+//     how to install it;
 //   - the GPUs: --dev-gpus NVIDIA H200s from go-nvml's mock/dgxh200,
 //     discovered through the node agent's own code and registered with
 //     fixed UUIDs (so a run against a real Redis reuses them);
