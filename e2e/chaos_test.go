@@ -199,6 +199,11 @@ func (w *chaosWorld) registerAll(ctx context.Context) {
 // agents re-registers the GPUs every second until stop, so a flushed or
 // restarted Redis gets its inventory back as from the node agents.
 func (w *chaosWorld) agents(ctx context.Context, stop <-chan struct{}) {
+	everySecond(ctx, stop, func() { w.registerAll(ctx) })
+}
+
+// everySecond calls f once a second until stop is closed or ctx ends.
+func everySecond(ctx context.Context, stop <-chan struct{}, f func()) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -208,7 +213,7 @@ func (w *chaosWorld) agents(ctx context.Context, stop <-chan struct{}) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			w.registerAll(ctx)
+			f()
 		}
 	}
 }
@@ -549,22 +554,13 @@ func (ch *chaos) deleteNode(ctx context.Context, r *rand.Rand) error {
 
 // check runs the storm's checker every second until stop.
 func (ch *chaos) check(ctx context.Context, stop <-chan struct{}) {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	everySecond(ctx, stop, func() {
 		bad := ch.checkOnce(ctx)
 		ch.mu.Lock()
 		ch.checks++
 		ch.violations = append(ch.violations, bad...)
 		ch.mu.Unlock()
-	}
+	})
 }
 
 // checkOnce returns the overcommits and quota excesses it sees now: per GPU
