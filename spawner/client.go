@@ -139,7 +139,7 @@ func (c *Client) Create(ctx context.Context, s Spec, secretEnv map[string]string
 		case apierrors.IsNotFound(err):
 			continue // deleted in between: try again
 		case err != nil:
-			return fmt.Errorf("create pod %s: get existing: %w", pod.Name, err)
+			return apiError("create pod: get existing", pod.Name, err)
 		case old.Labels[v1.LabelManagedBy] != v1.ManagedByValue:
 			return fmt.Errorf("create pod %s: a pod of that name exists: %w", pod.Name, ErrNotOwned)
 		case old.Annotations[v1.AnnotationSpawnID] == s.SpawnID:
@@ -172,7 +172,7 @@ func (c *Client) putSecret(ctx context.Context, secret *corev1.Secret) error {
 		case apierrors.IsNotFound(err):
 			continue
 		case err != nil:
-			return fmt.Errorf("create secret %s: get existing: %w", secret.Name, err)
+			return apiError("create secret: get existing", secret.Name, err)
 		case old.Labels[v1.LabelManagedBy] != v1.ManagedByValue:
 			return fmt.Errorf("create secret %s: a secret of that name exists: %w", secret.Name, ErrNotOwned)
 		}
@@ -194,10 +194,26 @@ func (c *Client) putSecret(ctx context.Context, secret *corev1.Secret) error {
 // apiError wraps a write error; validation (422) and forbidden (403, e.g.
 // ResourceQuota or admission) answers also wrap ErrRejected.
 func apiError(op, name string, err error) error {
-	if apierrors.IsInvalid(err) || apierrors.IsForbidden(err) {
+	switch {
+	case apierrors.IsInvalid(err) || apierrors.IsForbidden(err):
 		return fmt.Errorf("%s %s: %w: %w", op, name, ErrRejected, err)
+	case unavailable(err):
+		return fmt.Errorf("%s %s: %w: %w", op, name, ErrUnavailable, err)
 	}
 	return fmt.Errorf("%s %s: %w", op, name, err)
+}
+
+// unavailable reports whether err means that the API server did not
+// answer the request (so a write's outcome is unknown): no status from it
+// at all (a connection or a timeout error), or a status that says "not
+// now" (500, 503, 504, 429, a server timeout).
+func unavailable(err error) bool {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return !errors.Is(err, context.Canceled)
+	}
+	return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err) || apierrors.IsUnexpectedServerError(err)
 }
 
 // Delete deletes the pod and Secret of a server. It is idempotent: objects
@@ -301,7 +317,7 @@ func (c *Client) deleteOwned(ctx context.Context, kind, name, spawnID string,
 		case apierrors.IsNotFound(err):
 			return nil
 		case err != nil:
-			return fmt.Errorf("delete %s %s: get: %w", kind, name, err)
+			return apiError("delete "+kind+": get", name, err)
 		case obj.GetLabels()[v1.LabelManagedBy] != v1.ManagedByValue:
 			return fmt.Errorf("delete %s %s: %w", kind, name, ErrNotOwned)
 		case spawnID != "" && spawnOf(obj) != spawnID:
@@ -324,7 +340,7 @@ func (c *Client) deleteOwned(ctx context.Context, kind, name, spawnID string,
 		case apierrors.IsConflict(err): // the UID changed: look again
 			continue
 		default:
-			return fmt.Errorf("delete %s %s: %w", kind, name, err)
+			return apiError("delete "+kind, name, err)
 		}
 	}
 	return fmt.Errorf("delete %s %s: too many concurrent changes", kind, name)

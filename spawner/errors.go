@@ -19,6 +19,11 @@ var (
 	// (validation 422, or 403 such as a ResourceQuota or admission denial).
 	// Terminal for this spawn.
 	ErrRejected = errors.New("spawner: rejected by the cluster")
+	// ErrUnavailable is returned (wrapped) when the Kubernetes API server
+	// did not answer a request: no connection, a timeout, or an answer
+	// that says "not now" (500, 503, 504, 429). Retryable; a write that
+	// failed so may or may not have taken effect.
+	ErrUnavailable = errors.New("spawner: the Kubernetes API server is not answering")
 	// ErrNotOwned is returned when an object with the name the spawner wants
 	// exists but is not managed by gpubroker; the spawner never touches it.
 	ErrNotOwned = errors.New("spawner: object not managed by gpubroker")
