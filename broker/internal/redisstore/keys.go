@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
@@ -39,6 +40,16 @@ func modeSets(k redisschema.Keys) []string {
 	}
 	return out
 }
+
+// allModes is every sharing mode, space-separated, as place.lua counts
+// their GPU sets for a capacity refusal.
+var allModes = func() string {
+	names := make([]string, len(v1.SharingModes))
+	for i, m := range v1.SharingModes {
+		names[i] = string(m)
+	}
+	return strings.Join(names, " ")
+}()
 
 // Field prefixes in the usage hash. A subject has one field,
 // <prefix><name>, holding "<servers> <MiB> <compute percent>" (decimal

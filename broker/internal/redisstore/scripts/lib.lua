@@ -47,6 +47,19 @@ local function gpu_load(gkey)
     whole = f[11] == '1', mode = f[12] or 'sliced', cpw = tonumber(f[13] or '100'), model = f[14] or ''}
 end
 
+-- gpu_load_counts reads only what gpu_charge needs (counters, health,
+-- class and index keys); nil if the device is unknown. A GPU hash is a
+-- small listpack that HMGET scans once per field, so release reads this
+-- and not the whole record.
+local function gpu_load_counts(gkey)
+  local f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'healthy', 'aidx', 'fidx', 'alla', 'allf', 'whole')
+  if not f[1] then
+    return nil
+  end
+  return {mem = tonumber(f[1]), amem = tonumber(f[2]), acp = tonumber(f[3]), n = tonumber(f[4]),
+    healthy = f[5] == '1', aidx = f[6], fidx = f[7], alla = f[8], allf = f[9], whole = f[10] == '1'}
+end
+
 -- gpu_class is the index class of a loaded device: 'a', 'f' or nil.
 local function gpu_class(g)
   if not g.healthy or not g.alla then
