@@ -15,7 +15,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -60,7 +62,12 @@ type Cluster struct {
 	// Dir holds data dirs, keys, kubeconfigs and the process logs.
 	Dir string
 
+	mu    sync.Mutex // guards procs against RestartAPIServer
 	procs []*Process // in start order
+
+	// What RestartAPIServer needs to start kube-apiserver again.
+	apiBin, adminToken string
+	apiArgs            []string
 }
 
 // StartCluster starts etcd, kube-apiserver and kwok under dir (which must
@@ -173,52 +180,91 @@ func (c *Cluster) startAPIServer(ctx context.Context, tools Tools, etcdURL, admi
 		return fmt.Errorf("write token file: %w", err)
 	}
 	certDir := filepath.Join(c.Dir, "apiserver-certs")
-	p, err := StartProcess("kube-apiserver", filepath.Join(c.Dir, "kube-apiserver.log"), os.Environ(), tools.KubeAPIServer,
-		"--etcd-servers="+etcdURL,
+	c.apiBin, c.adminToken = tools.KubeAPIServer, adminToken
+	c.apiArgs = []string{
+		"--etcd-servers=" + etcdURL,
 		fmt.Sprintf("--secure-port=%d", port),
 		"--bind-address=127.0.0.1",
 		"--endpoint-reconciler-type=none", // no kubernetes Service endpoints on loopback
-		"--cert-dir="+certDir,
-		"--token-auth-file="+tokenFile,
+		"--cert-dir=" + certDir,
+		"--token-auth-file=" + tokenFile,
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file="+keyFile,
-		"--service-account-signing-key-file="+keyFile,
+		"--service-account-key-file=" + keyFile,
+		"--service-account-signing-key-file=" + keyFile,
 		"--service-cluster-ip-range=10.96.0.0/16",
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
 		"--v=1",
-	)
+	}
+	c.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
+	// The serving cert is self-signed at start; apiserver.crt holds the cert
+	// and the CA that signed it.
+	c.CAFile = filepath.Join(certDir, "apiserver.crt")
+	p, err := c.runAPIServer(ctx)
 	if err != nil {
 		return err
 	}
 	c.procs = append(c.procs, p)
-	c.URL = fmt.Sprintf("https://127.0.0.1:%d", port)
-	// The serving cert is self-signed at start; apiserver.crt holds the cert
-	// and the CA that signed it. Until it exists, probe without verification.
-	c.CAFile = filepath.Join(certDir, "apiserver.crt")
+	return nil
+}
+
+// runAPIServer starts kube-apiserver with the saved arguments and waits up
+// to 90 s for /readyz and its serving cert; on failure the process is
+// stopped.
+func (c *Cluster) runAPIServer(ctx context.Context) (*Process, error) {
+	p, err := StartProcess("kube-apiserver", filepath.Join(c.Dir, "kube-apiserver.log"), os.Environ(), c.apiBin, c.apiArgs...)
+	if err != nil {
+		return nil, err
+	}
+	// Until the serving cert exists, probe without verification.
 	insecure := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // probe only, until the cert exists
 	}}
+	defer insecure.CloseIdleConnections()
 	err = Poll(ctx, 200*time.Millisecond, 90*time.Second, func(ctx context.Context) (bool, string, error) {
 		select {
 		case <-p.Exited():
 			return false, "", fmt.Errorf("kube-apiserver exited: %w", p.ExitErr())
 		default:
 		}
-		body, status, err := get(ctx, insecure, c.URL+"/readyz", adminToken)
+		body, status, err := get(ctx, insecure, c.URL+"/readyz", c.adminToken)
 		if err != nil {
 			return false, err.Error(), nil
 		}
 		return status == http.StatusOK, fmt.Sprintf("%d %s", status, lastLines(body, 5)), nil
 	})
+	if err == nil {
+		_, err = os.Stat(c.CAFile)
+	}
 	if err != nil {
-		return fmt.Errorf("kube-apiserver not ready: %w", err)
+		_ = p.Kill()
+		return nil, fmt.Errorf("kube-apiserver not ready: %w", err)
 	}
-	if _, err := os.Stat(c.CAFile); err != nil {
-		return fmt.Errorf("kube-apiserver serving cert: %w", err)
+	return p, nil
+}
+
+// RestartAPIServer stops kube-apiserver (SIGTERM, 5 s grace, then SIGKILL)
+// and starts it again with the same flags, port, certificates and etcd, so
+// every client reconnects to the same URL; it returns once /readyz answers
+// 200. Watches break meanwhile, as in a control-plane upgrade.
+func (c *Cluster) RestartAPIServer(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, p := range c.procs {
+		if p.Name != "kube-apiserver" {
+			continue
+		}
+		_ = p.Stop(5 * time.Second) // a killed server exits non-zero; that is the point
+		np, err := c.runAPIServer(ctx)
+		if err != nil {
+			c.procs = slices.Delete(c.procs, i, i+1)
+			return fmt.Errorf("restart kube-apiserver: %w\n%s", err, TailFile(filepath.Join(c.Dir, "kube-apiserver.log"), 40))
+		}
+		c.procs[i] = np
+		return nil
 	}
-	return nil
+	return errors.New("restart kube-apiserver: it is not running")
 }
 
 // bootstrap creates what a real cluster's controllers or installers would:
@@ -272,6 +318,8 @@ func (c *Cluster) startKwok(tools Tools) error {
 // Stop stops kwok, kube-apiserver and etcd, in that order (each SIGTERM, 10 s
 // grace, SIGKILL). It returns every failure joined.
 func (c *Cluster) Stop() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	var errs []error
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		if err := c.procs[i].Stop(10 * time.Second); err != nil {
@@ -284,6 +332,8 @@ func (c *Cluster) Stop() error {
 
 // LogTails returns the last n lines of each process's log, labelled.
 func (c *Cluster) LogTails(n int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	var b strings.Builder
 	for _, p := range c.procs {
 		fmt.Fprintf(&b, "--- %s (%s), last %d lines:\n%s\n", p.Name, p.LogPath, n, p.LogTail(n))

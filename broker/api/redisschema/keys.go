@@ -17,6 +17,10 @@ const HashTag = "{gpubroker}"
 //	Placement (broker/internal/redisstore; rebuilt from pods by the reconciler after a flush)
 //	marker                           string  none                   reconciler (MarkReconciled); its absence
 //	                                                                blocks placement (ErrNotReady)
+//	marker:epoch                     string  none                   reconciler (ReconcileEpoch): random token
+//	                                                                a pass reads first; marking checks it, so
+//	                                                                a pass that began before a flush cannot
+//	                                                                mark the flushed data rebuilt
 //	gpus                             set     none                   RegisterGPU: every registered GPU uuid
 //	gpu:<uuid>                       hash    none                   RegisterGPU/SetGPUHealth/SetGPUMode
 //	                                                                (inventory, mode) and place/release/
@@ -30,9 +34,10 @@ const HashTag = "{gpubroker}"
 //	mode:<mode>                      set     none                   register/SetGPUMode: the physical GPUs in
 //	                                                                each sharing mode (MIG instances in none)
 //	allocs                           hash    none                   place/restore/release: slice id → JSON
-//	usage                            hash    none                   place/restore/release: per user and group
-//	                                                                servers, MiB and compute in use; fields
-//	                                                                deleted at zero
+//	usage                            hash    none                   place/restore/release: one field per user
+//	                                                                (u:<user>) and group (g:<group>), value
+//	                                                                "<servers> <MiB> <compute %>" in use;
+//	                                                                deleted at zero servers
 //	Servers (broker/internal/redisstore; restored from pods by the reconciler)
 //	srv:<user>:<name>                hash    retention once         the server record; no TTL while its
 //	                                         terminal (7 d)         spawn is live
@@ -92,6 +97,9 @@ func New(prefix string) Keys { return Keys{p: prefix + HashTag + ":"} }
 
 // Marker is the reconcile marker (string, the time of the last rebuild).
 func (k Keys) Marker() string { return k.p + "marker" }
+
+// MarkerEpoch is the reconcile epoch token (string, random hex).
+func (k Keys) MarkerEpoch() string { return k.p + "marker:epoch" }
 
 // GPUs is the set of every registered GPU uuid.
 func (k Keys) GPUs() string { return k.p + "gpus" }

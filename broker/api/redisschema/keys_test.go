@@ -34,6 +34,7 @@ func TestKeys(t *testing.T) {
 		{"mode gpus", k.ModeGPUs("mig"), "p:{gpubroker}:mode:mig"},
 		{"allocs", k.Allocs(), "p:{gpubroker}:allocs"},
 		{"usage", k.Usage(), "p:{gpubroker}:usage"},
+		{"marker epoch", k.MarkerEpoch(), "p:{gpubroker}:marker:epoch"},
 		{"server", k.Server("a:b", "c d"), "p:{gpubroker}:srv:a%3Ab:c+d"},
 		{"previous server record", k.ServerPrevious("a:b", "c d"), "p:{gpubroker}:srvprev:a%3Ab:c+d"},
 		{"events", k.Events("alice", ""), "p:{gpubroker}:ev:alice:"},

@@ -22,6 +22,12 @@ const (
 	AnnotationComputePercent      = "gpubroker.io/compute-percent"
 	AnnotationComputeLimitPercent = "gpubroker.io/compute-limit-percent"
 	AnnotationGroups              = "gpubroker.io/quota-groups" // comma-separated raw group names charged
+	// AnnotationSliceRestored is written (RFC 3339 time) by the reconciler
+	// on a pod whose slice it restores into Redis, before it reads the
+	// slice: the write changes the pod's resourceVersion, which fences off
+	// a resize that changed Redis before the restore and would otherwise
+	// record its slice on the pod after it (ARCHITECTURE.md, Resize).
+	AnnotationSliceRestored = "gpubroker.io/slice-restored"
 	// AnnotationSharing is the server's sharing mode (SharingMode); absent
 	// on pods made before sharing modes existed, which are sliced.
 	AnnotationSharing = "gpubroker.io/sharing"

@@ -21,10 +21,10 @@ var (
 	// Redis lost its data) and placement must wait for the reconciler.
 	ErrNotReady = errors.New("fleet: allocations are being rebuilt")
 	// ErrUnavailable means a part the broker depends on (Redis, the
-	// Kubernetes API server) did not answer, or the store could not confirm
-	// a write as durable (no Redis replica acknowledged a placement in
-	// time; it was undone where possible); the same request may succeed
-	// shortly. See UnavailableError.
+	// Kubernetes API server) did not answer or take a write, or the store
+	// could not confirm a write as durable (no Redis replica acknowledged a
+	// placement in time; it was undone where possible); the same request
+	// may succeed shortly. See UnavailableError.
 	ErrUnavailable = errors.New("fleet: unavailable")
 )
 

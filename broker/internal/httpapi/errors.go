@@ -230,8 +230,8 @@ var errorTable = []errorRule{
 	{
 		match:  is(fleet.ErrUnavailable),
 		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
-		message: sentinelMessage("the broker's store is unavailable; try again shortly"),
-		headers: map[string]string{echo.HeaderRetryAfter: "2"},
+		message: sentinelMessage("a part of the cluster did not answer; try again shortly"),
+		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
 	{
 		match:  is(context.DeadlineExceeded),

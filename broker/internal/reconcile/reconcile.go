@@ -19,7 +19,9 @@
 //   - deletes pods that belong to no current spawn, or whose annotations
 //     cannot be read, after the grace period;
 //   - marks the allocations as rebuilt only when every pod's slice is
-//     recorded, which is what lets placement resume after Redis lost its data.
+//     recorded, which is what lets placement resume after Redis lost its data,
+//     and only if Redis has not lost its data again since the pass began (the
+//     reconcile epoch, read first, is unchanged).
 //
 // Reading allocations before records matters: a create writes its record
 // before it places, so an allocation seen first always has its record in the
@@ -49,12 +51,15 @@ type Store interface {
 	Restore(ctx context.Context, a fleet.Allocation) (bool, error)
 	RestoreServer(ctx context.Context, s fleet.Server) (bool, error)
 	Release(ctx context.Context, sliceID string) (bool, error)
-	MarkReconciled(ctx context.Context) error
+	ReconcileEpoch(ctx context.Context) (string, error)
+	MarkReconciledAt(ctx context.Context, epoch string) (bool, error)
 }
 
-// Pods lists and deletes notebook pods (spawner.Client).
+// Pods lists and deletes notebook pods (spawner.Client). FenceSlice marks a
+// pod and returns it as the API server has it now (see Once).
 type Pods interface {
 	Pods() ([]spawner.ManagedPod, error)
+	FenceSlice(ctx context.Context, name, spawnID string) (spawner.ManagedPod, error)
 	Delete(ctx context.Context, user, server, spawnID string) error
 	DeletePod(ctx context.Context, name, spawnID string) error
 }
@@ -186,6 +191,12 @@ func (r *Reconciler) Once(ctx context.Context) (Report, error) {
 // pass is one reconcile pass (Once without the measurement).
 func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 	var rep Report
+	// The epoch first: if Redis loses its data during the pass, the pass
+	// read allocations that are gone and must not mark the rebuild done.
+	epoch, err := r.store.ReconcileEpoch(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("reconcile: epoch: %w", err)
+	}
 	allocs, err := r.store.Allocations(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: allocations: %w", err)
@@ -248,6 +259,18 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		}
 		alloc := allocationOf(p)
 		if _, held := allocBySlice[p.SpawnID]; !held {
+			// Restore the slice the API server has, not the cache's, and
+			// fence off a resize in flight: the write changes the pod's
+			// resourceVersion, so a resize that changed Redis before this
+			// restore cannot record its slice on the pod after it; it starts
+			// over on the restored data (servers.Service.Resize).
+			fresh, err := r.pods.FenceSlice(ctx, p.Name, p.SpawnID)
+			if err != nil {
+				complete = false
+				errs = append(errs, fmt.Errorf("fence pod %s before restoring its slice: %w", p.Name, err))
+				continue
+			}
+			alloc = allocationOf(fresh)
 			restored, err := r.store.Restore(ctx, alloc)
 			switch {
 			case errors.Is(err, fleet.ErrConflict) && restored:
@@ -329,9 +352,13 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 	}
 
 	if complete {
-		if err := r.store.MarkReconciled(ctx); err != nil {
+		marked, err := r.store.MarkReconciledAt(ctx, epoch)
+		switch {
+		case err != nil:
 			errs = append(errs, fmt.Errorf("mark reconciled: %w", err))
-		} else {
+		case !marked:
+			r.log.WarnContext(ctx, "Redis lost its data during the reconcile pass; the next pass rebuilds")
+		default:
 			rep.Complete = true
 		}
 	}

@@ -1,6 +1,9 @@
 package redisstore
 
 import (
+	"fmt"
+	"strings"
+
 	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
@@ -38,13 +41,34 @@ func modeSets(k redisschema.Keys) []string {
 	return out
 }
 
-// Field prefixes in the usage hash. A subject's fields are
-// <prefix><name>:s, :m and :c; since the suffix is fixed, no two names
-// share a field. release.lua builds them from these prefixes, passed in ARGV.
+// allModes is every sharing mode, space-separated, as place.lua counts
+// their GPU sets for a capacity refusal.
+var allModes = func() string {
+	names := make([]string, len(v1.SharingModes))
+	for i, m := range v1.SharingModes {
+		names[i] = string(m)
+	}
+	return strings.Join(names, " ")
+}()
+
+// Field prefixes in the usage hash. A subject has one field,
+// <prefix><name>, holding "<servers> <MiB> <compute percent>" (decimal
+// integers, one space apart; scripts/lib.lua reads and writes it); the
+// prefixes keep a user and a group of the same name apart. release.lua and
+// resize.lua build the fields from these prefixes, passed in ARGV.
 const (
 	userFieldPrefix  = "u:"
 	groupFieldPrefix = "g:"
 )
 
-func userUsage(user string) string   { return userFieldPrefix + user + ":" }
-func groupUsage(group string) string { return groupFieldPrefix + group + ":" }
+func userUsage(user string) string   { return userFieldPrefix + user }
+func groupUsage(group string) string { return groupFieldPrefix + group }
+
+// parseUsage decodes a usage field's value; ok is false unless val is
+// exactly "<servers> <MiB> <compute percent>" as lib.lua writes it.
+func parseUsage(val string) (u usage, ok bool) {
+	if _, err := fmt.Sscanf(val, "%d %d %d", &u.servers, &u.memMiB, &u.computePercent); err != nil {
+		return usage{}, false
+	}
+	return u, val == fmt.Sprintf("%d %d %d", u.servers, u.memMiB, u.computePercent)
+}

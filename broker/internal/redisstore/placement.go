@@ -185,17 +185,15 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 		shape = mpsShape(req.Slice)
 	}
 	scopeA, scopeF := scopeIndexes(s.k, redisschema.Pool(string(mode), req.MIGProfile), req.Model)
-	keys := []string{s.k.Marker(), s.k.Allocs(), scopeA, scopeF, s.k.Usage(), s.k.ModeGPUs(string(mode))}
-	keys = append(keys, modeSets(s.k)...)
-	args := make([]any, 0, 16+6*len(groups))
+	keys := []string{s.k.Marker(), s.k.Allocs(), scopeA, scopeF, s.k.Usage()}
+	args := make([]any, 0, 19+4*len(groups))
 	args = append(args, s.k.GPUPrefix(), req.SliceID, head,
 		req.Slice.MemoryMiB, req.Slice.ComputePercent, req.Slice.ComputeLimitPercent, string(policy),
-		kind, shape, 1+len(groups),
-		"user", req.User, userUsage(req.User),
-		req.UserQuota.Servers, req.UserQuota.MemoryMiB, req.UserQuota.ComputePercent)
+		kind, shape, s.k.ModePrefix(), string(mode), allModes, userFieldPrefix, groupFieldPrefix, 1+len(groups),
+		req.User, req.UserQuota.Servers, req.UserQuota.MemoryMiB, req.UserQuota.ComputePercent)
 	for _, g := range groups {
 		q := req.GroupQuotas[g]
-		args = append(args, "group", g, groupUsage(g), q.Servers, q.MemoryMiB, q.ComputePercent)
+		args = append(args, g, q.Servers, q.MemoryMiB, q.ComputePercent)
 	}
 
 	octx, cancel := context.WithTimeout(ctx, s.opTimeout+s.waitTimeout)

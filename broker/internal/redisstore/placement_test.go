@@ -542,6 +542,9 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 	register(t, s, h200("GPU-1", "n1"))
 	mustPlace(t, s, fleet.PlaceRequest{SliceID: "a", User: "alice", Slice: slice(1024, 10), GroupQuotas: map[string]fleet.Quota{"ml": {}}})
 	verify(t, s)
+	setUsage := func(field, val string) func() error {
+		return func() error { return rdb.HSet(t.Context(), s.k.Usage(), field, val).Err() }
+	}
 	tests := []struct {
 		name    string
 		corrupt func() error
@@ -552,12 +555,11 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 			func() error { return rdb.HIncrBy(t.Context(), s.k.GPU("GPU-1"), "amem", -1).Err() }, "gpu GPU-1 counters"},
 		{"index score", func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail("sliced"), redisZ(1, "GPU-1")).Err() },
 			func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail("sliced"), redisZ(143771-1024, "GPU-1")).Err() }, "all-avail index score"},
-		{"user counter", func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), userUsage("alice")+"c", 5).Err() },
-			func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), userUsage("alice")+"c", -5).Err() }, "user alice counters"},
-		{"group counter", func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), groupUsage("ml")+"s", 1).Err() },
-			func() error { return rdb.HIncrBy(t.Context(), s.k.Usage(), groupUsage("ml")+"s", -1).Err() }, "group ml counters"},
-		{"stale group counter", func() error { return rdb.HSet(t.Context(), s.k.Usage(), groupUsage("gone")+"s", 1).Err() },
-			func() error { return rdb.HDel(t.Context(), s.k.Usage(), groupUsage("gone")+"s").Err() }, "group gone has counters"},
+		{"user counter", setUsage(userUsage("alice"), "1 1024 15"), setUsage(userUsage("alice"), "1 1024 10"), "user alice counters"},
+		{"group counter", setUsage(groupUsage("ml"), "2 1024 10"), setUsage(groupUsage("ml"), "1 1024 10"), "group ml counters"},
+		{"malformed counter", setUsage(userUsage("alice"), "1 1024"), setUsage(userUsage("alice"), "1 1024 10"), `usage field "u:alice" is "1 1024"`},
+		{"stale group counter", setUsage(groupUsage("gone"), "1 0 0"),
+			func() error { return rdb.HDel(t.Context(), s.k.Usage(), groupUsage("gone")).Err() }, "group gone has counters"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -573,5 +575,41 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 			}
 			verify(t, s)
 		})
+	}
+}
+
+// TestMarkReconciledAtRefusesAfterAFlush is the reconcile epoch: a pass
+// that read the epoch before Redis lost its data cannot open placement on
+// the emptied data; a pass that reads the new epoch can.
+func TestMarkReconciledAtRefusesAfterAFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	s := New(rdb, "")
+	ctx := t.Context()
+	before, err := s.ReconcileEpoch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.ReconcileEpoch(ctx); err != nil || again != before {
+		t.Fatalf("second ReconcileEpoch = %q, %v; want the stored %q", again, err, before)
+	}
+	if err := rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if marked, err := s.MarkReconciledAt(ctx, before); err != nil || marked {
+		t.Fatalf("MarkReconciledAt with the epoch from before the flush = %v, %v; want false", marked, err)
+	}
+	if ok, err := s.Reconciled(ctx); err != nil || ok {
+		t.Fatalf("Reconciled = %v, %v; want false after a refused mark", ok, err)
+	}
+	after, err := s.ReconcileEpoch(ctx)
+	if err != nil || after == before || after == "" {
+		t.Fatalf("ReconcileEpoch after the flush = %q, %v; want a new token", after, err)
+	}
+	if marked, err := s.MarkReconciledAt(ctx, after); err != nil || !marked {
+		t.Fatalf("MarkReconciledAt with the current epoch = %v, %v; want true", marked, err)
+	}
+	if ok, err := s.Reconciled(ctx); err != nil || !ok {
+		t.Fatalf("Reconciled = %v, %v; want true", ok, err)
 	}
 }

@@ -49,24 +49,27 @@ var (
 	extendIdleLua string
 	//go:embed scripts/release_lock.lua
 	releaseLockLua string
+	//go:embed scripts/mark_reconciled.lua
+	markReconciledLua string
 )
 
 var (
-	placeScript         = redis.NewScript(libLua + placeLua)
-	releaseScript       = redis.NewScript(libLua + releaseLua)
-	restoreScript       = redis.NewScript(libLua + restoreLua)
-	registerScript      = redis.NewScript(libLua + registerLua)
-	healthScript        = redis.NewScript(libLua + healthLua)
-	setModeScript       = redis.NewScript(libLua + setModeLua)
-	verifyScript        = redis.NewScript(verifyLua)
-	createServerScript  = redis.NewScript(serversLua + createServerLua)
-	restoreServerScript = redis.NewScript(serversLua + restoreServerLua)
-	transitionScript    = redis.NewScript(serversLua + transitionLua)
-	deleteServerScript  = redis.NewScript(serversLua + deleteServerLua)
-	discardServerScript = redis.NewScript(serversLua + discardServerLua)
-	savePolicyScript    = redis.NewScript(savePolicyLua)
-	extendIdleScript    = redis.NewScript(extendIdleLua)
-	releaseLockScript   = redis.NewScript(releaseLockLua)
+	placeScript          = redis.NewScript(libLua + placeLua)
+	releaseScript        = redis.NewScript(libLua + releaseLua)
+	restoreScript        = redis.NewScript(libLua + restoreLua)
+	registerScript       = redis.NewScript(libLua + registerLua)
+	healthScript         = redis.NewScript(libLua + healthLua)
+	setModeScript        = redis.NewScript(libLua + setModeLua)
+	verifyScript         = redis.NewScript(verifyLua)
+	createServerScript   = redis.NewScript(serversLua + createServerLua)
+	restoreServerScript  = redis.NewScript(serversLua + restoreServerLua)
+	transitionScript     = redis.NewScript(serversLua + transitionLua)
+	deleteServerScript   = redis.NewScript(serversLua + deleteServerLua)
+	discardServerScript  = redis.NewScript(serversLua + discardServerLua)
+	savePolicyScript     = redis.NewScript(savePolicyLua)
+	extendIdleScript     = redis.NewScript(extendIdleLua)
+	releaseLockScript    = redis.NewScript(releaseLockLua)
+	markReconciledScript = redis.NewScript(markReconciledLua)
 )
 
 // The helpers below check the type of every part of a script's reply; a

@@ -628,13 +628,9 @@ func (s *Store) ServersPage(ctx context.Context, user, after string, limit int) 
 // placement, resize and release charge in their scripts. A group nobody
 // holds anything in reads as zero.
 func (s *Store) QuotaUsed(ctx context.Context, user string, groups []string) (fleet.Quota, map[string]fleet.Quota, error) {
-	prefixes := []string{userUsage(user)}
+	fields := []string{userUsage(user)}
 	for _, g := range groups {
-		prefixes = append(prefixes, groupUsage(g))
-	}
-	fields := make([]string, 0, 3*len(prefixes))
-	for _, p := range prefixes {
-		fields = append(fields, p+"s", p+"m", p+"c")
+		fields = append(fields, groupUsage(g))
 	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
@@ -642,17 +638,21 @@ func (s *Store) QuotaUsed(ctx context.Context, user string, groups []string) (fl
 	if err != nil {
 		return fleet.Quota{}, nil, fmt.Errorf("read quota usage of %s: %w", user, err)
 	}
-	num := func(v any) int64 {
-		str, _ := v.(string) // absent fields are nil: zero
-		n, _ := strconv.ParseInt(str, 10, 64)
-		return n
-	}
-	at := func(i int) fleet.Quota {
-		return fleet.Quota{Servers: int(num(vals[3*i])), MemoryMiB: num(vals[3*i+1]), ComputePercent: int(num(vals[3*i+2]))}
+	quotas := make([]fleet.Quota, len(fields))
+	for i, v := range vals {
+		str, present := v.(string) // absent fields are nil: zero
+		if !present {
+			continue
+		}
+		u, ok := parseUsage(str)
+		if !ok {
+			return fleet.Quota{}, nil, fmt.Errorf("read quota usage of %s: usage field %q is %q, want \"<servers> <MiB> <compute percent>\"", user, fields[i], str)
+		}
+		quotas[i] = fleet.Quota{Servers: int(u.servers), MemoryMiB: u.memMiB, ComputePercent: int(u.computePercent)}
 	}
 	byGroup := make(map[string]fleet.Quota, len(groups))
 	for i, g := range groups {
-		byGroup[g] = at(i + 1)
+		byGroup[g] = quotas[i+1]
 	}
-	return at(0), byGroup, nil
+	return quotas[0], byGroup, nil
 }

@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -136,6 +138,42 @@ func (s *Store) MarkReconciled(ctx context.Context) error {
 		return fmt.Errorf("mark reconciled: %w", err)
 	}
 	return nil
+}
+
+// ReconcileEpoch returns the token of the data Redis holds now, creating a
+// random one when there is none (after a flush or a restart). A reconcile
+// pass reads it before anything else and marks with MarkReconciledAt, so
+// that a pass that began before Redis lost its data never marks the empty
+// data rebuilt.
+func (s *Store) ReconcileEpoch(ctx context.Context) (string, error) {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("reconcile epoch: %w", err)
+	}
+	// SET NX GET: the stored token if there is one, else ours, stored.
+	cur, err := s.rdb.SetArgs(ctx, s.k.MarkerEpoch(), hex.EncodeToString(b[:]), redis.SetArgs{Mode: "NX", Get: true}).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return hex.EncodeToString(b[:]), nil
+	case err != nil:
+		return "", fmt.Errorf("reconcile epoch: %w", err)
+	}
+	return cur, nil
+}
+
+// MarkReconciledAt is MarkReconciled on the condition that the reconcile
+// epoch is still epoch (one atomic script); it reports whether it marked.
+func (s *Store) MarkReconciledAt(ctx context.Context, epoch string) (bool, error) {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	at := s.now().UTC().Format(time.RFC3339Nano)
+	n, err := markReconciledScript.Run(ctx, s.rdb, []string{s.k.MarkerEpoch(), s.k.Marker()}, epoch, at).Int()
+	if err != nil {
+		return false, fmt.Errorf("mark reconciled: %w", err)
+	}
+	return n == 1, nil
 }
 
 // Reconciled reports whether the reconcile marker exists.

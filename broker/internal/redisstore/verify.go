@@ -8,11 +8,17 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
+
+// verifyTimeout bounds Verify: one script that reads the whole fleet (about
+// a second at 10,000 GPUs on a loaded machine), longer than a request's
+// DefaultOpTimeout.
+const verifyTimeout = 30 * time.Second
 
 // usage is what a GPU, user or group holds.
 type usage struct {
@@ -41,7 +47,7 @@ type usage struct {
 // reads every GPU and allocation in one script: meant for tests and admin
 // checks, not request paths.
 func (s *Store) Verify(ctx context.Context) error {
-	ctx, cancel := s.op(ctx)
+	ctx, cancel := context.WithTimeout(ctx, max(s.opTimeout, verifyTimeout))
 	defer cancel()
 	keys := append([]string{s.k.GPUs(), s.k.Allocs(), s.k.Usage()}, modeSets(s.k)...)
 	res, err := verifyScript.Run(ctx, s.rdb, keys, s.k.GPUPrefix()).Result()
@@ -182,37 +188,21 @@ func (s *Store) Verify(ctx context.Context) error {
 	}
 	gotUser, gotGroup := map[string]usage{}, map[string]usage{}
 	for field, val := range usageHash {
-		m, scope := gotUser, "user"
+		m := gotUser
 		rest, ok := strings.CutPrefix(field, userFieldPrefix)
 		if !ok {
-			m, scope = gotGroup, "group"
+			m = gotGroup
 			if rest, ok = strings.CutPrefix(field, groupFieldPrefix); !ok {
 				violation("usage field %q belongs to no user or group", field)
 				continue
 			}
 		}
-		i := strings.LastIndexByte(rest, ':')
-		if i < 0 {
-			violation("usage field %q has no resource suffix", field)
+		u, ok := parseUsage(val)
+		if !ok {
+			violation("usage field %q is %q, want \"<servers> <MiB> <compute percent>\"", field, val)
 			continue
 		}
-		n, err := atoi64(field, val)
-		if err != nil {
-			violation("usage: %w", err)
-			continue
-		}
-		name, u := rest[:i], m[rest[:i]]
-		switch rest[i+1:] {
-		case "s":
-			u.servers = n
-		case "m":
-			u.memMiB = n
-		case "c":
-			u.computePercent = n
-		default:
-			violation("usage field %q has an unknown resource (%s %s)", field, scope, name)
-		}
-		m[name] = u
+		m[rest] = u
 	}
 	for _, part := range []struct {
 		scope     string

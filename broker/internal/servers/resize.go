@@ -11,6 +11,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // Defaults of ResizeConfig.
@@ -42,10 +43,17 @@ type LiveQuotas interface {
 }
 
 // SliceAnnotator records a slice in its pod's annotations, the durable
-// record of allocations (implemented by spawner.Client).
+// record of allocations (implemented by spawner.Client): SliceVersion reads
+// the pod's resourceVersion, AnnotateSliceAt writes on the condition that
+// it is unchanged (else an error wrapping spawner.ErrPodChanged).
 type SliceAnnotator interface {
-	AnnotateSlice(ctx context.Context, user, server, spawnID string, slice v1.Slice) error
+	SliceVersion(ctx context.Context, user, server, spawnID string) (string, error)
+	AnnotateSliceAt(ctx context.Context, user, server, spawnID, resourceVersion string, slice v1.Slice) error
 }
+
+// resizeFenceRetries bounds how often Resize starts over when its pod
+// changed between reading its version and recording the slice.
+const resizeFenceRetries = 5
 
 // ResizeConfig is what Resize needs besides the lifecycle's parts.
 type ResizeConfig struct {
@@ -134,23 +142,9 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, want fle
 		msg += fmt.Sprintf(" (up to %d%%)", want.ComputeLimitPercent)
 	}
 	msg += byText(by, key.User)
-	userQuota, groupQuotas := s.catalog.Quotas().ForUser(key.User, rec.Allocation.Groups)
-	out, changed, err := cfg.Store.Resize(ctx, key, fleet.PlaceRequest{
-		SliceID: rec.SpawnID, User: key.User, Slice: want, UserQuota: userQuota, GroupQuotas: groupQuotas,
-	}, msg)
+	out, err := s.resizeRecorded(ctx, key, rec, want, msg, by.Name)
 	if err != nil {
 		return fleet.ResizeResult{}, err
-	}
-	log := s.log.With("user", key.User, "server", key.Name, "slice_id", rec.SpawnID)
-	if changed {
-		log.InfoContext(ctx, "slice resized", "actor", by.Name, "mem_mib", want.MemoryMiB, "sm_percent", want.ComputePercent)
-		// The store holds the new slice now; the pod must say so too, or a
-		// rebuild from pods would bring the old one back. A failure here
-		// leaves the resize in force (the store is the lock) and is logged:
-		// the reconciler's rebuild reports a mismatch it cannot settle.
-		if err := cfg.Pods.AnnotateSlice(ctx, key.User, key.Name, rec.SpawnID, want); err != nil {
-			log.WarnContext(ctx, "record resized slice in pod annotations", "err", err)
-		}
 	}
 	gen, err := cfg.Quotas.SetDesiredQuota(ctx, rec.SpawnID, want)
 	if err != nil {
@@ -166,6 +160,59 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, want fle
 		res.Deadline = s.now().Add(cfg.Deadline)
 	}
 	return res, nil
+}
+
+// resizeRecorded changes the slice in the store and records it on the pod,
+// so that the store never holds a slice the pod does not say (a rebuild
+// from pods after Redis lost its data would bring the old one back and
+// give the difference away while the notebook runs with the new one).
+//
+// It reads the pod's resourceVersion first and records the slice on the
+// condition that it is unchanged. The reconciler changes it (FenceSlice)
+// before it restores a slice from the pod, so a rebuild between the store's
+// change and the pod's makes the write fail: Resize then starts over, the
+// store check runs again on the rebuilt data, and the pod is written only
+// for a slice the store admitted after the rebuild. When the pod cannot be
+// written, the store is set back to the pod's slice and the resize fails
+// (503 class: nothing changed, try again).
+func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec fleet.Server, want fleet.Slice, msg, actor string) (fleet.Server, error) {
+	cfg := s.resize
+	log := s.log.With("user", key.User, "server", key.Name, "slice_id", rec.SpawnID)
+	userQuota, groupQuotas := s.catalog.Quotas().ForUser(key.User, rec.Allocation.Groups)
+	req := fleet.PlaceRequest{SliceID: rec.SpawnID, User: key.User, Slice: want, UserQuota: userQuota, GroupQuotas: groupQuotas}
+	var last error
+	for range resizeFenceRetries {
+		rv, err := cfg.Pods.SliceVersion(ctx, key.User, key.Name, rec.SpawnID)
+		if err != nil {
+			log.WarnContext(ctx, "read the pod before a resize", "err", err)
+			return fleet.Server{}, fmt.Errorf("%w: server %q: its pod could not be read, so the slice is unchanged; try again", fleet.ErrUnavailable, key.Name)
+		}
+		out, changed, err := cfg.Store.Resize(ctx, key, req, msg)
+		if err != nil {
+			return fleet.Server{}, err
+		}
+		if !changed {
+			return out, nil
+		}
+		last = cfg.Pods.AnnotateSliceAt(ctx, key.User, key.Name, rec.SpawnID, rv, want)
+		if last == nil {
+			log.InfoContext(ctx, "slice resized", "actor", actor, "mem_mib", want.MemoryMiB, "sm_percent", want.ComputePercent)
+			return out, nil
+		}
+		if !errors.Is(last, spawner.ErrPodChanged) {
+			break
+		}
+	}
+	// The pod still says rec.Slice (every write above was refused): put the
+	// store back to it. A shrink back always fits.
+	back := req
+	back.Slice = rec.Slice
+	if _, _, err := cfg.Store.Resize(ctx, key, back, "resize undone: its pod could not record it"); err != nil {
+		log.ErrorContext(ctx, "undo a resize the pod did not record", "err", err, "record_err", last)
+		return fleet.Server{}, fmt.Errorf("server %s/%s: the pod did not record the new slice (%w) and undoing it failed: %w", key.User, key.Name, last, err)
+	}
+	log.WarnContext(ctx, "resize undone: the pod did not record it", "err", last)
+	return fleet.Server{}, fmt.Errorf("%w: server %q: the cluster did not record the new slice on its pod, so the slice is unchanged; try again", fleet.ErrUnavailable, key.Name)
 }
 
 // checkMemoryUse refuses a memory shrink to wantMiB unless a fresh sample

@@ -47,6 +47,19 @@ local function gpu_load(gkey)
     whole = f[11] == '1', mode = f[12] or 'sliced', cpw = tonumber(f[13] or '100'), model = f[14] or ''}
 end
 
+-- gpu_load_counts reads only what gpu_charge needs (counters, health,
+-- class and index keys); nil if the device is unknown. A GPU hash is a
+-- small listpack that HMGET scans once per field, so release reads this
+-- and not the whole record.
+local function gpu_load_counts(gkey)
+  local f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'healthy', 'aidx', 'fidx', 'alla', 'allf', 'whole')
+  if not f[1] then
+    return nil
+  end
+  return {mem = tonumber(f[1]), amem = tonumber(f[2]), acp = tonumber(f[3]), n = tonumber(f[4]),
+    healthy = f[5] == '1', aidx = f[6], fidx = f[7], alla = f[8], allf = f[9], whole = f[10] == '1'}
+end
+
 -- gpu_class is the index class of a loaded device: 'a', 'f' or nil.
 local function gpu_class(g)
   if not g.healthy or not g.alla then
@@ -144,43 +157,36 @@ local function slice_members(mem, cp, cl)
 end
 
 -- usage_load reads the counters of subjects (users and groups) from the
--- usage hash ukey. prefixes are their field prefixes ("u:<user>:",
--- "g:<group>:"); fields <prefix>s, m, c hold servers, MiB and compute
--- percent. It returns one {servers, mem, cp} per prefix, zeros when absent.
-local function usage_load(ukey, prefixes)
-  local fields = {}
-  for i, p in ipairs(prefixes) do
-    fields[3 * i - 2] = p .. 's'
-    fields[3 * i - 1] = p .. 'm'
-    fields[3 * i] = p .. 'c'
-  end
+-- usage hash ukey: one field per subject, its field name ("u:<user>",
+-- "g:<group>", see keys.go), holding "<servers> <MiB> <compute percent>"
+-- (decimal integers, one space apart). One field per subject keeps the
+-- hash small and every subject one lookup. It returns one {servers, mem,
+-- cp} per field, zeros when absent; a malformed field raises an error, so
+-- scripts load usage before they write anything.
+local function usage_load(ukey, fields)
   local v = redis.call('HMGET', ukey, unpack(fields))
   local out = {}
-  for i = 1, #prefixes do
-    out[i] = {tonumber(v[3 * i - 2] or '0'), tonumber(v[3 * i - 1] or '0'), tonumber(v[3 * i] or '0')}
+  for i = 1, #fields do
+    local s, m, c = string.match(v[i] or '0 0 0', '^(%-?%d+) (%-?%d+) (%-?%d+)$')
+    if not s then
+      error('usage field ' .. fields[i] .. ' is not "<servers> <MiB> <compute percent>"')
+    end
+    out[i] = {tonumber(s), tonumber(m), tonumber(c)}
   end
   return out
 end
 
--- usage_charge adds sign * (one server, mem MiB, cp percent) to each loaded
--- subject and stores them in one HSET; a subject that holds no server any
--- more has its fields deleted.
-local function usage_charge(ukey, prefixes, used, mem, cp, sign)
+-- usage_store writes the loaded counters back in one HSET; a subject that
+-- holds no server any more has its field deleted.
+local function usage_store(ukey, fields, used)
   local set, del = {}, {}
-  for i, p in ipairs(prefixes) do
+  for i, f in ipairs(fields) do
     local u = used[i]
-    local servers = u[1] + sign
-    if servers <= 0 then
-      del[#del + 1] = p .. 's'
-      del[#del + 1] = p .. 'm'
-      del[#del + 1] = p .. 'c'
+    if u[1] <= 0 then
+      del[#del + 1] = f
     else
-      set[#set + 1] = p .. 's'
-      set[#set + 1] = servers
-      set[#set + 1] = p .. 'm'
-      set[#set + 1] = u[2] + sign * mem
-      set[#set + 1] = p .. 'c'
-      set[#set + 1] = u[3] + sign * cp
+      set[#set + 1] = f
+      set[#set + 1] = string.format('%d %d %d', u[1], u[2], u[3])
     end
   end
   if #set > 0 then
@@ -189,4 +195,15 @@ local function usage_charge(ukey, prefixes, used, mem, cp, sign)
   if #del > 0 then
     redis.call('HDEL', ukey, unpack(del))
   end
+end
+
+-- usage_charge adds sign * (one server, mem MiB, cp percent) to each loaded
+-- subject and stores them.
+local function usage_charge(ukey, fields, used, mem, cp, sign)
+  for _, u in ipairs(used) do
+    u[1] = u[1] + sign
+    u[2] = u[2] + sign * mem
+    u[3] = u[3] + sign * cp
+  end
+  usage_store(ukey, fields, used)
 end

@@ -8,8 +8,6 @@
 -- KEYS[3] scope avail index  (zset; the pool's, of the model or of all)
 -- KEYS[4] scope full index
 -- KEYS[5] usage              (hash of user and group counters)
--- KEYS[6] the asked mode's GPU set; KEYS[7..10] every mode's GPU set
---         (only counted for the capacity refusal)
 -- ARGV[1] device key prefix (gpu:<uuid> = ARGV[1] .. uuid)
 -- ARGV[2] slice id
 -- ARGV[3] the allocation JSON up to and including the comma before the
@@ -21,9 +19,15 @@
 --         mig: one server holds the device, charged all of it)
 -- ARGV[9] MPS client size "<MiB>/<percent>": a GPU takes it only if it
 --         holds clients of that size or none; "" for other modes
--- ARGV[10] k, the number of quota subjects (the user, then its groups)
--- ARGV[11..10+6k] per subject: scope ("user"/"group"), name, usage field
---         prefix, and its caps: servers, mem MiB, compute percent (0 = none)
+-- ARGV[10] mode-set prefix (mode:<mode> = ARGV[10] .. mode), ARGV[11] the
+--         asked mode, ARGV[12] every mode, space-separated: their GPU sets
+--         are counted only for the capacity refusal, so they are built here
+--         (same hash tag) rather than passed as keys on every call
+-- ARGV[13] user and ARGV[14] group usage field prefixes ("u:", "g:";
+--         lib.lua)
+-- ARGV[15] k, the number of quota subjects: the user, then its groups
+-- ARGV[16..15+4k] per subject: name and its caps: servers, mem MiB,
+--         compute percent (0 = none)
 -- Returns one of
 --   {"placed", allocation JSON}    a new allocation
 --   {"exists", allocation JSON}    the slice id was already allocated
@@ -48,22 +52,24 @@ local whole = ARGV[8] == 'whole'
 local shape = ARGV[9]
 
 -- Quotas: subjects in order (user first), resources in a fixed order.
-local k = tonumber(ARGV[10])
-local prefixes = {}
-for i = 1, k do
-  prefixes[i] = ARGV[11 + 6 * (i - 1) + 2]
+local k = tonumber(ARGV[15])
+local prefixes = {ARGV[13] .. ARGV[16]}
+for i = 2, k do
+  prefixes[i] = ARGV[14] .. ARGV[16 + 4 * (i - 1)]
 end
 local used = usage_load(KEYS[5], prefixes)
 local resources = {'servers', 'memoryMiB', 'computePercent'}
 local function over(m, c)
   local want = {1, m, c}
   for i = 1, k do
-    local base = 11 + 6 * (i - 1)
+    local base = 16 + 4 * (i - 1)
     local u = used[i]
     for r = 1, 3 do
-      local limit = tonumber(ARGV[base + 2 + r])
+      local limit = tonumber(ARGV[base + r])
       if limit > 0 and u[r] + want[r] > limit then
-        return {'quota', ARGV[base], ARGV[base + 1], resources[r], tostring(limit), tostring(u[r]), tostring(want[r])}
+        local scope = 'group'
+        if i == 1 then scope = 'user' end
+        return {'quota', scope, ARGV[base], resources[r], tostring(limit), tostring(u[r]), tostring(want[r])}
       end
     end
   end
@@ -74,31 +80,43 @@ if not whole then
   if q then return q end
 end
 
--- fits reports whether a shared device has cp percent of compute free (and,
--- for MPS, holds clients of the asked size or none); its free memory is its
--- index score, which the walk already bounded. Any device in a whole pool's
--- avail index is empty.
+-- fits loads a candidate device and keeps it in chosen if it fits: a
+-- shared device needs cp percent of compute free (and, for MPS, clients of
+-- the asked size or none); its free memory is its index score, which the
+-- walk already bounded. Any device in a whole pool's avail index is empty.
+-- Loading the whole record here saves the chosen device a second read.
+local chosen
 local function fits(uuid)
-  if whole then return true end
-  local f = redis.call('HMGET', gprefix .. uuid, 'acp', 'shape')
-  return 100 - tonumber(f[1]) >= cp and (shape == '' or not f[2] or f[2] == shape)
+  local g = gpu_load(gprefix .. uuid)
+  if not g then return false end
+  if not whole then
+    if 100 - g.acp < cp then return false end
+    if shape ~= '' then
+      local s = redis.call('HGET', gprefix .. uuid, 'shape')
+      if s and s ~= shape then return false end
+    end
+  end
+  chosen = g
+  return true
 end
 
-local batch = 32
+-- The walk reads pages of first, then batch candidates: the first
+-- candidate usually fits, and a one-member reply is the cheapest.
+local first, batch = 1, 16
 local lo = mem
 if whole then lo = '-inf' end
 
 -- binpack: the fitting device with the least free memory; ties in uuid
 -- order (a zset orders equal scores by member).
 local function binpack(idx)
-  local off = 0
+  local off, n = 0, first
   while true do
-    local uuids = redis.call('ZRANGEBYSCORE', idx, lo, '+inf', 'LIMIT', off, batch)
+    local uuids = redis.call('ZRANGEBYSCORE', idx, lo, '+inf', 'LIMIT', off, n)
     for _, uuid in ipairs(uuids) do
       if fits(uuid) then return uuid end
     end
-    if #uuids < batch then return nil end
-    off = off + batch
+    if #uuids < n then return nil end
+    off, n = off + n, batch
   end
 end
 
@@ -109,14 +127,14 @@ local function spread(idx)
   if #top == 0 then return nil end
   local level = top[2]
   while true do
-    local off = 0
+    local off, n = 0, first
     while true do
-      local uuids = redis.call('ZRANGEBYSCORE', idx, level, level, 'LIMIT', off, batch)
+      local uuids = redis.call('ZRANGEBYSCORE', idx, level, level, 'LIMIT', off, n)
       for _, uuid in ipairs(uuids) do
         if fits(uuid) then return uuid end
       end
-      if #uuids < batch then break end
-      off = off + batch
+      if #uuids < n then break end
+      off, n = off + n, batch
     end
     local nxt = redis.call('ZREVRANGEBYSCORE', idx, '(' .. level, lo, 'WITHSCORES', 'LIMIT', 0, 1)
     if #nxt == 0 then return nil end
@@ -140,10 +158,10 @@ else
 end
 
 if not uuid then
-  local modes = tostring(redis.call('SCARD', KEYS[6]))
+  local modes = tostring(redis.call('SCARD', ARGV[10] .. ARGV[11]))
   local all = 0
-  for i = 7, 10 do
-    all = all + redis.call('SCARD', KEYS[i])
+  for m in string.gmatch(ARGV[12], '%S+') do
+    all = all + redis.call('SCARD', ARGV[10] .. m)
   end
   local candidates = redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4])
   if candidates == 0 then
@@ -159,7 +177,7 @@ if not uuid then
 end
 
 local gkey = gprefix .. uuid
-local g = gpu_load(gkey)
+local g = chosen
 if whole then
   mem, cp, cl = g.mem, g.cpw, g.cpw
   local q = over(mem, cp)

@@ -4,7 +4,7 @@
 -- KEYS[2] usage (hash of user and group counters)
 -- ARGV[1] device key prefix
 -- ARGV[2] user and ARGV[3] group usage field prefixes ("u:", "g:"); a
---         subject's fields are <prefix><name>:s|m|c
+--         subject's field is <prefix><name> (lib.lua)
 -- ARGV[4] slice id
 -- Returns 1 when an allocation was freed, 0 when there was none.
 
@@ -13,17 +13,18 @@ if not rec then
   return 0
 end
 local a = cjson.decode(rec)
+local fields = {ARGV[2] .. a.user}
+for _, grp in ipairs(a.groups) do
+  fields[#fields + 1] = ARGV[3] .. grp
+end
+local used = usage_load(KEYS[2], fields)
 local gkey = ARGV[1] .. a.gpu
 -- A device record never disappears today; the check keeps a hand-deleted
 -- one from being recreated as a half hash.
-local g = gpu_load(gkey)
+local g = gpu_load_counts(gkey)
 if g then
   gpu_charge(gkey, g, a.gpu, a.memoryMiB, a.computePercent, -1)
 end
-local prefixes = {ARGV[2] .. a.user .. ':'}
-for _, grp in ipairs(a.groups) do
-  prefixes[#prefixes + 1] = ARGV[3] .. grp .. ':'
-end
-usage_charge(KEYS[2], prefixes, usage_load(KEYS[2], prefixes), a.memoryMiB, a.computePercent, -1)
+usage_charge(KEYS[2], fields, used, a.memoryMiB, a.computePercent, -1)
 redis.call('HDEL', KEYS[1], ARGV[4])
 return 1

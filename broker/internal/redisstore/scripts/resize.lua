@@ -13,7 +13,7 @@
 -- ARGV[6] the record's new slice JSON, ARGV[7] the record's new alloc JSON
 -- ARGV[8] event message, ARGV[9] now (Unix ns), ARGV[10] event MAXLEN,
 -- ARGV[11] event TTL ms
--- ARGV[12] user and ARGV[13] group usage field prefixes ("u:", "g:")
+-- ARGV[12] user and ARGV[13] group usage field prefixes ("u:", "g:"; lib.lua)
 -- ARGV[14] k, then k quota caps: scope ("user"/"group"), name, memory MiB,
 --          compute percent (0 = none); a charged subject without caps is
 --          not limited
@@ -78,10 +78,10 @@ for i = 1, k do
   local base = 15 + 4 * (i - 1)
   caps[ARGV[base] .. ':' .. ARGV[base + 1]] = {tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])}
 end
-local prefixes = {ARGV[12] .. a.user .. ':'}
+local prefixes = {ARGV[12] .. a.user}
 local subjects = {{'user', a.user}}
 for _, grp in ipairs(a.groups) do
-  prefixes[#prefixes + 1] = ARGV[13] .. grp .. ':'
+  prefixes[#prefixes + 1] = ARGV[13] .. grp
   subjects[#subjects + 1] = {'group', grp}
 end
 local used = usage_load(KEYS[2], prefixes)
@@ -113,14 +113,11 @@ g.amem = g.amem + dm
 g.acp = g.acp + dc
 redis.call('HSET', gkey, 'amem', g.amem, 'acp', g.acp)
 gpu_index(g, a.gpu, was)
-local set = {}
-for i, p in ipairs(prefixes) do
-  set[#set + 1] = p .. 'm'
-  set[#set + 1] = used[i][2] + dm
-  set[#set + 1] = p .. 'c'
-  set[#set + 1] = used[i][3] + dc
+for _, u in ipairs(used) do
+  u[2] = u[2] + dm
+  u[3] = u[3] + dc
 end
-redis.call('HSET', KEYS[2], unpack(set))
+usage_store(KEYS[2], prefixes, used)
 redis.call('HSET', KEYS[1], spawn, nrec)
 
 redis.call('HSET', KEYS[3], 'slice', ARGV[6], 'alloc', ARGV[7], 'msg', ARGV[8], 'updated', ARGV[9])

@@ -9,7 +9,7 @@
 -- ARGV[7] the ref to end it with, "" for the device's own (its node)
 -- ARGV[8] the allocation's sharing mode (the pod's word)
 -- ARGV[9] its MPS client size "<MiB>/<percent>", "" unless mps
--- ARGV[10..] usage field prefixes of the user and its groups
+-- ARGV[10..] usage fields of the user and its groups (lib.lua)
 -- Returns one of
 --   {"restored", allocation JSON}
 --   {"overcommit", allocation JSON, allocated MiB, memory MiB, allocated compute}
@@ -28,15 +28,16 @@ if not g then
   return {'nogpu'}
 end
 local mem, cp, cl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local fields = {}
+for i = 10, #ARGV do
+  fields[#fields + 1] = ARGV[i]
+end
+local used = usage_load(KEYS[3], fields)
 gpu_charge(KEYS[2], g, ARGV[2], mem, cp, 1)
 if ARGV[9] ~= '' and g.n == 1 then
   redis.call('HSET', KEYS[2], 'shape', ARGV[9])
 end
-local prefixes = {}
-for i = 10, #ARGV do
-  prefixes[#prefixes + 1] = ARGV[i]
-end
-usage_charge(KEYS[3], prefixes, usage_load(KEYS[3], prefixes), mem, cp, 1)
+usage_charge(KEYS[3], fields, used, mem, cp, 1)
 local ref = ARGV[7]
 if ref == '' then
   ref = g.ref
