@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
@@ -378,9 +379,10 @@ func (ch *chaos) inject(ctx context.Context, kind string) error {
 		ch.mu.Lock()
 		ch.extra = append(ch.extra, u)
 		ch.mu.Unlock()
+		cr := ch.rand() // the create runs beside killReplica, which uses r
 		err = ch.killReplica(ctx, r, func(url string) {
 			cl := &harness.Client{BaseURL: url, Token: w.token(u.name)}
-			ch.create(ctx, cl, u, "nb", r)
+			ch.create(ctx, cl, u, "nb", cr)
 		})
 	case faultRedisRestart:
 		ch.noteLoss(ctx)
@@ -407,6 +409,9 @@ func (ch *chaos) inject(ctx context.Context, kind string) error {
 			p.Status.Reason = "Evicted"
 			p.Status.Message = "The node was low on resource: memory."
 			_, err = c.Client.CoreV1().Pods(w.ns).UpdateStatus(ctx, &p, metav1.UpdateOptions{})
+		}
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			err = errNoTarget // the pod moved on since the list
 		}
 	case faultNodeDelete:
 		err = ch.deleteNode(ctx, r)
@@ -522,18 +527,25 @@ func (ch *chaos) deleteNode(ctx context.Context, r *rand.Rand) error {
 	w.mu.Unlock()
 	c := w.cluster
 	if err := c.DeleteNodes(ctx, node); err != nil {
+		w.mu.Lock()
+		delete(w.nodesDown, node)
+		w.mu.Unlock()
 		return err
 	}
 	zero := int64(0)
+	var onNode []corev1.Pod
 	pods, err := c.Client.CoreV1().Pods(w.ns).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
-	if err != nil {
-		return err
+	if err == nil {
+		onNode = pods.Items
 	}
-	for _, p := range pods.Items {
-		if err := c.Client.CoreV1().Pods(w.ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-			return err
+	for _, p := range onNode {
+		derr := c.Client.CoreV1().Pods(w.ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		if derr != nil && !apierrors.IsNotFound(derr) { // the broker may delete it first
+			err = derr
+			break
 		}
 	}
+	// The node comes back even when deleting its pods failed part way.
 	pause := time.Duration(2000+r.IntN(3000)) * time.Millisecond
 	ch.restarts.Go(func() {
 		select {
@@ -549,7 +561,7 @@ func (ch *chaos) deleteNode(ctx context.Context, r *rand.Rand) error {
 		delete(w.nodesDown, node)
 		w.mu.Unlock()
 	})
-	return nil
+	return err
 }
 
 // check runs the storm's checker every second until stop.
