@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -135,6 +136,9 @@ func newChaosWorld(t *testing.T, nodes, gpus, replicas int) *chaosWorld {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("chaos cluster logs:\n%s", c.LogTails(30))
+			for _, name := range []string{"kwok.log", "kube-apiserver.log"} {
+				keepLog(t, filepath.Join(c.Dir, name))
+			}
 		}
 		if err := c.Stop(); err != nil {
 			t.Logf("stop the chaos cluster: %v", err)

@@ -16,7 +16,8 @@ var (
 	// Retryable once that pod is gone.
 	ErrPodExists = errors.New("spawner: pod of another spawn exists")
 	// ErrRejected is returned when the API server refuses an object for good
-	// (validation 422, or 403 such as a ResourceQuota or admission denial).
+	// (validation 422, or an admission 403 such as a ResourceQuota or
+	// PodSecurity denial; not the authorizer's 403, see Transient).
 	// Terminal for this spawn.
 	ErrRejected = errors.New("spawner: rejected by the cluster")
 	// ErrNotOwned is returned when an object with the name the spawner wants
@@ -25,4 +26,8 @@ var (
 	// ErrNoToken is returned by Client.NotebookToken when the spawn's Secret
 	// is missing, belongs to another spawn or holds no notebook token.
 	ErrNoToken = errors.New("spawner: no notebook token for this spawn")
+	// ErrUnavailable is returned when the API server kept giving transient
+	// answers (see Transient) for as long as the operation could retry.
+	// Nothing was refused; the same operation can be tried again.
+	ErrUnavailable = errors.New("spawner: the Kubernetes API did not take the request")
 )

@@ -13,7 +13,12 @@
 //     cache has not seen yet is never taken for a vanished one;
 //   - releases allocations that no record refers to;
 //   - deletes pods that belong to no current spawn, or whose annotations
-//     cannot be read, after the grace period;
+//     cannot be read, after the grace period, and deletes again the pod of a
+//     stopping server that is not being deleted (the stop's deletion did not
+//     reach the API server), so every stop finishes;
+//   - deletes Secrets that belong to no pod and no unfinished record once
+//     passes have found them so, unchanged, for the grace period (a stop or
+//     a failed spawn whose Secret deletion failed, a record Redis lost);
 //   - marks the allocations as rebuilt only when every pod's slice is
 //     recorded, which is what lets placement resume after Redis lost its data,
 //     and only if Redis has not lost its data again since the pass began (the
@@ -58,6 +63,8 @@ type Pods interface {
 	FenceSlice(ctx context.Context, name, spawnID string) (spawner.ManagedPod, error)
 	Delete(ctx context.Context, user, server, spawnID string) error
 	DeletePod(ctx context.Context, name, spawnID string) error
+	Secrets(ctx context.Context) ([]spawner.ManagedSecret, error)
+	DeleteSecret(ctx context.Context, s spawner.ManagedSecret) error
 }
 
 // Lifecycle settles one server from what was observed (servers.Service).
@@ -71,7 +78,7 @@ type Report struct {
 	Pods, Allocations, Servers      int
 	RestoredServers, RestoredSlices int
 	ReleasedSlices, DeletedPods     int
-	Settled                         int
+	DeletedSecrets, Settled         int
 	// Complete is true when every pod's slice is recorded.
 	Complete bool
 }
@@ -87,7 +94,11 @@ type Reconciler struct {
 	interval  time.Duration
 	now       func() time.Time
 	trigger   chan struct{}
-	mu        sync.Mutex // serialises passes
+	mu        sync.Mutex // serialises passes; guards unheldSecrets
+	// unheldSecrets maps "uid/resourceVersion" of each Secret that the
+	// last pass found held by no pod and no unfinished record to when a
+	// pass first found it so.
+	unheldSecrets map[string]time.Time
 }
 
 // New returns a Reconciler. grace is how long a record or pod must have been
@@ -126,10 +137,10 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		switch {
 		case err != nil && ctx.Err() == nil:
 			r.log.WarnContext(ctx, "reconcile pass failed", "err", err)
-		case err == nil && (rep.RestoredServers+rep.RestoredSlices+rep.ReleasedSlices+rep.DeletedPods+rep.Settled > 0):
+		case err == nil && (rep.RestoredServers+rep.RestoredSlices+rep.ReleasedSlices+rep.DeletedPods+rep.DeletedSecrets+rep.Settled > 0):
 			r.log.InfoContext(ctx, "reconciled", "pods", rep.Pods, "restored_servers", rep.RestoredServers,
 				"restored_slices", rep.RestoredSlices, "released_slices", rep.ReleasedSlices,
-				"deleted_pods", rep.DeletedPods, "settled", rep.Settled, "complete", rep.Complete)
+				"deleted_pods", rep.DeletedPods, "deleted_secrets", rep.DeletedSecrets, "settled", rep.Settled, "complete", rep.Complete)
 		}
 		select {
 		case <-ctx.Done():
@@ -250,6 +261,18 @@ func (r *Reconciler) Once(ctx context.Context) (Report, error) {
 				rep.RestoredServers++
 			}
 		}
+		if ok && rec.State == v1.StateStopping && !p.Deleting {
+			// A stop whose pod deletion never reached the API server (it
+			// was restarting, or the broker died between recording the
+			// stop and deleting): delete it now; the pod's end then
+			// finishes the stop.
+			if err := r.pods.Delete(ctx, p.User, p.Server, p.SpawnID); err != nil {
+				errs = append(errs, fmt.Errorf("delete pod %s of stopping server: %w", p.Name, err))
+			} else {
+				rep.DeletedPods++
+			}
+			continue
+		}
 		if err := r.lifecycle.HandlePodEvent(ctx, eventOf(p)); err != nil {
 			errs = append(errs, err)
 		}
@@ -292,6 +315,43 @@ func (r *Reconciler) Once(ctx context.Context) (Report, error) {
 		if released {
 			rep.ReleasedSlices++
 		}
+	}
+
+	// Secrets that no current spawn holds: of servers that stopped or
+	// failed while their deletion did not get through, or whose records
+	// Redis lost. One is deleted only once passes have seen that same
+	// version of it unheld for the grace period: a Secret just written may
+	// belong to a spawn whose record or pod this pass has not seen yet.
+	secrets, err := r.pods.Secrets(ctx)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list secrets: %w", err))
+	}
+	unheld := make(map[string]time.Time)
+	for _, sec := range secrets {
+		if _, ok := podBySpawn[sec.SpawnID]; ok {
+			continue
+		}
+		if rec, ok := recBySpawn[sec.SpawnID]; ok && !fleet.Terminal(rec.State) {
+			continue
+		}
+		version := sec.UID + "/" + sec.ResourceVersion
+		since, seen := r.unheldSecrets[version]
+		if !seen {
+			since = now
+		}
+		if now.Sub(since) <= r.grace {
+			unheld[version] = since
+			continue
+		}
+		if err := r.pods.DeleteSecret(ctx, sec); err != nil {
+			unheld[version] = since
+			errs = append(errs, fmt.Errorf("delete orphan secret %s: %w", sec.Name, err))
+			continue
+		}
+		rep.DeletedSecrets++
+	}
+	if err == nil {
+		r.unheldSecrets = unheld
 	}
 
 	if complete {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -246,5 +247,63 @@ func TestRunStopsWithItsContext(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context ended")
+	}
+}
+
+func TestFinishesAStopWhosePodDeletionNeverHappened(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "hal", Name: "nb"}
+	if _, _, err := f.Service.Create(ctx, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{"TOKEN": "t"}}, "k"); err != nil {
+		t.Fatal(err)
+	}
+	f.SetPodRunning(t, key.User, key.Name, "10.0.0.8")
+	s := f.WaitState(t, key, v1.StateRunning)
+	// The stop was recorded, but its pod deletion never reached the API
+	// server (it was restarting, or the broker died in between).
+	if _, err := f.Store.Transition(ctx, key, s.SpawnID, v1.StateStopping, "stopping: deleting the pod", fleet.ServerPatch{}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := newReconciler(f).Once(ctx)
+	if err != nil || rep.DeletedPods != 1 {
+		t.Fatalf("report %+v err %v, want the stopping server's pod deleted", rep, err)
+	}
+	f.WaitState(t, key, v1.StateStopped)
+	if _, err := f.Kube.CoreV1().Secrets(serverstest.Namespace).Get(ctx, spawner.SecretName(key.User, key.Name), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("secret after the stop: err %v, want not found", err)
+	}
+	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 0 {
+		t.Errorf("allocations %v, want released", allocs)
+	}
+}
+
+func TestDeletesSecretsNoSpawnHoldsAfterGrace(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	keep := fleet.ServerKey{User: "ivy", Name: "nb"}
+	if _, _, err := f.Service.Create(ctx, keep.User, nil, keep.Name, v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{"TOKEN": "t"}}, "k"); err != nil {
+		t.Fatal(err)
+	}
+	// A Secret whose server Redis no longer has and whose pod is gone, as
+	// after a FLUSHALL that took a stopped server's record.
+	orphan := spawner.Secret(spawner.Config{Namespace: serverstest.Namespace}.WithDefaults(),
+		spawner.Spec{User: "joe", Server: "gone", SpawnID: "s-old"}, map[string]string{"TOKEN": "t"})
+	if _, err := f.Kube.CoreV1().Secrets(serverstest.Namespace).Create(ctx, orphan, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := newReconciler(f)
+	if rep, err := r.Once(ctx); err != nil || rep.DeletedSecrets != 0 {
+		t.Fatalf("within grace: report %+v err %v, want no secret deleted", rep, err)
+	}
+	f.Clock.Advance(grace + time.Second)
+	if rep, err := r.Once(ctx); err != nil || rep.DeletedSecrets != 1 {
+		t.Fatalf("after grace: report %+v err %v, want 1 secret deleted", rep, err)
+	}
+	secrets := f.Kube.CoreV1().Secrets(serverstest.Namespace)
+	if _, err := secrets.Get(ctx, orphan.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("orphan secret: err %v, want not found", err)
+	}
+	if _, err := secrets.Get(ctx, spawner.SecretName(keep.User, keep.Name), metav1.GetOptions{}); err != nil {
+		t.Errorf("the live server's secret: %v, want kept", err)
 	}
 }

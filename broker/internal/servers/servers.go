@@ -192,10 +192,17 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 		Command: slices.Clone(command), Args: slices.Clone(args),
 	}
 	if err := s.pods.Create(ctx, spec, secret); err != nil {
-		if errors.Is(err, spawner.ErrRejected) {
+		switch {
+		case errors.Is(err, spawner.ErrRejected):
 			// A refusal for good (ResourceQuota, admission, validation) is
 			// the caller's to read, not an internal failure.
 			err = fmt.Errorf("%w: the cluster refused the notebook pod: %s", fleet.ErrConflict, innermost(err))
+		case errors.Is(err, spawner.ErrUnavailable):
+			// The API server gave only transient answers (restarting,
+			// overloaded) for as long as the spawner retried: nothing was
+			// refused, so say so; the user can start the server again.
+			log.WarnContext(ctx, "create pod", "err", err)
+			err = fmt.Errorf("%w: the Kubernetes API did not take the notebook pod (it may be restarting); start the server again", fleet.ErrUnavailable)
 		}
 		return s.fail(ctx, rec, err, true), err
 	}
@@ -254,7 +261,9 @@ func (s *Service) Events(ctx context.Context, key fleet.ServerKey, afterID strin
 // Delete stops a server: it deletes the pod (never the user's volumes) and
 // releases the slice once the pod is gone. It is idempotent and works on
 // half-created servers and on pods that vanished; fleet.ErrNotFound only if
-// the server never existed.
+// the server never existed. When the Kubernetes API does not take the pod's
+// deletion (spawner.ErrUnavailable) the server stays stopping and the
+// reconciler deletes the pod later (reconcile.Reconciler.Once).
 func (s *Service) Delete(ctx context.Context, key fleet.ServerKey) (fleet.Server, error) {
 	rec, err := s.store.GetServer(ctx, key)
 	if err != nil || rec.State == v1.StateStopped {
@@ -269,6 +278,12 @@ func (s *Service) Delete(ctx context.Context, key fleet.ServerKey) (fleet.Server
 		}
 	}
 	if err := s.pods.Delete(ctx, key.User, key.Name, rec.SpawnID); err != nil {
+		if errors.Is(err, spawner.ErrUnavailable) {
+			// The stop is recorded (stopping): the reconciler deletes the
+			// pod once the API server answers, so the stop is accepted.
+			s.log.WarnContext(ctx, "delete pod of a stopping server; the reconciler retries", "user", key.User, "server", key.Name, "spawn_id", rec.SpawnID, "err", err)
+			return rec, nil
+		}
 		return rec, fmt.Errorf("server %s/%s: delete pod: %w", key.User, key.Name, err)
 	}
 	if s.podPresent(rec) {
