@@ -368,7 +368,8 @@ func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (Infra
 
 // RedisClients returns two clients of the configured Redis: rdb for every
 // operation and streams, with a pool of cfg.RedisStreamConnections, for the
-// event streams' blocking reads (Infra.Streams). The caller closes both.
+// event streams' blocking reads (Infra.Streams), both with
+// redisstore.UnavailableHook. The caller closes both.
 func RedisClients(cfg config.Config) (rdb, streams redis.UniversalClient, err error) {
 	opts, err := cfg.Redis.Options()
 	if err != nil {
@@ -376,7 +377,11 @@ func RedisClients(cfg config.Config) (rdb, streams redis.UniversalClient, err er
 	}
 	streamOpts := *opts
 	streamOpts.PoolSize = cfg.RedisStreamConnections
-	return redis.NewUniversalClient(opts), redis.NewUniversalClient(&streamOpts), nil
+	rdb, streams = redis.NewUniversalClient(opts), redis.NewUniversalClient(&streamOpts)
+	// Redis not answering is a 503 with Retry-After, not a 500.
+	rdb.AddHook(redisstore.UnavailableHook{})
+	streams.AddHook(redisstore.UnavailableHook{})
+	return rdb, streams, nil
 }
 
 // NewBearer builds the API token verifier for issuer and audience with the

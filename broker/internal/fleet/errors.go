@@ -22,6 +22,9 @@ var (
 	// did not answer or take a write; nothing changed, and the same request
 	// can be sent again.
 	ErrUnavailable = errors.New("fleet: unavailable")
+	// ErrStoreUnavailable means the broker's store (Redis) did not answer:
+	// restarting, failing over, unreachable. It matches ErrUnavailable.
+	ErrStoreUnavailable = fmt.Errorf("%w: the store did not answer", ErrUnavailable)
 )
 
 // CapacityError says why no GPU could take a slice. It matches ErrNoCapacity.

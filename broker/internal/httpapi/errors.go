@@ -147,6 +147,14 @@ var errorTable = []errorRule{
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
 	{
+		// Before ErrUnavailable, which it also matches; the wrapped text is
+		// go-redis's, not written for people.
+		match:  is(fleet.ErrStoreUnavailable),
+		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		message: func(error) string { return "the broker's store is not answering (it may be restarting); try again shortly" },
+		headers: map[string]string{echo.HeaderRetryAfter: "5"},
+	},
+	{
 		match:  is(fleet.ErrUnavailable),
 		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
 		message: sentinelMessage("a part of the cluster did not answer; try again shortly"),

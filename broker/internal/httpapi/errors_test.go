@@ -52,6 +52,10 @@ func TestErrorTable(t *testing.T) {
 			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: notReadyMessage}, wantHeader: map[string]string{"Retry-After": "5"}},
 		{name: "store timeout", err: fmt.Errorf("redisstore: create server: %w", context.DeadlineExceeded),
 			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the broker timed out; try again"}, wantHeader: map[string]string{"Retry-After": "5"}},
+		{name: "store not answering asks to retry, without go-redis's text", err: fmt.Errorf("get server: %w: %w", fleet.ErrStoreUnavailable, errors.New("dial tcp 127.0.0.1:6390: connect: connection refused")),
+			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the broker's store is not answering (it may be restarting); try again shortly"}, wantHeader: map[string]string{"Retry-After": "5"}},
+		{name: "kubernetes not answering asks to retry", err: fmt.Errorf("%w: the Kubernetes API did not take the notebook pod (it may be restarting); start the server again", fleet.ErrUnavailable),
+			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the Kubernetes API did not take the notebook pod (it may be restarting); start the server again"}, wantHeader: map[string]string{"Retry-After": "5"}},
 		{name: "internal failure never shows its text", err: errBoom,
 			wantStatus: 500, want: v1.Error{Code: v1.CodeInternal, Message: "internal error; quote request id req-1 when you report it"}},
 	}
