@@ -151,7 +151,9 @@ var errorTable = []errorRule{
 		// go-redis's, not written for people.
 		match:  is(fleet.ErrStoreUnavailable),
 		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
-		message: func(error) string { return "the broker's store is not answering (it may be restarting); try again shortly" },
+		message: func(error) string {
+			return "the broker's store is not answering (it may be restarting); try again shortly"
+		},
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
 	{
