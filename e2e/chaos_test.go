@@ -234,8 +234,9 @@ type chaos struct {
 	answers    map[string]int // "<op> <status class>" → count
 	violations []string       // seen by the checker during the storm
 	checks     int
-	// lostWithRedis are servers gone at the end that had no running pod
-	// when Redis lost its data (a known limit, reported).
+	// lostWithRedis are servers gone at the end that had no live pod at a
+	// loss of Redis's data (a known limit, reported; their Secrets are
+	// collected like any other).
 	lostWithRedis map[string]bool
 
 	users    []*chaosUser
@@ -271,7 +272,7 @@ type chaosUser struct {
 type tracked struct {
 	created      bool  // some create was answered 2xx
 	deleted      bool  // a delete was answered 2xx after the last 2xx create
-	createdFlush int64 // chaos.flushes when the last 2xx create was answered
+	createdFlush int64 // chaos.flushes before the last 2xx create was sent
 }
 
 func (u *chaosUser) note(name string, f func(*tracked)) {
@@ -360,10 +361,11 @@ func (ch *chaos) create(ctx context.Context, cl *harness.Client, u *chaosUser, n
 		profile = "medium"
 	}
 	req := v1.CreateServerRequest{Profile: profile, SecretEnv: map[string]string{"CHAOS_TOKEN": "t-" + name}}
+	// Losses from now on may take the server: one during the request too.
+	f := ch.flushes.Load()
 	_, status, err := cl.CreateServer(ctx, u.name, name, fmt.Sprintf("%s-%d", name, r.Uint64()), req)
 	ch.answered("create", status, err)
 	if err == nil {
-		f := ch.flushes.Load()
 		u.note(name, func(tr *tracked) { tr.created, tr.deleted, tr.createdFlush = true, false, f })
 	}
 }
@@ -436,13 +438,14 @@ func (ch *chaos) inject(ctx context.Context, kind string) error {
 	return nil
 }
 
-// noteLoss records the servers with a live pod just before Redis loses its
-// data: the reconciler must bring exactly those back.
+// noteLoss records the servers with a live pod (not being deleted, not
+// ended) just before Redis loses its data: the reconciler must bring
+// exactly those back.
 func (ch *chaos) noteLoss(ctx context.Context) {
 	live := map[string]bool{}
 	if pods, err := ch.w.pods(ctx); err == nil {
 		for _, p := range pods {
-			if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+			if p.DeletionTimestamp == nil && p.Status.Phase != corev1.PodFailed && p.Status.Phase != corev1.PodSucceeded {
 				live[p.Annotations[v1.AnnotationUser]+"/"+p.Annotations[v1.AnnotationServer]] = true
 			}
 		}
@@ -453,13 +456,15 @@ func (ch *chaos) noteLoss(ctx context.Context) {
 	ch.flushes.Add(1)
 }
 
-// hadPodAtLoss reports whether key had a live pod at a data loss after
-// loss number since.
-func (ch *chaos) hadPodAtLoss(key string, since int64) bool {
+// podlessAtLoss reports whether key had no live pod at some data loss
+// after loss number since: its record then lived only in Redis and went
+// with the data (a later restore from its pod at an earlier loss does not
+// change that).
+func (ch *chaos) podlessAtLoss(key string, since int64) bool {
 	ch.mu.Lock()
 	defer ch.mu.Unlock()
 	for i := int(since); i < len(ch.podsAtLoss); i++ {
-		if ch.podsAtLoss[i][key] {
+		if !ch.podsAtLoss[i][key] {
 			return true
 		}
 	}
@@ -664,8 +669,8 @@ func (ch *chaos) endProblems(ctx context.Context) ([]string, error) {
 			case errors.As(err, &ae) && ae.Status == http.StatusNotFound:
 				if tr.created && !tr.deleted {
 					key := u.name + "/" + name
-					if ch.flushes.Load() > tr.createdFlush && !ch.hadPodAtLoss(key, tr.createdFlush) {
-						// A server without a running pod lives only in Redis
+					if ch.podlessAtLoss(key, tr.createdFlush) {
+						// A server without a live pod lives only in Redis
 						// (ARCHITECTURE.md, Known limits): counted, not failed.
 						ch.mu.Lock()
 						ch.lostWithRedis[key] = true
@@ -705,12 +710,6 @@ func (ch *chaos) endProblems(ctx context.Context) ([]string, error) {
 	}
 	for _, sec := range secrets.Items {
 		s, ok := servers[sec.Annotations[v1.AnnotationSpawnID]]
-		ch.mu.Lock()
-		lost := ch.lostWithRedis[sec.Annotations[v1.AnnotationUser]+"/"+sec.Annotations[v1.AnnotationServer]]
-		ch.mu.Unlock()
-		if lost {
-			continue // the known limit: its server went with Redis's data
-		}
 		if !ok || s.State != v1.StateRunning {
 			problems = append(problems, fmt.Sprintf("orphan secret %s (spawn %s, server state %q)", sec.Name, sec.Annotations[v1.AnnotationSpawnID], s.State))
 		}
