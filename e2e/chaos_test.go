@@ -113,6 +113,75 @@ func TestChaos(t *testing.T) {
 	w.registerAll(ctx)
 	problems := ch.settle(ctx)
 	ch.report(t, problems)
+	if len(problems) == 0 {
+		ch.selfTest(ctx, t)
+	}
+}
+
+// selfTest shows that the checker can fail: on the settled cluster it plants
+// a copy of a running pod claiming a whole GPU under a spawn nobody holds, a
+// Secret of no server and a 2xx-created server that never existed, and
+// checks that checkOnce and endProblems name each; then it removes them.
+func (ch *chaos) selfTest(ctx context.Context, t *testing.T) {
+	w := ch.w
+	u := ch.users[0]
+	f := ch.flushes.Load()
+	u.note("selftest-never-created", func(tr *tracked) { tr.created, tr.createdFlush = true, f })
+	defer func() {
+		u.mu.Lock()
+		delete(u.servers, "selftest-never-created")
+		u.mu.Unlock()
+	}()
+	// The slow part (a GET per server) first, so that the planted objects
+	// are checked before the reconciler's grace period removes them.
+	servers, got, err := ch.endServers(ctx)
+	if err != nil {
+		t.Fatalf("self-test: %v", err)
+	}
+	pods, err := w.pods(ctx)
+	if err != nil {
+		t.Fatalf("self-test: %v", err)
+	}
+	want := [][]string{{"lost: " + u.name + "/selftest-never-created"}}
+	podAPI, secretAPI := w.cluster.Client.CoreV1().Pods(w.ns), w.cluster.Client.CoreV1().Secrets(w.ns)
+	if i := slices.IndexFunc(pods, func(p corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning }); i >= 0 {
+		bad := pods[i].DeepCopy()
+		bad.ObjectMeta = metav1.ObjectMeta{Name: "selftest-overcommit", Labels: bad.Labels, Annotations: bad.Annotations}
+		bad.Annotations[v1.AnnotationSpawnID] = "selftest"
+		bad.Annotations[v1.AnnotationMemoryMiB] = fmt.Sprint(gpuMemoryMiB)
+		bad.Status = corev1.PodStatus{}
+		if _, err := podAPI.Create(ctx, bad, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("self-test: plant a pod: %v", err)
+		}
+		t.Cleanup(func() { _ = podAPI.Delete(context.Background(), bad.Name, metav1.DeleteOptions{}) })
+		want = append(want, []string{"pods overcommit"}, []string{"orphan pod selftest-overcommit", "terminating pod selftest-overcommit"},
+			[]string{"leaked slices"})
+	} else {
+		t.Logf("chaos self-test: no running pod to copy; the overcommit case is not planted")
+	}
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "selftest-orphan-env",
+		Labels:      map[string]string{v1.LabelManagedBy: v1.ManagedByValue},
+		Annotations: map[string]string{v1.AnnotationSpawnID: "selftest", v1.AnnotationUser: "nobody", v1.AnnotationServer: "nb"}}}
+	if _, err := secretAPI.Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("self-test: plant a secret: %v", err)
+	}
+	t.Cleanup(func() { _ = secretAPI.Delete(context.Background(), sec.Name, metav1.DeleteOptions{}) })
+	want = append(want, []string{"orphan secret selftest-orphan-env"})
+
+	got = append(got, ch.checkOnce(ctx)...)
+	end, err := ch.endCluster(ctx, servers)
+	if err != nil {
+		t.Fatalf("self-test: %v", err)
+	}
+	got = append(got, end...)
+	for _, alts := range want {
+		if !slices.ContainsFunc(got, func(p string) bool {
+			return slices.ContainsFunc(alts, func(w string) bool { return strings.HasPrefix(p, w) })
+		}) {
+			t.Errorf("chaos self-test: the checker missed a planted %q; it reported %q", alts[0], got)
+		}
+	}
+	t.Logf("chaos self-test: the checker caught every planted fault (%d)", len(want))
 }
 
 // chaosWorld is TestChaos's cluster, Redis, issuer and broker replicas.
@@ -648,6 +717,22 @@ func (ch *chaos) settle(ctx context.Context) []string {
 
 // endProblems checks the end state once; err is a read that failed.
 func (ch *chaos) endProblems(ctx context.Context) ([]string, error) {
+	servers, problems, err := ch.endServers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	more, err := ch.endCluster(ctx, servers)
+	if err != nil {
+		return nil, err
+	}
+	problems = append(problems, more...)
+	sort.Strings(problems)
+	return problems, nil
+}
+
+// endServers reads every tracked server through the first replica and
+// returns them by spawn id, with the lost and stuck ones as problems.
+func (ch *chaos) endServers(ctx context.Context) (map[string]v1.Server, []string, error) {
 	w := ch.w
 	var problems []string
 	servers := map[string]v1.Server{} // spawn id → server
@@ -681,7 +766,7 @@ func (ch *chaos) endProblems(ctx context.Context) ([]string, error) {
 				}
 				continue
 			case err != nil:
-				return nil, err
+				return nil, nil, err
 			}
 			switch s.State {
 			case v1.StateRunning, v1.StateStopped, v1.StateFailed:
@@ -691,6 +776,15 @@ func (ch *chaos) endProblems(ctx context.Context) ([]string, error) {
 			servers[s.SpawnID] = s
 		}
 	}
+	return servers, problems, nil
+}
+
+// endCluster checks the cluster and the allocations against servers: no
+// orphan or terminating pod, no orphan Secret, allocations equal to the
+// pods' annotations.
+func (ch *chaos) endCluster(ctx context.Context, servers map[string]v1.Server) ([]string, error) {
+	w := ch.w
+	var problems []string
 	pods, err := w.pods(ctx)
 	if err != nil {
 		return nil, err
@@ -727,7 +821,6 @@ func (ch *chaos) endProblems(ctx context.Context) ([]string, error) {
 	if diff := cmp.Diff(w.useFromPods(w.t.(*testing.T), pods), got, cmp.AllowUnexported(gpuUse{})); diff != "" {
 		problems = append(problems, "leaked slices: allocations differ from pods (-pods +redis): "+diff)
 	}
-	sort.Strings(problems)
 	return problems, nil
 }
 
