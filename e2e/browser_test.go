@@ -99,9 +99,9 @@ type browserEnv struct {
 // --public-url and --oidc-client-secret-file, and the proxy. With held, the
 // node is not managed by kwok yet, so pods placed there stay pending until
 // the test calls releaseNode: the test decides when a server gets to run.
-func newBrowserEnv(t *testing.T, held bool) *browserEnv {
+func newBrowserEnv(t *testing.T, held bool, brokerArgs ...string) *browserEnv {
 	t.Helper()
-	return newBrowserEnvWith(t, browserOptions{held: held})
+	return newBrowserEnvWith(t, browserOptions{held: held, brokerArgs: brokerArgs})
 }
 
 // browserOptions vary a browser env.
@@ -592,12 +592,18 @@ func jsString(s string) string {
 }
 
 // TestBrowserUserJourney: alice signs in, launches a server, watches the
-// progress bar reach running, sees an honest empty usage chart and then the
-// chart of the samples the node agent reports, stops the server; admin pages refuse her; a form post without the CSRF token is
-// refused; logout ends the session.
+// page follow it to running, a resize and a stop made elsewhere, and after
+// every one of these transitions the live page equals a fresh load of its
+// URL (no step bar once running, the resize and extend forms, the idle
+// state, Start again once stopped); she sees an honest empty usage chart
+// and then the chart of the samples the node agent reports; admin pages
+// refuse her; a form post without the CSRF token is refused; logout ends
+// the session.
 func TestBrowserUserJourney(t *testing.T) {
 	t.Parallel()
-	e := newBrowserEnv(t, true)
+	// No reclaim cycle after the first: the idle state stays as rendered,
+	// so the live page and a fresh load can only differ by the events.
+	e := newBrowserEnv(t, true, "--reclaim-interval=1h")
 	b := newTab(t)
 	e.signIn(b, "alice", "/servers")
 	b.waitFor("the servers page", `document.querySelector('h1').textContent === 'My servers'`)
@@ -623,19 +629,32 @@ func TestBrowserUserJourney(t *testing.T) {
 	b.waitFor("the server page", `document.querySelector('h1') && document.querySelector('h1').textContent === 'Server nb1'`)
 	// The node is held: the pod waits, the page follows the event stream.
 	b.waitFor("the progress bar at starting", `document.getElementById('status').dataset.state === 'starting' && document.getElementById('progress').value === 4`)
-	if !eval[bool](b, `document.getElementById('status').hasAttribute('data-events') && getComputedStyle(document.getElementById('open')).display === 'none'`) {
+	if !eval[bool](b, `document.getElementById('status').hasAttribute('data-events') && document.getElementById('open') === null`) {
 		t.Error("a starting server's page does not follow its events, or offers Open already")
 	}
+	b.liveEqualsFresh("starting")
 	b.shot("server-starting")
-	// Mark the page: a reload would lose the mark, so the bar can only
+	// Mark the page: a reload would lose the mark, so the page can only
 	// reach running through the event stream.
 	b.do("mark the page", chromedp.Evaluate[chromedp.Void](`window.e2eMark = true`))
 	e.releaseNode()
-	b.waitFor("the progress bar at running", `window.e2eMark && document.getElementById('status').dataset.state === 'running' && document.getElementById('progress').value === 5 && document.getElementById('step').textContent === '5'`)
-	b.waitFor("the Open link from the event stream", `window.e2eMark && getComputedStyle(document.getElementById('open')).display !== 'none' && document.getElementById('open').href.startsWith('http://')`)
-	if got := eval[string](b, `document.getElementById('message').textContent`); !strings.Contains(got, "running") {
-		t.Errorf("progress message %q, want the API's running message", got)
+	b.waitFor("the page at running, live", `window.e2eMark && document.getElementById('status').dataset.state === 'running'`)
+	b.liveEqualsFresh("running")
+	b.waitFor("the Open link from the event stream", `window.e2eMark && document.getElementById('open') && document.getElementById('open').href.startsWith('http://')`)
+	if !eval[bool](b, `window.e2eMark && document.getElementById('progress') === null && document.getElementById('resize') !== null && document.getElementById('extend') !== null`) {
+		t.Error("the live page at running has a step bar, or lacks the resize and extend forms")
 	}
+	if got := eval[string](b, `document.getElementById('message').textContent + ' | ' + document.getElementById('idle-state').textContent`); !strings.Contains(got, "running") || strings.Contains(got, "not running") {
+		t.Errorf("live page at running says %q, want the API's running message and an idle state of a running server", got)
+	}
+	// A resize through the API (no node agent here: pending) reaches the
+	// live page too.
+	mem := int64(16384)
+	if _, err := e.client("alice", "ml").Do(t.Context(), http.MethodPatch, harness.ServerPath("alice", "nb1")+"/slice", v1.ResizeRequest{MemoryMiB: &mem}, nil, nil); err != nil {
+		t.Fatalf("resize: %v", err)
+	}
+	b.waitFor("the resize on the live page", `window.e2eMark && document.getElementById('message').textContent.includes('resized to 16384 MiB')`)
+	b.liveEqualsFresh("resized")
 	text := b.text()
 	for _, want := range []string{"No data yet", "Reclaim countdown"} {
 		if !strings.Contains(text, want) {
@@ -671,15 +690,19 @@ func TestBrowserUserJourney(t *testing.T) {
 	}
 	b.shot("server-usage-chart")
 
-	b.click(`#stop`)
-	// The stream's "stopped" event marks the page stopped and then reloads
-	// it: wait for the reloaded, server-rendered page (it follows no
-	// events), not the one that is going away.
-	b.waitFor("the stopped page", `document.getElementById('status').dataset.state === 'stopped' && !document.getElementById('status').hasAttribute('data-events')`)
-	b.shot("server-stopped")
-	if s, err := e.client("alice", "ml").GetServer(t.Context(), "alice", "nb1"); err != nil || s.State != v1.StateStopped {
-		t.Errorf("API after stop: %+v, %v", s.State, err)
+	// Stopped elsewhere (the API, another tab): the live page follows to
+	// stopped, where it offers to start again and holds no GPU.
+	b.waitFor("the page following its events", `document.getElementById('status').hasAttribute('data-events')`)
+	b.do("mark the page", chromedp.Evaluate[chromedp.Void](`window.e2eMark = true`))
+	if _, err := e.client("alice", "ml").DeleteServer(t.Context(), "alice", "nb1"); err != nil {
+		t.Fatalf("stop: %v", err)
 	}
+	b.waitFor("the stopped page, live", `window.e2eMark && document.getElementById('status').dataset.state === 'stopped' && !document.getElementById('status').hasAttribute('data-events')`)
+	b.liveEqualsFresh("stopped")
+	if got := eval[string](b, `document.getElementById('gpu').textContent + ' | ' + !!document.getElementById('start-again') + ' ' + !!document.getElementById('remove') + ' ' + !!document.getElementById('stop')`); got != "None: the slice was released | true true false" {
+		t.Errorf("the stopped page: %q, want no GPU, Start again and Remove, no Stop", got)
+	}
+	b.shot("server-stopped")
 
 	// Admin pages are not hers.
 	for _, p := range []string{"/admin/reclaim", "/admin/fleet", "/admin/audit"} {

@@ -34,13 +34,6 @@ import (
 	"github.com/gpubroker/gpubroker/e2e/harness"
 )
 
-// pendingBrokerEnv are variables the chart sets for broker settings that
-// other work adds (the metrics listener):
-// a broker without them warns that it does not know them, and only about
-// them. Once a setting exists the broker reads it and stops warning; then
-// its name here is dead and may go.
-var pendingBrokerEnv = []string{"GPUBROKER_METRICS_LISTEN"}
-
 // TestChartOnTheAPIServer installs every documented combination of the
 // chart's values (its examples/) on the real kube-apiserver: each object is
 // first applied with server-side dry-run (the API server's own schemas and
@@ -403,8 +396,8 @@ func (p *pod) remapListen(from, to string) {
 	}
 }
 
-// checkWarnings fails t for every warning in a broker's output that is not
-// about a pending setting.
+// checkWarnings fails t for every warning in a broker's output: the chart
+// sets only settings the broker knows.
 func checkWarnings(t *testing.T, out string) {
 	t.Helper()
 	sc := bufio.NewScanner(strings.NewReader(out))
@@ -413,9 +406,7 @@ func checkWarnings(t *testing.T, out string) {
 		if !strings.Contains(line, ": warning: ") {
 			continue
 		}
-		if !slices.ContainsFunc(pendingBrokerEnv, func(name string) bool { return strings.Contains(line, name+" is set") }) {
-			t.Errorf("the broker warns about the chart's configuration: %s", line)
-		}
+		t.Errorf("the broker warns about the chart's configuration: %s", line)
 	}
 }
 

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -18,14 +19,22 @@ import (
 )
 
 // TestConcurrentCreatesNeverOvercommit fires 50 creates at once from 10
-// users on 4 GPUs. The medium profile fits 3 times per GPU (12 in all) and
-// each user may hold 2 servers (20 in all), so exactly 12 creates must win;
-// every refusal must be a readable no_capacity or quota_exceeded answer; no
-// GPU may be overcommitted, judged from the pods' annotations and from the
-// admin GPU view; and every winner must reach running.
+// users on 4 GPUs at one broker; raceCreates says what must hold.
 func TestConcurrentCreatesNeverOvercommit(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, envOptions{nodes: 2, gpusPerNode: 2})
+	raceCreates(t, e, func(string, int) string { return e.broker.URL })
+}
+
+// raceCreates fires 50 creates at once from 10 users on the env's 4 GPUs,
+// create i of user u sent to the broker at baseURL(u, i). The medium
+// profile fits 3 times per GPU (12 in all) and each user may hold 2
+// servers (20 in all), so exactly 12 creates must win; every refusal must
+// be a readable no_capacity or quota_exceeded answer; no GPU may be
+// overcommitted, judged from the pods' annotations and from the admin GPU
+// view; and every winner must reach running.
+func raceCreates(t *testing.T, e *env, baseURL func(user string, i int) string) {
+	t.Helper()
 	ctx := t.Context()
 	const (
 		users       = 10
@@ -49,9 +58,11 @@ func TestConcurrentCreatesNeverOvercommit(t *testing.T) {
 		cl := e.client(user, "ml")
 		for s := range perUser {
 			name := fmt.Sprintf("nb%d", s)
+			c := *cl
+			c.BaseURL = baseURL(user, s)
 			wg.Go(func() {
 				<-start
-				_, status, err := cl.CreateServer(ctx, user, name, "k-"+user+"-"+name, v1.CreateServerRequest{Profile: "medium"})
+				_, status, err := c.CreateServer(ctx, user, name, "k-"+user+"-"+name, v1.CreateServerRequest{Profile: "medium"})
 				mu.Lock()
 				results = append(results, result{user: user, name: name, status: status, err: err})
 				mu.Unlock()
@@ -187,4 +198,21 @@ func (e *env) checkNotOvercommitted(t *testing.T, use map[string]gpuUse) {
 			t.Errorf("GPU %s overcommitted: %d of %d MiB, %d%% compute, %d slices", uuid, u.memoryMiB, g.MemoryMiB, u.computePercent, u.slices)
 		}
 	}
+}
+
+// allocationsMatchPods is a harness.Poll condition: the admin GPU view
+// equals the slices in the pods' annotations on every GPU (and no GPU is
+// overcommitted, which fails t at once).
+func (e *env) allocationsMatchPods(t *testing.T, ctx context.Context) (bool, string, error) {
+	t.Helper()
+	pods, err := e.pods(ctx)
+	if err != nil {
+		return false, err.Error(), nil
+	}
+	fromPods := e.useFromPods(t, pods)
+	e.checkNotOvercommitted(t, fromPods)
+	if diff := cmp.Diff(fromPods, e.allocated(t), cmp.AllowUnexported(gpuUse{})); diff != "" {
+		return false, "allocations differ from pods (-pods +redis): " + diff, nil
+	}
+	return true, "", nil
 }

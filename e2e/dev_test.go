@@ -37,34 +37,13 @@ func TestDevModeReadyAndPrintedCommandWorks(t *testing.T) {
 		t.Skip("e2e tests do not run with -short")
 	}
 	testdeps.Need(t, "curl")
-	bin := devBinary(t)
 	ctx := t.Context()
-	port, err := harness.FreePort()
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	logPath := filepath.Join(t.TempDir(), "dev.log")
 	start := time.Now()
-	p, err := harness.StartProcess("gpubroker-dev", logPath, harness.Environ(), bin, fmt.Sprintf("--listen=127.0.0.1:%d", port))
-	if err != nil {
-		t.Fatalf("%v", err)
-	}
-	t.Cleanup(func() {
-		if err := p.Stop(15 * time.Second); err != nil {
-			t.Errorf("stop dev: %v", err)
-		}
-		if t.Failed() {
-			t.Logf("--- %s, last 60 lines:\n%s", logPath, harness.TailFile(logPath, 60))
-		}
-	})
-	if err := harness.WaitReady(ctx, base, p, devReadyWithin); err != nil {
-		t.Fatalf("gpubroker-dev not ready within %s: %v", devReadyWithin, err)
-	}
+	base, port, logPath := startDev(t, devReadyWithin)
 	t.Logf("gpubroker-dev ready in %s", time.Since(start).Round(time.Millisecond))
 
 	var command string
-	err = harness.Poll(ctx, 50*time.Millisecond, 10*time.Second, func(context.Context) (bool, string, error) {
+	err := harness.Poll(ctx, 50*time.Millisecond, 10*time.Second, func(context.Context) (bool, string, error) {
 		b, err := os.ReadFile(logPath)
 		if err != nil {
 			return false, err.Error(), nil
@@ -123,6 +102,37 @@ func TestDevModeReadyAndPrintedCommandWorks(t *testing.T) {
 	}
 }
 
+// startDev starts gpubroker-dev on a free loopback port with args and
+// waits up to ready for /readyz; it returns the base URL, the port and the
+// log's path. The process stops when t ends (its log tail is printed if t
+// failed).
+func startDev(t *testing.T, ready time.Duration, args ...string) (string, int, string) {
+	t.Helper()
+	bin := devBinary(t)
+	port, err := harness.FreePort()
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	logPath := filepath.Join(t.TempDir(), "dev.log")
+	p, err := harness.StartProcess("gpubroker-dev", logPath, harness.Environ(), bin, append([]string{fmt.Sprintf("--listen=127.0.0.1:%d", port)}, args...)...)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	t.Cleanup(func() {
+		if err := p.Stop(15 * time.Second); err != nil {
+			t.Errorf("stop dev: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("--- %s, last 60 lines:\n%s", logPath, harness.TailFile(logPath, 60))
+		}
+	})
+	if err := harness.WaitReady(t.Context(), base, p, ready); err != nil {
+		t.Fatalf("gpubroker-dev not ready within %s: %v", ready, err)
+	}
+	return base, port, logPath
+}
+
 // createCommand returns the first line starting (after spaces) with "curl "
 // that follows a line containing "Create a server", trimmed; "" if none.
 func createCommand(out string) string {
@@ -137,4 +147,44 @@ func createCommand(out string) string {
 		}
 	}
 	return ""
+}
+
+// TestDevModeWithJupyterHub tries the spawner class locally, as its README
+// tells: gpubroker-dev with --hub-token-file and Debian's JupyterHub in
+// front of it. The banner gives the hub's settings; a hub spawn (REST, as
+// alice) runs a real jupyterhub-singleuser on dev mode's local pods, which
+// answers through the hub's proxy; the hub stops it.
+func TestDevModeWithJupyterHub(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("e2e tests do not run with -short")
+	}
+	testdeps.Need(t, "py:notebook")
+	ctx := t.Context()
+	tokenFile := filepath.Join(t.TempDir(), "hub-token")
+	if err := os.WriteFile(tokenFile, []byte("dev-hub-"+harness.UniqueName("token")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base, _, logPath := startDev(t, 30*time.Second, "--hub-token-file="+tokenFile)
+	err := harness.Poll(ctx, 50*time.Millisecond, 10*time.Second, func(context.Context) (bool, string, error) {
+		b, err := os.ReadFile(logPath)
+		return err == nil && strings.Contains(string(b), `c.GPUBrokerSpawner.hub_token_file = "`+tokenFile+`"`), "the banner has no hub settings", nil
+	})
+	if err != nil {
+		t.Errorf("banner: %v", err)
+	}
+
+	h := &hubEnv{}
+	h.hub, h.service = startHub(t, base, tokenFile)
+	if _, err := h.spawn(ctx, "alice", "small"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.waitHubReady(ctx, "alice", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	status, body, err := h.hubGet(ctx, "/user/alice/api/status")
+	if err != nil || status != 200 || !strings.Contains(string(body), "kernels") {
+		t.Errorf("alice's dev notebook through the hub's proxy: %d %.300s %v", status, body, err)
+	}
+	h.stopAtHub(t, "alice")
 }

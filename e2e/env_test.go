@@ -1,14 +1,17 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
@@ -61,13 +64,21 @@ type env struct {
 	ns      string
 	nodes   []string
 	gpus    []v1.GPU
-	redis   *redistest.Server
+	redis   *redistest.Server // nil with envOptions.redis
 	issuer  *devissuer.Issuer
 	broker  *harness.Broker
 	// admin calls the API as a member of adminGroup.
 	admin *harness.Client
 	// hubToken is the JupyterHub service token the broker accepts.
 	hubToken string
+	// bin, profiles and redisOpts (its Redis fields) start more brokers.
+	bin, profiles string
+	redisOpts     harness.BrokerOptions
+	// leaseArgs are added to every broker with envOptions.leaderElection.
+	leaseArgs []string
+	// kubeconfig is the brokers' kubeconfig; "" means the cluster's
+	// broker kubeconfig.
+	kubeconfig string
 	// runner runs the pods of its nodes as local processes (envOptions
 	// notebooks); nil when kwok runs them.
 	runner *runner.Runner
@@ -83,6 +94,13 @@ type envOptions struct {
 	profiles string
 	// brokerArgs are more gpubroker serve flags.
 	brokerArgs []string
+	// leaderElection runs the brokers' reclaimer under a Lease in the
+	// env's namespace (--leader-election-namespace), with the Role the
+	// chart gives the broker for it.
+	leaderElection bool
+	// redis, when set, names the Redis of the env's brokers (its Redis
+	// fields: a Sentinel setup); default a redis-server of the env's own.
+	redis *harness.BrokerOptions
 	// notebooks puts the env's nodes under a pod runner instead of kwok:
 	// pods run as real processes (the default profiles are then
 	// notebookProfiles).
@@ -127,31 +145,45 @@ func newEnv(t testing.TB, o envOptions) *env {
 			})
 		}
 	}
-	e.redis = redistest.Start(t)
 	e.issuer = devissuer.StartTest(t)
 
 	e.hubToken = "hub-" + harness.UniqueName("token")
-	dir := t.TempDir()
+	e.bin, e.profiles = bin, o.profiles
+	if o.redis != nil {
+		e.redisOpts = *o.redis
+	} else {
+		e.redis = redistest.Start(t)
+		e.redisOpts = harness.BrokerOptions{RedisURL: e.redis.URL()}
+	}
+	if o.leaderElection {
+		e.allowLeases()
+		e.leaseArgs = []string{"--leader-election-namespace=" + e.ns}
+	}
+	e.broker = e.startBroker(o.brokerArgs...)
+	e.admin = e.client("admin", adminGroup)
+	e.registerGPUs()
+	return e
+}
+
+// startBroker starts one more gpubroker serve of the env (on its Redis,
+// namespace and issuer, with args appended), stopped when the test ends
+// (its log printed if the test failed).
+func (e *env) startBroker(args ...string) *harness.Broker {
+	t := e.t
+	t.Helper()
 	start := time.Now()
-	b, err := harness.StartBroker(t.Context(), harness.BrokerOptions{
-		Binary:            bin,
-		Dir:               dir,
-		RedisURL:          e.redis.URL(),
-		Kubeconfig:        c.BrokerKubeconfig,
-		Namespace:         e.ns,
-		IssuerURL:         e.issuer.URL(),
-		Audience:          audience,
-		ProfilesYAML:      o.profiles,
-		HubToken:          e.hubToken,
-		ReconcileInterval: time.Second,
-		OrphanGrace:       2 * time.Second,
-		Args:              o.brokerArgs,
-	})
+	o := e.redisOpts
+	o.Binary, o.Dir = e.bin, t.TempDir()
+	o.Kubeconfig, o.Namespace = cmp.Or(e.kubeconfig, e.cluster.BrokerKubeconfig), e.ns
+	o.IssuerURL, o.Audience = e.issuer.URL(), audience
+	o.ProfilesYAML, o.HubToken = e.profiles, e.hubToken
+	o.ReconcileInterval, o.OrphanGrace = time.Second, 2*time.Second
+	o.Args = append(slices.Clone(e.leaseArgs), args...)
+	b, err := harness.StartBroker(t.Context(), o)
 	if err != nil {
 		t.Fatalf("start broker: %v", err)
 	}
 	t.Logf("broker ready in %s at %s (namespace %s)", time.Since(start).Round(time.Millisecond), b.URL, e.ns)
-	e.broker = b
 	t.Cleanup(func() {
 		if err := b.Stop(); err != nil {
 			t.Errorf("stop broker: %v", err)
@@ -161,9 +193,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 			keepLog(t, b.LogPath)
 		}
 	})
-	e.admin = e.client("admin", adminGroup)
-	e.registerGPUs()
-	return e
+	return b
 }
 
 // keepLog keeps a log of a failed test in $E2E_ARTIFACTS, because
@@ -229,6 +259,25 @@ func (e *env) pods(ctx context.Context) ([]corev1.Pod, error) {
 		return nil, fmt.Errorf("list pods in %s: %w", e.ns, err)
 	}
 	return l.Items, nil
+}
+
+// allowLeases gives the broker's user what the reclaimer's election needs
+// in the env's namespace: get, create and update on leases (the rules of
+// the broker's leader Role in the deploy manifests).
+func (e *env) allowLeases() {
+	e.t.Helper()
+	ctx := e.t.Context()
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "gpubroker-leader", Namespace: e.ns},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}}}}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "gpubroker-leader", Namespace: e.ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: harness.BrokerUser}}}
+	if _, err := e.cluster.Client.RbacV1().Roles(e.ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		e.t.Fatalf("create lease role: %v", err)
+	}
+	if _, err := e.cluster.Client.RbacV1().RoleBindings(e.ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		e.t.Fatalf("create lease role binding: %v", err)
+	}
 }
 
 // newNamespace creates a namespace for t (with its default ServiceAccount)

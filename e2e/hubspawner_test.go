@@ -29,8 +29,8 @@ import (
 // the hub's command as args (the image's entrypoint kept) and carries no
 // credential in its plain env; the hub's API token is in the Secret.
 //
-// No real hub or notebook process runs here: that e2e waits for the pod
-// runner (see spawner/jupyterhub/README.md, "Not yet").
+// No real hub or notebook process runs here; TestJupyterHub (hub_test.go)
+// runs both.
 func TestHubSpawnerClassAgainstTheBroker(t *testing.T) {
 	t.Parallel()
 	py := pytest.Python(t)

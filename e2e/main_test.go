@@ -12,7 +12,7 @@
 // Environment:
 //   - E2E_GPUBROKER_BIN=<path> tests a prebuilt gpubroker binary instead of
 //     building ./broker/cmd/gpubroker; E2E_GPUBROKER_DEV_BIN the same for
-//     gpubroker-dev.
+//     gpubroker-dev, E2E_GPUBROKER_AGENT_BIN for gpubroker-agent.
 //   - E2E_ARTIFACTS=<dir> receives the logs of failed runs (broker logs of
 //     failed tests, the cluster's logs when the package failed).
 package e2e
@@ -47,6 +47,7 @@ var suite struct {
 	race  binary // gpubroker built with -race (used when this binary has it)
 	plain binary // gpubroker built without -race
 	dev   binary // gpubroker-dev built without -race, as `go tool task dev` runs it
+	agent binary // gpubroker-agent built without -race (cgo: go-nvml)
 }
 
 func TestMain(m *testing.M) {
@@ -55,7 +56,16 @@ func TestMain(m *testing.M) {
 
 func runMain(m *testing.M) int {
 	flag.Parse()
+	if job := os.Getenv(rawCreatorEnv); job != "" {
+		// This process is BenchmarkBrokerCost's plain client-go creator.
+		if err := runRawCreator(job); err != nil {
+			fmt.Fprintf(os.Stderr, "e2e: plain pod creator: %s\n", err)
+			return 1
+		}
+		return 0
+	}
 	suite.dev.pkg, suite.dev.env = "gpubroker-dev", "E2E_GPUBROKER_DEV_BIN"
+	suite.agent.pkg, suite.agent.env, suite.agent.dir = "gpubroker-agent", "E2E_GPUBROKER_AGENT_BIN", "./limiter/cmd/"
 	if testing.Short() {
 		suite.skipReason = "e2e tests do not run with -short"
 		return m.Run()
@@ -100,7 +110,7 @@ func runMain(m *testing.M) int {
 		_ = os.RemoveAll(dir)
 	} else {
 		// The etcd data and the binaries are large (about 200 MB); drop them.
-		for _, big := range []string{"etcd-data", "gpubroker", "gpubroker-race", "gpubroker-dev"} {
+		for _, big := range []string{"etcd-data", "gpubroker", "gpubroker-race", "gpubroker-dev", "gpubroker-agent"} {
 			_ = os.RemoveAll(filepath.Join(dir, big))
 		}
 		fmt.Fprintf(os.Stderr, "e2e: logs kept in %s\n", dir)
@@ -157,9 +167,17 @@ func devBinary(t testing.TB) string {
 	return suite.dev.get(t, false)
 }
 
-// binary is one build of a command under broker/cmd, made at most once.
+// agentBinary returns gpubroker-agent built without -race
+// (E2E_GPUBROKER_AGENT_BIN: a prebuilt one).
+func agentBinary(t testing.TB) string {
+	t.Helper()
+	return suite.agent.get(t, false)
+}
+
+// binary is one build of a command, made at most once.
 type binary struct {
 	pkg, env string // the command (default gpubroker) and the variable naming a prebuilt one (default E2E_GPUBROKER_BIN)
+	dir      string // the commands' folder; default ./broker/cmd/
 	once     sync.Once
 	path     string
 	err      error
@@ -186,7 +204,11 @@ func (b *binary) get(t testing.TB, race bool) string {
 		} else {
 			args = append(args, out)
 		}
-		args = append(args, "./broker/cmd/"+pkg)
+		dir := b.dir
+		if dir == "" {
+			dir = "./broker/cmd/"
+		}
+		args = append(args, dir+pkg)
 		cmd := exec.Command("go", args...)
 		cmd.Dir = ".." // the module root
 		start := time.Now()

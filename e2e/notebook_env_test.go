@@ -15,6 +15,8 @@ import (
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/e2e/harness"
 	"github.com/gpubroker/gpubroker/e2e/testdeps"
+	"github.com/gpubroker/gpubroker/limiter/hook/podhook"
+	"github.com/gpubroker/gpubroker/limiter/hook/stubtest"
 	"github.com/gpubroker/gpubroker/spawner/runner"
 )
 
@@ -76,11 +78,15 @@ func nextRunnerCIDR() netip.Prefix {
 // nodes of its own (not kwok's) whose pods in namespace ns run as local
 // processes, with the broker's default host root mapped under a temp dir
 // where the node's hook directory is laid out (as the agent's install step
-// would). The runner stops, and its processes with it, when t ends.
+// would). Every notebook pod mounts the limiter, so its process runs under
+// the real hook over the stub driver in its slice (podhook: podrun's
+// mount namespace, the quota written by the agent's code from the pod's
+// annotations). The runner stops, and its processes with it, when t ends.
 func newRunnerNodes(t testing.TB, c *harness.Cluster, ns string, n int) (*runner.Runner, []string, *nodeHook) {
 	t.Helper()
 	testdeps.Need(t, "py:notebook")
 	testdeps.Need(t, "py:ipykernel")
+	stubtest.Need(t)
 	base := harness.UniqueName(t.Name())
 	names := make([]string, n)
 	for i := range names {
@@ -92,11 +98,16 @@ func newRunnerNodes(t testing.TB, c *harness.Cluster, ns string, n int) (*runner
 	if err := hook.install(); err != nil {
 		t.Fatal(err)
 	}
+	limiter, err := podhook.New(filepath.Join(dir, "stub.state"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	r, err := runner.New(runner.Config{
 		Client: c.Client, Namespace: ns, Nodes: names, Dir: filepath.Join(dir, "pods"), HostRoot: host, CIDR: nextRunnerCIDR(),
-		Images:  map[string]runner.Image{notebookImage: {}},
+		Images:  map[string]runner.Image{notebookImage: {}, hubImage: hubImageRun},
 		Backoff: 500 * time.Millisecond, MaxBackoff: 5 * time.Second, StopGrace: 5 * time.Second,
 		ProbeInterval: 100 * time.Millisecond,
+		Limiter:       &runner.Limiter{Wrap: limiter.Wrap, Env: limiter.Env()},
 	})
 	if err != nil {
 		t.Fatal(err)

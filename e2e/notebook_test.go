@@ -153,6 +153,14 @@ func TestNotebookThroughTheProxy(t *testing.T) {
 	if err != nil || strings.TrimSpace(out) != "42" {
 		t.Fatalf("print(6*7) over the kernel WebSocket through the proxy: %q, %v", out, err)
 	}
+	// The kernel, a child of the notebook server, runs in the pod's slice
+	// under the real hook: the library is loaded, and the quota the agent's
+	// code wrote sits at the fixed path on a read-only mount.
+	probe := fmt.Sprintf("import os; print('libgpulimit.so' in open('/proc/self/maps').read(), os.path.isfile(%q), "+
+		"os.statvfs(%q).f_flag & os.ST_RDONLY != 0)", v1.PodQuotaDir+"/"+v1.QuotaFileName, v1.PodQuotaDir)
+	if out, err := nb.Execute(cctx, id, probe, true); err != nil || strings.TrimSpace(out) != "True True True" {
+		t.Errorf("the kernel under the hook (loaded, quota file present, read-only mount): %q, %v; want True True True", out, err)
+	}
 	foreign := jupytertest.Client{Base: s.OpenURL, Header: bearer("alice"), Origin: "http://evil.example"}
 	if _, err := foreign.Execute(cctx, id, "print(1)", true); err == nil {
 		t.Error("a kernel WebSocket opened from another origin was let through")

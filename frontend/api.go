@@ -127,13 +127,33 @@ func (c apiClient) profiles(ctx context.Context, r *http.Request, v Viewer) ([]v
 }
 
 func (c apiClient) servers(ctx context.Context, r *http.Request, v Viewer) ([]v1.Server, error) {
-	var out []v1.Server
-	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/users/"+url.PathEscape(v.User)+"/servers", nil, nil, &out)
+	return c.serverPages(ctx, r, v, "/api/v1/users/"+url.PathEscape(v.User)+"/servers", url.Values{})
 }
 
 func (c apiClient) allServers(ctx context.Context, r *http.Request, v Viewer) ([]v1.Server, error) {
-	var out []v1.Server
-	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/servers?all=true", nil, nil, &out)
+	return c.serverPages(ctx, r, v, "/api/v1/servers", url.Values{"all": {"true"}})
+}
+
+// maxListPages bounds how many pages of servers a page reads (at 1000
+// each).
+const maxListPages = 20
+
+// serverPages reads every page of a server list.
+func (c apiClient) serverPages(ctx context.Context, r *http.Request, v Viewer, path string, q url.Values) ([]v1.Server, error) {
+	out := []v1.Server{}
+	q.Set("limit", "1000")
+	for range maxListPages {
+		var page v1.ServerPage
+		if err := c.call(ctx, r, v, http.MethodGet, path+"?"+q.Encode(), nil, nil, &page); err != nil {
+			return nil, err
+		}
+		out = append(out, page.Servers...)
+		if page.Next == "" {
+			return out, nil
+		}
+		q.Set("cursor", page.Next)
+	}
+	return out, nil
 }
 
 func (c apiClient) server(ctx context.Context, r *http.Request, v Viewer, name string) (v1.Server, error) {
@@ -157,6 +177,17 @@ func (c apiClient) create(ctx context.Context, r *http.Request, v Viewer, name, 
 
 func (c apiClient) stop(ctx context.Context, r *http.Request, v Viewer, name string) error {
 	return c.call(ctx, r, v, http.MethodDelete, serverPath(v.User, name), nil, nil, nil)
+}
+
+// remove removes a stopped or failed server.
+func (c apiClient) remove(ctx context.Context, r *http.Request, v Viewer, name string) error {
+	return c.call(ctx, r, v, http.MethodDelete, serverPath(v.User, name)+"?remove=true", nil, nil, nil)
+}
+
+// quota reads the viewer's caps and their use.
+func (c apiClient) quota(ctx context.Context, r *http.Request, v Viewer) (v1.Quota, error) {
+	var out v1.Quota
+	return out, c.call(ctx, r, v, http.MethodGet, "/api/v1/users/"+url.PathEscape(v.User)+"/quota", nil, nil, &out)
 }
 
 func (c apiClient) gpus(ctx context.Context, r *http.Request, v Viewer) ([]v1.GPUStatus, error) {

@@ -35,6 +35,11 @@ const (
 	csrfHeader = "X-CSRF-Token"
 )
 
+// FragmentHeader asks a page for the content of its main element only
+// (value "main"), rendered from the same template as the whole page: the
+// pages' script fetches it to keep a live page equal to a fresh load.
+const FragmentHeader = "X-Gpubroker-Fragment"
+
 // ErrSignedOut means the request has no live session: the page redirects
 // to the sign-in.
 var ErrSignedOut = errors.New("frontend: not signed in")
@@ -127,10 +132,10 @@ func New(deps Deps) (*Handler, error) {
 	}
 	for _, n := range names {
 		base := strings.TrimSuffix(strings.TrimPrefix(n, "templates/"), ".html")
-		if base == "layout" {
+		if base == "layout" || base == "fields" {
 			continue
 		}
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", n)
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/fields.html", n)
 		if err != nil {
 			return nil, fmt.Errorf("frontend: template %s: %w", n, err)
 		}
@@ -145,16 +150,9 @@ func New(deps Deps) (*Handler, error) {
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/servers", http.StatusFound)
 	})
-	mux.HandleFunc("GET /servers", h.page(false, h.serversPage))
-	mux.HandleFunc("POST /servers", h.page(false, h.launch))
-	mux.HandleFunc("GET /servers/{name}", h.page(false, h.serverPage))
-	mux.HandleFunc("POST /servers/{name}/stop", h.page(false, h.stop))
-	mux.HandleFunc("POST /servers/{name}/resize", h.page(false, h.resize))
-	mux.HandleFunc("POST /servers/{name}/extend", h.page(false, h.extend))
-	mux.HandleFunc("GET /admin/reclaim", h.page(true, h.policyPage))
-	mux.HandleFunc("POST /admin/reclaim", h.page(true, h.savePolicy))
-	mux.HandleFunc("GET /admin/fleet", h.page(true, h.fleetPage))
-	mux.HandleFunc("GET /admin/audit", h.page(true, h.auditPage))
+	for _, rt := range pageRoutes {
+		mux.HandleFunc(rt.pattern, h.page(rt.admin, func(w http.ResponseWriter, r *http.Request, v Viewer) { rt.serve(h, w, r, v) }))
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		h.errorPage(w, r, nil, http.StatusNotFound, "There is no page at "+r.URL.Path+".")
 	})
@@ -183,6 +181,27 @@ func staticHandler(next http.Handler) http.Handler {
 
 // pageFunc renders one page for a signed-in viewer.
 type pageFunc func(w http.ResponseWriter, r *http.Request, v Viewer)
+
+// pageRoutes are the pages and their forms: a ServeMux pattern, whether
+// only admins may use it, and its handler. The README's "Web pages" table
+// describes every GET one (readme_test.go).
+var pageRoutes = []struct {
+	pattern string
+	admin   bool
+	serve   func(*Handler, http.ResponseWriter, *http.Request, Viewer)
+}{
+	{"GET /servers", false, (*Handler).serversPage},
+	{"POST /servers", false, (*Handler).launch},
+	{"GET /servers/{name}", false, (*Handler).serverPage},
+	{"POST /servers/{name}/stop", false, (*Handler).stop},
+	{"POST /servers/{name}/remove", false, (*Handler).remove},
+	{"POST /servers/{name}/resize", false, (*Handler).resize},
+	{"POST /servers/{name}/extend", false, (*Handler).extend},
+	{"GET /admin/reclaim", true, (*Handler).policyPage},
+	{"POST /admin/reclaim", true, (*Handler).savePolicy},
+	{"GET /admin/fleet", true, (*Handler).fleetPage},
+	{"GET /admin/audit", true, (*Handler).auditPage},
+}
 
 // page wraps a pageFunc: it finds the viewer (or redirects to the sign-in),
 // refuses non-admins on admin pages and checks the CSRF field of POSTs.
@@ -239,7 +258,15 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, pag
 	}
 	v.Notice = h.deps.Notice
 	var buf bytes.Buffer
-	if err := t.Execute(&buf, v); err != nil {
+	var err error
+	if r.Header.Get(FragmentHeader) == "main" {
+		// The live page's update: the main element's content alone, from
+		// the same template as the whole page.
+		err = t.ExecuteTemplate(&buf, "content", v)
+	} else {
+		err = t.Execute(&buf, v)
+	}
+	if err != nil {
 		h.deps.Log.ErrorContext(r.Context(), "page: render failed", "page", page, "err", err)
 		http.Error(w, "internal error", http.StatusInternalServerError)
 		return

@@ -103,18 +103,19 @@ var (
 	}
 	gpu     = &v1.GPURef{UUID: "GPU-1", Node: "node-a", Model: "NVIDIA H200"}
 	running = v1.Server{User: "alice", Name: "nb", Profile: "small", SpawnID: "sp1", State: v1.StateRunning, Message: "the notebook is running",
-		Slice: profiles[0].Slice, GPU: gpu, URL: "http://10.0.0.5:8888", OpenURL: "https://broker.example/user/alice/nb/", Pod: "nb-alice-1", CreatedAt: t0, UpdatedAt: t0}
+		Slice: profiles[0].Slice, Sharing: v1.SharingSliced, Resize: v1.ResizeInfo{Supported: true},
+		GPU: gpu, URL: "http://10.0.0.5:8888", OpenURL: "https://broker.example/user/alice/nb/", Pod: "nb-alice-1", CreatedAt: t0, UpdatedAt: t0}
 	creating = v1.Server{User: "alice", Name: "new", Profile: "big", SpawnID: "sp2", State: v1.StateCreating, Message: "creating the pod",
 		Slice: profiles[1].Slice, GPU: gpu, CreatedAt: t0, UpdatedAt: t0}
 )
 
 func baseAnswers() map[string]answer {
 	return map[string]answer{
-		"GET /api/v1/users/alice/servers":     {200, []v1.Server{running, creating}},
-		"GET /api/v1/users/root/servers":      {200, []v1.Server{}},
-		"GET /api/v1/profiles":                {200, profiles},
-		"GET /api/v1/users/alice/servers/nb":  {200, running},
-		"GET /api/v1/users/alice/servers/new": {200, creating},
+		"GET /api/v1/users/alice/servers?limit=1000": {200, v1.ServerPage{Servers: []v1.Server{running, creating}}},
+		"GET /api/v1/users/root/servers?limit=1000":  {200, v1.ServerPage{Servers: []v1.Server{}}},
+		"GET /api/v1/profiles":                       {200, profiles},
+		"GET /api/v1/users/alice/servers/nb":         {200, running},
+		"GET /api/v1/users/alice/servers/new":        {200, creating},
 	}
 }
 
@@ -135,6 +136,12 @@ func newSite(t *testing.T, s frontend.Sessions, answers map[string]answer) *site
 
 func (s *site) do(t *testing.T, method, path string, form url.Values) *httptest.ResponseRecorder {
 	t.Helper()
+	return s.serve(s.request(t, method, path, form))
+}
+
+// request is a browser's request with the session cookie and form.
+func (s *site) request(t *testing.T, method, path string, form url.Values) *http.Request {
+	t.Helper()
 	var body io.Reader
 	if form != nil {
 		body = strings.NewReader(form.Encode())
@@ -144,6 +151,10 @@ func (s *site) do(t *testing.T, method, path string, form url.Values) *httptest.
 	if form != nil {
 		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	}
+	return r
+}
+
+func (s *site) serve(r *http.Request) *httptest.ResponseRecorder {
 	rec := httptest.NewRecorder()
 	s.h.ServeHTTP(rec, r)
 	return rec
@@ -245,8 +256,8 @@ func TestServerPageIsHonestAboutMissingParts(t *testing.T) {
 	s := newSite(t, fakeSessions{v: alice}, baseAnswers())
 	body := s.do(t, "GET", "/servers/new", nil).Body.String()
 	for _, want := range []string{
-		`data-events="/api/v1/users/alice/servers/new/events"`, `data-spawn="sp2"`,
-		`<progress id="progress" max="5" value="3"`,
+		`data-events="/api/v1/users/alice/servers/new/events"`, `data-page="/servers/new"`,
+		`<progress id="progress" max="4" value="3"`,
 		"No data yet: usage samples appear here once the node agent reports them",
 		"Idle state</dt><dd id=\"idle-state\">Not checked: the server is not running.",
 	} {
@@ -255,8 +266,8 @@ func TestServerPageIsHonestAboutMissingParts(t *testing.T) {
 		}
 	}
 	body = s.do(t, "GET", "/servers/nb", nil).Body.String()
-	if strings.Contains(body, "data-events") || !strings.Contains(body, `id="open" href="https://broker.example/user/alice/nb/"`) {
-		t.Error("a running server's page should not follow events and should offer Open")
+	if !strings.Contains(body, "data-events") || !strings.Contains(body, `id="open" href="https://broker.example/user/alice/nb/"`) || strings.Contains(body, "<progress") {
+		t.Error("a running server's page should follow events, offer Open at its browser address and show no step bar")
 	}
 }
 
@@ -499,13 +510,22 @@ func TestPolicySaved(t *testing.T) {
 func TestFleetByNode(t *testing.T) {
 	a := baseAnswers()
 	a["GET /api/v1/admin/gpus"] = answer{200, []map[string]any{
-		{"uuid": "GPU-2", "node": "node-b", "model": "NVIDIA H200", "memoryMiB": 143771, "smCount": 132, "healthy": true},
+		{"uuid": "GPU-2", "node": "node-b", "model": "NVIDIA H200", "memoryMiB": 143771, "smCount": 132, "healthy": true,
+			"mode": "exclusive", "pendingMode": "mps"},
 		{"uuid": "GPU-1", "node": "node-a", "model": "NVIDIA H200", "memoryMiB": 143771, "smCount": 132, "healthy": true,
-			"allocatedMemoryMiB": 49152, "allocatedComputePercent": 60, "slices": 2},
+			"allocatedMemoryMiB": 49152, "allocatedComputePercent": 60, "slices": 2, "mode": "sliced",
+			"guarantee": map[string]any{"percent": 50, "windowSeconds": 3600, "wantedSeconds": 1000, "metSeconds": 620, "slice": "sp2", "tenants": 2}},
 	}}
-	a["GET /api/v1/servers?all=true"] = answer{200, []v1.Server{running, creating}}
+	a["GET /api/v1/servers?all=true&limit=1000"] = answer{200, v1.ServerPage{Servers: []v1.Server{running, creating}}}
 	s := newSite(t, fakeSessions{v: root}, a)
 	rec := s.do(t, "GET", "/admin/fleet", nil)
+	// A GPU whose tenants miss their guarantees stands out.
+	for _, want := range []string{"<small>sharing: sliced</small>", "<small>becomes mps once it holds no server</small>",
+		`<span class="guarantee state state-failed">Worst tenant got its 50 % guarantee 62.0 % of the time it asked for it over the last hour</span>`} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("fleet page lacks %q", want)
+		}
+	}
 	golden(t, "fleet.html", rec.Body.String())
 }
 
@@ -521,14 +541,14 @@ func TestAuditFilterAndPaging(t *testing.T) {
 	}}}}
 	s := newSite(t, fakeSessions{v: root}, a)
 	body := s.do(t, "GET", "/admin/audit?actor=bob", nil).Body.String()
-	for _, want := range []string{`<td>bob <span class="muted">(admin)</span></td>`, `<td>reclaim</td>`, `<code>action</code>: warn → stop`,
+	for _, want := range []string{`<td data-label="Actor">bob <span class="muted">(admin)</span></td>`, `<td data-label="Source">reclaim</td>`, `<code>action</code>: warn → stop`,
 		`href="/admin/audit?actor=bob&amp;before=17-0%2C%2B">Older entries`, `id="f-actor" name="actor" value="bob"`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("audit page lacks %q", want)
 		}
 	}
 	body = s.do(t, "GET", "/admin/audit?source=agent", nil).Body.String()
-	for _, want := range []string{`<td>agent</td><td>gpubroker-agent@n1 <span class="muted">(agent)</span></td><td><code>agent.kill</code></td><td>pod:notebooks/nb-alice</td>`,
+	for _, want := range []string{`<td data-label="Source">agent</td><td data-label="Actor">gpubroker-agent@n1 <span class="muted">(agent)</span></td><td data-label="Action"><code>agent.kill</code></td><td data-label="Target">pod:notebooks/nb-alice</td>`,
 		`<option value="agent" selected>`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("agents' audit page lacks %q", want)
@@ -635,13 +655,13 @@ func TestFleetRealUse(t *testing.T) {
 		servers []v1.Server
 		want    string
 	}{
-		{"every slice reports", []v1.Server{running}, `<td>SM 37 % · 2.5 GiB in use</td>`},
-		{"one slice silent", []v1.Server{running, creating}, `<td class="muted">Unknown: 1 of 2 slices report no fresh sample</td>`},
-		{"no slices", nil, `<td class="muted">No slices</td>`},
+		{"every slice reports", []v1.Server{running}, `<td data-label="Real use">SM 37 % · 2.5 GiB in use</td>`},
+		{"one slice silent", []v1.Server{running, creating}, `<td data-label="Real use" class="muted">Unknown: 1 of 2 slices report no fresh sample</td>`},
+		{"no slices", nil, `<td data-label="Real use" class="muted">No slices</td>`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			a["GET /api/v1/servers?all=true"] = answer{200, tc.servers}
+			a["GET /api/v1/servers?all=true&limit=1000"] = answer{200, v1.ServerPage{Servers: tc.servers}}
 			h, err := frontend.New(frontend.Deps{API: &fakeAPI{answers: a}, Sessions: fakeSessions{v: root}, Usage: fakeUsage{spawn: "sp1", samples: sample}})
 			if err != nil {
 				t.Fatal(err)

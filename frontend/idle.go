@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -52,19 +53,46 @@ func idleTexts(st v1.IdleState, now time.Time) (state, countdown string) {
 	return state, countdown
 }
 
+// extendInput is the extend form's one field as rendered.
+func extendInput(f form) numInput {
+	return numInput{ID: "minutes", Name: "minutes", Label: "Extend by (minutes)", Value: f.value("minutes", "60"), Error: f.Errors["minutes"],
+		Hint: "No warning, shrink or stop for idleness before then; the policy limits the total per start.", Mode: "numeric"}
+}
+
 // extend postpones idle actions on a server from the server page's form
-// (minutes) and returns to the page; the API's refusal (past the policy's
-// limit, not running) is shown in its own words.
+// (whole minutes) and returns to the page. A problem (not a number, past
+// the policy's limit, not running) shows the page again with the minutes
+// as typed and the problem next to them.
 func (h *Handler) extend(w http.ResponseWriter, r *http.Request, v Viewer) {
 	name := r.PathValue("name")
-	m, err := strconv.ParseInt(strings.TrimSpace(r.PostForm.Get("minutes")), 10, 64)
-	if err != nil || m < 1 || m > 7*24*60 {
-		h.errorPage(w, r, &v, http.StatusBadRequest, "Enter how many minutes to extend by (1 to 10080).")
+	f := newForm()
+	f.Sent = true
+	f.Values["minutes"] = strings.TrimSpace(r.PostForm.Get("minutes"))
+	m, ok := parseNumber(f.Values["minutes"], percent) // whole numbers
+	var err error
+	if f.Values["minutes"] == "" || !ok || m < 1 || m > 7*24*60 {
+		f.Errors["minutes"] = "Enter a whole number of minutes from 1 to 10080 (7 days)."
+	} else {
+		err = h.api.extend(r.Context(), r, v, name, m*60)
+		if err == nil {
+			http.Redirect(w, r, "/servers/"+url.PathEscape(name), http.StatusSeeOther)
+			return
+		}
+		// The policy's limit is about the minutes; other refusals (not
+		// running) are the form's problem.
+		var ae *apiError
+		if errors.As(err, &ae) && ae.Status == http.StatusBadRequest {
+			ae.Body.Fields = append(ae.Body.Fields, v1.FieldProblem{Field: "seconds", Message: ae.Body.Message})
+		}
+		if !f.refusal(err, func(api string) string { return map[string]string{"seconds": "minutes"}[api] }) {
+			h.apiFailed(w, r, v, err)
+			return
+		}
+	}
+	s, gerr := h.api.server(r.Context(), r, v, name)
+	if gerr != nil {
+		h.apiFailed(w, r, v, gerr)
 		return
 	}
-	if err := h.api.extend(r.Context(), r, v, name, m*60); err != nil {
-		h.apiFailed(w, r, v, err)
-		return
-	}
-	http.Redirect(w, r, "/servers/"+url.PathEscape(name), http.StatusSeeOther)
+	h.renderServer(w, r, v, s, serverForms{extend: f}, statusOf(err))
 }

@@ -1,15 +1,11 @@
 package frontend_test
 
 import (
-	"net/http"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-
-	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
 
 func TestServerPageShowsTheIdleStateAndCountdown(t *testing.T) {
@@ -62,40 +58,4 @@ func between(s, from, to string) string {
 // htmlText escapes what html/template escapes in these texts.
 func htmlText(s string) string {
 	return strings.ReplaceAll(s, "'", "&#39;")
-}
-
-func TestExtendForm(t *testing.T) {
-	const post = "POST /api/v1/users/alice/servers/nb/extend"
-	tests := []struct {
-		name       string
-		minutes    string
-		answer     answer
-		wantStatus int
-		wantBody   string // the API body sent; "" when none
-		wantIn     string
-	}{
-		{name: "extends in seconds", minutes: "30", answer: answer{200, map[string]any{"verdict": "idle", "exempt": false, "extendedSeconds": 1800}},
-			wantStatus: http.StatusSeeOther, wantBody: `{"seconds":1800}`},
-		{name: "not a number", minutes: "an hour", wantStatus: http.StatusBadRequest, wantIn: "Enter how many minutes"},
-		{name: "the limit in the API's words", minutes: "600", answer: answer{400, v1.Error{Code: v1.CodeBadRequest, Message: "this server can be extended by at most 3 h 20 min more (the limit is 4 h per start)"}},
-			wantStatus: http.StatusBadRequest, wantBody: `{"seconds":36000}`, wantIn: "at most 3 h 20 min more"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			a := baseAnswers()
-			a[post] = tc.answer
-			s := newSite(t, fakeSessions{v: alice}, a)
-			rec := s.do(t, "POST", "/servers/nb/extend", url.Values{"csrf": {csrf}, "minutes": {tc.minutes}})
-			if rec.Code != tc.wantStatus || !strings.Contains(rec.Body.String(), tc.wantIn) {
-				t.Errorf("answer %d %s, want %d containing %q", rec.Code, rec.Body, tc.wantStatus, tc.wantIn)
-			}
-			var got string
-			if w := s.api.writes(); len(w) == 1 {
-				got = strings.TrimSpace(w[0].Body)
-			}
-			if got != tc.wantBody {
-				t.Errorf("API body %q, want %q", got, tc.wantBody)
-			}
-		})
-	}
 }

@@ -16,12 +16,15 @@ type notebookData struct {
 	Problem string // an extra sentence ("" none)
 	Step    int
 	Steps   int
-	Live    bool // starting: follow the events and enter when running
-	Events  string
-	API     string
-	Here    string // this page's path, to come back to after a start
-	CSRF    string
-	Idem    string
+	Live    bool // starting: follow the events, load again on each, so enter when running
+	// UpdatedMS is the record's last change (Unix ms): the stream's events
+	// up to it are already on the page.
+	UpdatedMS int64
+	Events    string
+	API       string
+	Here      string // this page's path, to come back to after a start
+	CSRF      string
+	Idem      string
 }
 
 // Notebook answers status with the page of server (user, name) for a
@@ -41,7 +44,7 @@ func (h *Handler) Notebook(w http.ResponseWriter, r *http.Request, status int, u
 		if !strings.HasPrefix(here, "/user/") {
 			here = ""
 		}
-		d := notebookData{S: s, Owner: v.User == user, Problem: problem, Step: stepOf(s.State), Steps: len(spawnSteps),
+		d := notebookData{S: s, Owner: v.User == user, Problem: problem, Step: stepOf(s.State), Steps: len(spawnSteps), UpdatedMS: s.UpdatedAt.UnixMilli(),
 			Events: serverPath(user, name) + "/events", API: serverPath(user, name), Here: here, CSRF: v.CSRF, Idem: rand.Text()}
 		switch s.State {
 		case v1.StateStopped, v1.StateFailed:

@@ -149,7 +149,7 @@ func (c *Client) create(ctx context.Context, s Spec, pod *corev1.Pod, secretEnv 
 		case apierrors.IsNotFound(err):
 			continue // deleted in between: try again
 		case err != nil:
-			return fmt.Errorf("create pod %s: get existing: %w", pod.Name, err)
+			return apiError("create pod: get existing", pod.Name, err)
 		case old.Labels[v1.LabelManagedBy] != v1.ManagedByValue:
 			return fmt.Errorf("create pod %s: a pod of that name exists: %w", pod.Name, ErrNotOwned)
 		case old.Annotations[v1.AnnotationSpawnID] == s.SpawnID:
@@ -182,7 +182,7 @@ func (c *Client) putSecret(ctx context.Context, secret *corev1.Secret) error {
 		case apierrors.IsNotFound(err):
 			continue
 		case err != nil:
-			return fmt.Errorf("create secret %s: get existing: %w", secret.Name, err)
+			return apiError("create secret: get existing", secret.Name, err)
 		case old.Labels[v1.LabelManagedBy] != v1.ManagedByValue:
 			return fmt.Errorf("create secret %s: a secret of that name exists: %w", secret.Name, ErrNotOwned)
 		}
@@ -205,10 +205,26 @@ func (c *Client) putSecret(ctx context.Context, secret *corev1.Secret) error {
 // (403, e.g. ResourceQuota) answers also wrap ErrRejected. The authorizer's
 // 403 does not: it is Transient.
 func apiError(op, name string, err error) error {
-	if apierrors.IsInvalid(err) || (apierrors.IsForbidden(err) && !Transient(err)) {
+	switch {
+	case apierrors.IsInvalid(err) || (apierrors.IsForbidden(err) && !authzDenied(err)):
 		return fmt.Errorf("%s %s: %w: %w", op, name, ErrRejected, err)
+	case unavailable(err) || Transient(err):
+		return fmt.Errorf("%s %s: %w: %w", op, name, ErrUnavailable, err)
 	}
 	return fmt.Errorf("%s %s: %w", op, name, err)
+}
+
+// unavailable reports whether err means that the API server did not
+// answer the request (so a write's outcome is unknown): no status from it
+// at all (a connection or a timeout error), or a status that says "not
+// now" (500, 503, 504, 429, a server timeout).
+func unavailable(err error) bool {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return !errors.Is(err, context.Canceled)
+	}
+	return apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsInternalError(err) || apierrors.IsUnexpectedServerError(err)
 }
 
 // Delete deletes the pod and Secret of a server. It is idempotent: objects
@@ -323,7 +339,7 @@ func (c *Client) deleteOwned(ctx context.Context, kind, name, spawnID string,
 		case apierrors.IsNotFound(err):
 			return nil
 		case err != nil:
-			return fmt.Errorf("delete %s %s: get: %w", kind, name, err)
+			return apiError("delete "+kind+": get", name, err)
 		case obj.GetLabels()[v1.LabelManagedBy] != v1.ManagedByValue:
 			return fmt.Errorf("delete %s %s: %w", kind, name, ErrNotOwned)
 		case spawnID != "" && spawnOf(obj) != spawnID:
@@ -346,7 +362,7 @@ func (c *Client) deleteOwned(ctx context.Context, kind, name, spawnID string,
 		case apierrors.IsConflict(err): // the UID changed: look again
 			continue
 		default:
-			return fmt.Errorf("delete %s %s: %w", kind, name, err)
+			return apiError("delete "+kind, name, err)
 		}
 	}
 	return fmt.Errorf("delete %s %s: too many concurrent changes", kind, name)

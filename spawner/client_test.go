@@ -183,7 +183,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	wantPods := []ManagedPod{{
 		Name: name, User: "alice", Profile: "small", SpawnID: spec.SpawnID, Node: "gpu-1", GPUUUID: spec.GPU.UUID,
-		Slice: spec.Slice, QuotaGroups: spec.QuotaGroups, Phase: PhaseRunning, Message: "running on node gpu-1",
+		Slice: spec.Slice, Sharing: v1.SharingSliced, QuotaGroups: spec.QuotaGroups, Phase: PhaseRunning, Message: "running on node gpu-1",
 		URL: "http://10.88.0.7:8888", CreatedAt: t0,
 	}}
 	if diff := cmp.Diff(wantPods, pods); diff != "" {

@@ -20,14 +20,16 @@ var (
 	// PodSecurity denial; not the authorizer's 403, see Transient).
 	// Terminal for this spawn.
 	ErrRejected = errors.New("spawner: rejected by the cluster")
+	// ErrUnavailable is returned (wrapped) when the Kubernetes API server
+	// did not answer a request: no connection, a timeout, or an answer
+	// that says "not now" (500, 503, 504, 429, the authorizer's 403 after
+	// a restart; see Transient), also after the spawner's retries.
+	// Retryable; a write that failed so may or may not have taken effect.
+	ErrUnavailable = errors.New("spawner: the Kubernetes API server is not answering")
 	// ErrNotOwned is returned when an object with the name the spawner wants
 	// exists but is not managed by gpubroker; the spawner never touches it.
 	ErrNotOwned = errors.New("spawner: object not managed by gpubroker")
 	// ErrNoToken is returned by Client.NotebookToken when the spawn's Secret
 	// is missing, belongs to another spawn or holds no notebook token.
 	ErrNoToken = errors.New("spawner: no notebook token for this spawn")
-	// ErrUnavailable is returned when the API server kept giving transient
-	// answers (see Transient) for as long as the operation could retry.
-	// Nothing was refused; the same operation can be tried again.
-	ErrUnavailable = errors.New("spawner: the Kubernetes API did not take the request")
 )

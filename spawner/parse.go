@@ -25,8 +25,15 @@ type ManagedPod struct {
 	Node, GPUUUID string
 	// Slice is the share of the GPU the pod holds.
 	Slice v1.Slice
+	// Sharing is the pod's sharing mode (sliced for pods made before modes
+	// existed); MIGProfile and ParentUUID describe a MIG server's instance.
+	Sharing                v1.SharingMode
+	MIGProfile, ParentUUID string
 	// QuotaGroups are the raw groups charged; nil when none.
 	QuotaGroups []string
+	// IdempotencyKey is the key of the create that started the spawn; ""
+	// when none.
+	IdempotencyKey string
 	// Phase and Message are Classify's reading; ParsePod leaves them empty,
 	// Client.Pods fills them.
 	Phase   Phase
@@ -93,6 +100,17 @@ func ParsePod(pod *corev1.Pod) (ManagedPod, error) {
 	if g := a[v1.AnnotationGroups]; g != "" {
 		m.QuotaGroups = strings.Split(g, ",")
 	}
+	m.Sharing = v1.SharingMode(a[v1.AnnotationSharing])
+	switch {
+	case m.Sharing == "":
+		m.Sharing = v1.SharingSliced
+	case !m.Sharing.Valid():
+		errs = append(errs, fmt.Errorf("annotation %s=%q is not a sharing mode", v1.AnnotationSharing, m.Sharing))
+	case m.Sharing == v1.SharingMIG:
+		m.MIGProfile = get(v1.AnnotationMIGProfile, true)
+		m.ParentUUID = get(v1.AnnotationParentUUID, true)
+	}
+	m.IdempotencyKey = a[v1.AnnotationIdempotencyKey]
 	if l := pod.Labels[v1.LabelSpawnID]; m.SpawnID != "" && l != m.SpawnID {
 		errs = append(errs, fmt.Errorf("label %s=%q disagrees with annotation %s=%q", v1.LabelSpawnID, l, v1.AnnotationSpawnID, m.SpawnID))
 	}

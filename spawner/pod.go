@@ -30,6 +30,8 @@ const (
 	volumePreload = "gpubroker-preload"
 	volumeQuota   = "gpubroker-quota"
 	volumeUsage   = "gpubroker-usage"
+	volumeMPSPipe = "gpubroker-mps-pipe"
+	volumeMPSShm  = "gpubroker-mps-shm"
 )
 
 // preloadFileName is the file under <root>/hook that names the hook library;
@@ -55,11 +57,19 @@ type Spec struct {
 	// Slice is the GPU share; MemoryMiB > 0, 1 ≤ ComputePercent ≤
 	// ComputeLimitPercent ≤ 100.
 	Slice v1.Slice
-	// GPU is the placed device; UUID and Node are required.
+	// Sharing is the server's sharing mode; "" is sliced.
+	Sharing v1.SharingMode
+	// GPU is the placed device; UUID and Node are required. For a MIG
+	// server UUID is the MIG instance's ("MIG-…") and MIGProfile and
+	// ParentUUID are set.
 	GPU v1.GPURef
 	// QuotaGroups are the raw group names the slice is charged to; none may
 	// be empty or contain ','.
 	QuotaGroups []string
+	// IdempotencyKey is the key of the create that started the spawn, kept
+	// in an annotation (v1.AnnotationIdempotencyKey) so a record rebuilt
+	// from the pod still answers that key's retry; "" sets none.
+	IdempotencyKey string
 	// Env is plain environment for the notebook; names must be valid and may
 	// not start with GPUBROKER_ or NVIDIA_ or be LD_PRELOAD. Never put
 	// credentials here: they belong in the Secret (SecretEnv).
@@ -157,6 +167,18 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 	if len(s.QuotaGroups) > 0 {
 		annotations[v1.AnnotationGroups] = strings.Join(s.QuotaGroups, ",")
 	}
+	mode := s.Sharing
+	if mode == "" {
+		mode = v1.SharingSliced
+	}
+	annotations[v1.AnnotationSharing] = string(mode)
+	if mode == v1.SharingMIG {
+		annotations[v1.AnnotationMIGProfile] = s.GPU.MIGProfile
+		annotations[v1.AnnotationParentUUID] = s.GPU.ParentUUID
+	}
+	if s.IdempotencyKey != "" {
+		annotations[v1.AnnotationIdempotencyKey] = s.IdempotencyKey
+	}
 
 	// The slice reaches the limiter only through the read-only quota
 	// mount, never the environment, which the notebook user controls
@@ -190,6 +212,38 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 
 	hookDir := path.Join(cfg.HostRoot, v1.HostHookSubdir)
 	sliceDir := path.Join(cfg.HostRoot, v1.HostSlicesSubdir, s.SpawnID)
+	// The quota directory read-only (the hook uses a quota file only on a
+	// read-only mount); the usage directory read-write for the hooks'
+	// shared mapping, but root's and 0755 on the host (the agent makes it
+	// so), so a notebook user who is not root cannot replace the file in
+	// it.
+	mounts := []corev1.VolumeMount{
+		{Name: volumeHook, MountPath: v1.PodHookDir, ReadOnly: true},
+		{Name: volumePreload, MountPath: v1.PodPreload, ReadOnly: true},
+		{Name: volumeQuota, MountPath: v1.PodQuotaDir, ReadOnly: true},
+		{Name: volumeUsage, MountPath: v1.PodUsageDir},
+	}
+	volumes := []corev1.Volume{
+		hostPathVolume(volumeHook, hookDir, corev1.HostPathDirectory),
+		hostPathVolume(volumePreload, path.Join(hookDir, preloadFileName), corev1.HostPathFile),
+		hostPathVolume(volumeQuota, path.Join(sliceDir, "quota"), corev1.HostPathDirectoryOrCreate),
+		hostPathVolume(volumeUsage, path.Join(sliceDir, "usage"), corev1.HostPathDirectoryOrCreate),
+	}
+	if mode == v1.SharingMPS {
+		// The GPU's MPS pipe directory at the clients' default path, so no
+		// variable names it; read-only, since clients only connect to its
+		// sockets. No variable carries the client's limits either: the node
+		// agent sets them on the GPU's MPS control daemon, where a client
+		// can only lower them (limiter/agent, "MPS"). The MPS shared memory
+		// replaces the container's /dev/shm.
+		mpsDir := path.Join(cfg.HostRoot, v1.HostMPSSubdir)
+		mounts = append(mounts,
+			corev1.VolumeMount{Name: volumeMPSPipe, MountPath: v1.PodMPSPipeDir, ReadOnly: true},
+			corev1.VolumeMount{Name: volumeMPSShm, MountPath: v1.PodMPSShmDir})
+		volumes = append(volumes,
+			hostPathVolume(volumeMPSPipe, path.Join(mpsDir, s.GPU.UUID, "pipe"), corev1.HostPathDirectory),
+			hostPathVolume(volumeMPSShm, path.Join(mpsDir, "shm"), corev1.HostPathDirectory))
+	}
 	pod := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -228,17 +282,7 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 					PeriodSeconds:    2,
 					FailureThreshold: 3,
 				},
-				// The quota directory read-only (the hook uses a quota
-				// file only on a read-only mount); the usage directory
-				// read-write for the hooks' shared mapping, but root's and
-				// 0755 on the host (the agent makes it so), so a notebook
-				// user who is not root cannot replace the file in it.
-				VolumeMounts: []corev1.VolumeMount{
-					{Name: volumeHook, MountPath: v1.PodHookDir, ReadOnly: true},
-					{Name: volumePreload, MountPath: v1.PodPreload, ReadOnly: true},
-					{Name: volumeQuota, MountPath: v1.PodQuotaDir, ReadOnly: true},
-					{Name: volumeUsage, MountPath: v1.PodUsageDir},
-				},
+				VolumeMounts: mounts,
 				SecurityContext: &corev1.SecurityContext{
 					AllowPrivilegeEscalation: ptr(false),
 					// No capabilities: a root notebook cannot remount the
@@ -249,12 +293,7 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 				},
 			}},
-			Volumes: []corev1.Volume{
-				hostPathVolume(volumeHook, hookDir, corev1.HostPathDirectory),
-				hostPathVolume(volumePreload, path.Join(hookDir, preloadFileName), corev1.HostPathFile),
-				hostPathVolume(volumeQuota, path.Join(sliceDir, "quota"), corev1.HostPathDirectoryOrCreate),
-				hostPathVolume(volumeUsage, path.Join(sliceDir, "usage"), corev1.HostPathDirectoryOrCreate),
-			},
+			Volumes: volumes,
 		},
 	}
 	return pod, nil
@@ -296,7 +335,8 @@ func ptr[T any](v T) *T { return &v }
 // reservedEnv reports whether name is set by the spawner and may not come
 // from a user.
 func reservedEnv(name string) bool {
-	return strings.HasPrefix(name, "GPUBROKER_") || strings.HasPrefix(name, "NVIDIA_") || name == "LD_PRELOAD"
+	return strings.HasPrefix(name, "GPUBROKER_") || strings.HasPrefix(name, "NVIDIA_") || strings.HasPrefix(name, "CUDA_MPS_") ||
+		name == "LD_PRELOAD" || name == "CUDA_VISIBLE_DEVICES"
 }
 
 // validateSpec checks s and returns its resource requirements; the error
@@ -353,6 +393,18 @@ func validateSpec(s Spec) (corev1.ResourceRequirements, error) {
 	}
 	if msgs := validation.IsDNS1123Subdomain(s.GPU.Node); len(msgs) > 0 {
 		bad("gpu node %q: %s", s.GPU.Node, msgs[0])
+	}
+	switch s.Sharing {
+	case "", v1.SharingSliced, v1.SharingExclusive, v1.SharingMPS:
+		if s.GPU.MIGProfile != "" || s.GPU.ParentUUID != "" {
+			bad("gpu %s: a MIG profile and parent are only for sharing mig", s.GPU.UUID)
+		}
+	case v1.SharingMIG:
+		if s.GPU.MIGProfile == "" || s.GPU.ParentUUID == "" || !strings.HasPrefix(s.GPU.UUID, "MIG-") {
+			bad("a MIG server needs its instance's uuid (MIG-…), MIG profile and parent GPU, got %q, %q, %q", s.GPU.UUID, s.GPU.MIGProfile, s.GPU.ParentUUID)
+		}
+	default:
+		bad("sharing mode %q is not sliced, exclusive, mig or mps", s.Sharing)
 	}
 	for _, g := range s.QuotaGroups {
 		if g == "" || strings.Contains(g, ",") {

@@ -84,6 +84,53 @@ func TestPodGolden(t *testing.T) {
 			},
 		},
 		{
+			// A whole GPU: the hook still accounts and caps memory at the
+			// GPU's size; the agent writes its quota unpaced.
+			name: "exclusive",
+			spec: func(s Spec) Spec {
+				s.Profile, s.Sharing = "whole-h200", v1.SharingExclusive
+				s.Slice = v1.Slice{MemoryMiB: 143771, ComputePercent: 100, ComputeLimitPercent: 100}
+				return s
+			},
+		},
+		{
+			// A MIG instance: the pod gets the instance's MIG UUID, with
+			// the runtime and with CDI.
+			name: "mig",
+			spec: func(s Spec) Spec {
+				s.Profile, s.Sharing = "mig-3g", v1.SharingMIG
+				s.Slice = v1.Slice{MemoryMiB: 72704, ComputePercent: 36, ComputeLimitPercent: 36}
+				s.GPU = v1.GPURef{UUID: "MIG-6a1f0c3e-2b4d-5e8f-9a0b-1c2d3e4f5a6b", Node: "gpu-1", Model: "NVIDIA H200",
+					MIGProfile: "3g.71gb", ParentUUID: "GPU-4b2c6f1e-8d3a-4c5b-9e7f-0a1b2c3d4e5f"}
+				return s
+			},
+		},
+		{
+			name: "mig-cdi",
+			cfg: func(c Config) Config {
+				c.Exposure = ExposureCDI
+				return c
+			},
+			spec: func(s Spec) Spec {
+				s.Profile, s.Sharing = "mig-1g", v1.SharingMIG
+				s.Slice = v1.Slice{MemoryMiB: 18432, ComputePercent: 12, ComputeLimitPercent: 12}
+				s.GPU = v1.GPURef{UUID: "MIG-0d9e8f7a-6b5c-4d3e-2f1a-0b9c8d7e6f5a", Node: "gpu-1", Model: "NVIDIA H200",
+					MIGProfile: "1g.18gb", ParentUUID: "GPU-4b2c6f1e-8d3a-4c5b-9e7f-0a1b2c3d4e5f"}
+				return s
+			},
+		},
+		{
+			// An MPS client: the GPU's pipe directory read-only at the
+			// clients' default path and the node's MPS shared memory; no
+			// variable carries a limit.
+			name: "mps",
+			spec: func(s Spec) Spec {
+				s.Profile, s.Sharing = "mps-30", v1.SharingMPS
+				s.Slice = v1.Slice{MemoryMiB: 16384, ComputePercent: 30, ComputeLimitPercent: 30}
+				return s
+			},
+		},
+		{
 			name: "unicode-user",
 			spec: func(s Spec) Spec {
 				s.User = "Zoë.Ünal@Example.org"
@@ -219,7 +266,7 @@ func TestPodContract(t *testing.T) {
 		"runtime":       "nvidia",
 		"restart":       corev1.RestartPolicyOnFailure,
 		"port":          int32(8888),
-		"annotations":   10,
+		"annotations":   11,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("pod contract (-want +got):\n%s", diff)
@@ -312,6 +359,13 @@ func TestParsePodRoundTrip(t *testing.T) {
 	for _, mod := range []func(Spec) Spec{
 		func(s Spec) Spec { return s },
 		func(s Spec) Spec { s.User, s.Server, s.QuotaGroups = "Zoë@Example.org", "Mon Carnet", nil; return s },
+		func(s Spec) Spec {
+			s.Sharing = v1.SharingMIG
+			s.GPU = v1.GPURef{UUID: "MIG-6a1f", Node: "gpu-1", MIGProfile: "1g.18gb+me", ParentUUID: "GPU-4b2c"}
+			return s
+		},
+		func(s Spec) Spec { s.Sharing = v1.SharingMPS; return s },
+		func(s Spec) Spec { s.IdempotencyKey = "hub-spawn-7"; return s },
 	} {
 		spec := mod(testSpec())
 		pod, err := Pod(testConfig(), spec)
@@ -328,7 +382,11 @@ func TestParsePodRoundTrip(t *testing.T) {
 		want := ManagedPod{
 			Name: PodName(spec.User, spec.Server), User: spec.User, Server: spec.Server, Profile: spec.Profile,
 			SpawnID: spec.SpawnID, Node: spec.GPU.Node, GPUUUID: spec.GPU.UUID, Slice: spec.Slice,
-			QuotaGroups: spec.QuotaGroups, URL: "http://10.88.0.7:8888", CreatedAt: created,
+			Sharing: spec.Sharing, MIGProfile: spec.GPU.MIGProfile, ParentUUID: spec.GPU.ParentUUID,
+			QuotaGroups: spec.QuotaGroups, IdempotencyKey: spec.IdempotencyKey, URL: "http://10.88.0.7:8888", CreatedAt: created,
+		}
+		if want.Sharing == "" {
+			want.Sharing = v1.SharingSliced
 		}
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("ParsePod (-want +got):\n%s", diff)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"time"
 
@@ -34,30 +36,28 @@ func WithRetryFor(d time.Duration) Option {
 }
 
 // Transient reports whether err says the API server could not take the
-// request now rather than that it refused it: 429, 500, 503, 504 and
-// server timeouts, a connection refused, reset or cut short, and a 403 of
-// the authorizer (RBAC denies everything for a moment after an API server
-// restart, until its informers have synced). A 403 of admission (a
-// ResourceQuota, PodSecurity) is not transient.
+// request now rather than that it refused it: no answer at all (a
+// connection refused, reset or cut short, a timeout), 429, 500, 503, 504,
+// a server timeout, and a 403 of the authorizer (RBAC denies everything
+// for a moment after an API server restart, until its informers have
+// synced). A 403 of admission (a ResourceQuota, PodSecurity) is not
+// transient, nor is a cancelled context.
 func Transient(err error) bool {
+	var status apierrors.APIStatus
+	var ne net.Error
 	switch {
-	case err == nil:
+	case err == nil || errors.Is(err, context.Canceled):
 		return false
-	case apierrors.IsTooManyRequests(err), apierrors.IsInternalError(err), apierrors.IsServiceUnavailable(err),
-		apierrors.IsServerTimeout(err), apierrors.IsTimeout(err), apierrors.IsUnexpectedServerError(err):
-		return true
 	case apierrors.IsForbidden(err):
 		return authzDenied(err)
-	case utilnet.IsConnectionRefused(err), utilnet.IsConnectionReset(err), utilnet.IsProbableEOF(err),
-		utilnet.IsHTTP2ConnectionLost(err), utilnet.IsTimeout(err):
-		return true
+	case errors.As(err, &status):
+		return unavailable(err)
 	}
-	var status apierrors.APIStatus
-	if errors.As(err, &status) {
-		code := status.Status().Code
-		return code == 502 || code == 503 || code == 504
-	}
-	return false
+	// No answer from the API server; the spawner's own errors (ErrPodGone,
+	// ErrNotOwned...) are not network errors and are final.
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		utilnet.IsConnectionRefused(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err) ||
+		utilnet.IsHTTP2ConnectionLost(err) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // authzDenied reports whether a 403 comes from the authorizer, whose

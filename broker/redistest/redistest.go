@@ -65,6 +65,7 @@ func Binary() string {
 type Process struct {
 	binary string
 	dir    string
+	extra  []string // more redis-server arguments
 
 	mu      sync.Mutex
 	port    int
@@ -74,11 +75,12 @@ type Process struct {
 }
 
 // StartProcess starts redis-server from Binary() on 127.0.0.1 at a free port
-// with its working directory and log file in dir (which must exist), and
-// returns once it answers PING. ctx bounds only the start; the process runs
+// with its working directory and log file in dir (which must exist) and
+// the extra arguments after the defaults (for example "--replicaof",
+// "127.0.0.1 6380"), and returns once it answers PING. ctx bounds only the start; the process runs
 // until Stop. The error wraps exec's error when the binary cannot run.
-func StartProcess(ctx context.Context, dir string) (*Process, error) {
-	p := &Process{binary: Binary(), dir: dir}
+func StartProcess(ctx context.Context, dir string, extra ...string) (*Process, error) {
+	p := &Process{binary: Binary(), dir: dir, extra: extra}
 	var errs []error
 	for range bindAttempts {
 		port, err := freePort()
@@ -115,7 +117,7 @@ func freePort() (int, error) {
 // process is gone when it returns.
 func (p *Process) start(ctx context.Context, port int) error {
 	logFile := filepath.Join(p.dir, "redis.log")
-	cmd := exec.Command(p.binary, // #nosec G204 -- test support runs the configured redis-server
+	args := append([]string{
 		"--bind", "127.0.0.1",
 		"--port", strconv.Itoa(port),
 		"--dir", p.dir,
@@ -124,7 +126,11 @@ func (p *Process) start(ctx context.Context, port int) error {
 		"--daemonize", "no",
 		"--protected-mode", "no",
 		"--logfile", logFile,
-	)
+		// A replica's full sync starts at once, not after 5 s (Redis 7's
+		// default), so tests with replicas wait on nothing.
+		"--repl-diskless-sync-delay", "0",
+	}, p.extra...)
+	cmd := exec.Command(p.binary, args...) // #nosec G204 -- test support runs the configured redis-server
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("run %s: %w", p.binary, err)
@@ -208,6 +214,38 @@ func tail(path string) string {
 	return strings.Join(lines, " | ")
 }
 
+// Port returns the server's TCP port.
+func (p *Process) Port() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.port
+}
+
+// Signal sends sig to the process (SIGSTOP and SIGCONT freeze and thaw
+// it: its connections stay open but it answers nothing).
+func (p *Process) Signal(sig syscall.Signal) error {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd == nil {
+		return errors.New("redistest: process not started")
+	}
+	return cmd.Process.Signal(sig)
+}
+
+// Kill ends the process with SIGKILL at once (a crash) and returns once
+// it has been reaped; Stop afterwards does nothing.
+func (p *Process) Kill() {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-exited
+}
+
 // Addr returns host:port of the server, e.g. "127.0.0.1:41234".
 func (p *Process) Addr() string {
 	p.mu.Lock()
@@ -248,6 +286,13 @@ func (p *Process) Stop() {
 // Clients reconnect on their next command.
 func (p *Process) Restart(ctx context.Context) error {
 	p.Stop()
+	return p.Rerun(ctx)
+}
+
+// Rerun starts a fresh, empty server on the port of a stopped one (after
+// Stop: Redis was down meanwhile, and comes back without its data). It
+// returns once the server answers PING.
+func (p *Process) Rerun(ctx context.Context) error {
 	p.mu.Lock()
 	port := p.port
 	p.mu.Unlock()

@@ -84,11 +84,12 @@ var rules = []rule{
 	// Services: they coordinate the domain with the parts behind their interfaces.
 	{
 		group: "servers", pkgs: []string{"broker/internal/servers"},
-		may: []string{"broker/api/v1", "broker/internal/fleet", "spawner",
+		may: []string{"broker/api/v1", "broker/internal/audit", "broker/internal/fleet", "spawner",
 			"limiter/agent/agentstore"},
 		never: join(httpServer, identity, gpuDriver, []string{"broker/internal/redisstore"}),
 		why: "the server lifecycle; its interfaces name the spawner's pod types and the agent contract's quota and " +
-			"sample types (agentstore, the contract's one reader), whose concrete stores the composition root passes in",
+			"sample types (agentstore, the contract's one reader), whose concrete stores the composition root passes in; " +
+			"it audits each lifecycle action with who acted (audit)",
 	},
 	{
 		group: "reconcile", pkgs: []string{"broker/internal/reconcile"},
@@ -141,6 +142,14 @@ var rules = []rule{
 		never: join(infrastructure, []string{"broker/internal/..."}),
 		why: "the web pages call the API in-process through the interfaces they declare: the broker's API types " +
 			"and nothing else of it",
+	},
+	{
+		group: "metrics", pkgs: []string{"broker/internal/metrics"},
+		may:   []string{},
+		never: join(kubeClient, httpServer, identity, gpuDriver, []string{"github.com/alicebob/miniredis/..."}),
+		why: "the broker's Prometheus series (client_golang): implements the Metrics interfaces servers, reconcile, " +
+			"reclaim and httpapi declare with plain arguments, so it imports nothing of the project; go-redis for its " +
+			"command hook, net/http for the Kubernetes transport wrapper and the handler, not client-go",
 	},
 	{
 		group: "config", pkgs: []string{"broker/internal/config"},
@@ -205,6 +214,15 @@ var rules = []rule{
 			"contract (v1) and, through agentstore, the Redis schema",
 	},
 	{
+		group: "limiter/hook/podhook", pkgs: []string{"limiter/hook/podhook"}, tests: true,
+		may:     []string{"broker/api/v1", "limiter/agent", "limiter/hook/stubtest"},
+		testMay: join(testSupport, []string{"limiter/region", "spawner", "spawner/runner"}),
+		never:   join(httpServer, identity, []string{"broker/internal/..."}),
+		why: "the pod runner's limiter (the real hook over the stub driver, the slice laid out by the agent's own " +
+			"code): it hands the runner a Wrap function and never imports it, so spawner and limiter stay apart; " +
+			"its test runs pods through the runner",
+	},
+	{
 		group: "limiter/agent/agentstore", pkgs: []string{"limiter/agent/agentstore"}, tests: true, testMay: testSupport,
 		may:   []string{"broker/api/v1", "broker/api/redisschema"},
 		never: join(kubeClient, httpServer, identity, gpuDriver, []string{"broker/internal/..."}),
@@ -238,17 +256,18 @@ var rules = []rule{
 	},
 	{
 		group: "serverstest", pkgs: []string{"broker/internal/servers/serverstest"},
-		may: []string{"broker/internal/catalog", "broker/internal/fleet", "broker/internal/redisstore",
-			"broker/internal/servers", "broker/redistest", "spawner"},
-		why: "the broker's lifecycle on real parts for the broker's own tests, wired as the composition root wires it",
+		may: []string{"broker/api/v1", "broker/internal/audit", "broker/internal/catalog", "broker/internal/fleet",
+			"broker/internal/redisstore", "broker/internal/servers", "broker/redistest", "spawner"},
+		why: "the broker's lifecycle on real parts for the broker's own tests, wired as the composition root wires it " +
+			"(with its audit log, and the actor its tests act as)",
 	},
 	{
 		group: "e2e", pkgs: []string{"e2e/..."}, tests: true, testMay: testSupport,
-		may:   []string{"broker/api/v1", "e2e/harness", "limiter/agent/agentstore", "spawner", "spawner/runner"},
+		may:   []string{"broker/api/v1", "e2e/harness", "limiter/agent/agentstore", "limiter/hook/podhook", "spawner", "spawner/runner"},
 		never: []string{"broker/internal/..."},
 		why: "end-to-end tests through public interfaces only: the binaries, the REST API (v1), client-go, " +
 			"the agent contract, the public test helpers, the pod runner that plays the kubelet for the notebook " +
-			"pods and the spawner's names of the pod contract (PodName, SecretName)",
+			"pods, its limiter (limiter/hook/podhook: the real hook over the stub driver) and the spawner's names of the pod contract (PodName, SecretName)",
 	},
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -23,9 +24,14 @@ type BrokerOptions struct {
 	// --oidc-audience.
 	RedisURL   string
 	Kubeconfig string
-	Namespace  string
-	IssuerURL  string
-	Audience   string
+	// RedisSentinelMaster and RedisSentinelAddrs, when set, map to
+	// --redis-sentinel-master and --redis-sentinel-addrs instead of
+	// --redis-url.
+	RedisSentinelMaster string
+	RedisSentinelAddrs  []string
+	Namespace           string
+	IssuerURL           string
+	Audience            string
 	// ProfilesYAML is written to Dir and passed as --profiles-file.
 	ProfilesYAML string
 	// HubToken is written to Dir and passed as --hub-token-file; "" leaves the
@@ -45,6 +51,9 @@ type BrokerOptions struct {
 type Broker struct {
 	// URL is the broker's base URL, http://127.0.0.1:<port>.
 	URL string
+	// MetricsURL is the base URL of its metrics listener
+	// (--metrics-listen), http://127.0.0.1:<port>; /metrics is there.
+	MetricsURL string
 	// LogPath is the file holding the output of every start.
 	LogPath string
 
@@ -64,24 +73,34 @@ func StartBroker(ctx context.Context, o BrokerOptions) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
+	metricsPort, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
 	profiles := filepath.Join(o.Dir, "profiles.yaml")
 	if err := os.WriteFile(profiles, []byte(o.ProfilesYAML), 0o600); err != nil {
 		return nil, fmt.Errorf("write profiles: %w", err)
 	}
 	b := &Broker{
-		URL:     fmt.Sprintf("http://127.0.0.1:%d", port),
-		LogPath: filepath.Join(o.Dir, "broker.log"),
-		bin:     o.Binary,
-		env:     Environ(),
+		URL:        fmt.Sprintf("http://127.0.0.1:%d", port),
+		MetricsURL: fmt.Sprintf("http://127.0.0.1:%d", metricsPort),
+		LogPath:    filepath.Join(o.Dir, "broker.log"),
+		bin:        o.Binary,
+		env:        Environ(),
 	}
 	b.args = []string{"serve",
 		fmt.Sprintf("--listen=127.0.0.1:%d", port),
-		"--redis-url=" + o.RedisURL,
+		fmt.Sprintf("--metrics-listen=127.0.0.1:%d", metricsPort),
 		"--kubeconfig=" + o.Kubeconfig,
 		"--namespace=" + o.Namespace,
 		"--oidc-issuer=" + o.IssuerURL,
 		"--oidc-audience=" + o.Audience,
 		"--profiles-file=" + profiles,
+	}
+	if o.RedisSentinelMaster != "" {
+		b.args = append(b.args, "--redis-sentinel-master="+o.RedisSentinelMaster, "--redis-sentinel-addrs="+strings.Join(o.RedisSentinelAddrs, ","))
+	} else {
+		b.args = append(b.args, "--redis-url="+o.RedisURL)
 	}
 	if o.HubToken != "" {
 		hub := filepath.Join(o.Dir, "hub-token")
@@ -200,6 +219,48 @@ func (b *Broker) Stop() error {
 	default:
 	}
 	return p.Stop(15 * time.Second)
+}
+
+// Shutdown asks the broker to shut down (SIGTERM) and waits up to grace
+// for it to exit by itself, then kills it. It returns how long the exit
+// took and an error when the broker did not exit within grace or exited
+// with a failure: a graceful shutdown exits 0 within its budget.
+func (b *Broker) Shutdown(grace time.Duration) (time.Duration, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.proc == nil {
+		return 0, errors.New("gpubroker is not running")
+	}
+	p := b.proc
+	b.proc = nil
+	start := time.Now()
+	if err := p.signal(syscall.SIGTERM); err != nil {
+		return 0, err
+	}
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-p.Exited():
+		took := time.Since(start)
+		p.signalGroup(syscall.SIGKILL) // stray children of the group
+		if err := p.ExitErr(); err != nil {
+			return took, fmt.Errorf("gpubroker exited after SIGTERM with %w", err)
+		}
+		return took, nil
+	case <-timer.C:
+		_ = p.Kill()
+		return time.Since(start), fmt.Errorf("gpubroker did not exit within %s of SIGTERM; killed", grace)
+	}
+}
+
+// Pid returns the broker's process id, 0 while it is stopped.
+func (b *Broker) Pid() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.proc == nil {
+		return 0
+	}
+	return b.proc.Pid()
 }
 
 // LogTail returns the last n lines of the broker's log.

@@ -15,7 +15,7 @@ import (
 )
 
 // APIError is a non-2xx answer of the broker. Body is the decoded v1.Error;
-// Raw is the body as received (at most 64 KiB), for answers that are not
+// Raw is the body as received (at most 8 MiB), for answers that are not
 // JSON; Header holds the answer's headers.
 type APIError struct {
 	Status int
@@ -43,6 +43,10 @@ type Client struct {
 }
 
 var defaultHTTP = &http.Client{Timeout: 30 * time.Second}
+
+// maxBody is the most of an answer Do reads: enough for an admin's list of
+// every server of a busy test.
+const maxBody = 8 << 20
 
 // Do sends a request with an optional JSON body and header, decodes a 2xx
 // JSON answer into out (when not nil) and returns the status. A non-2xx
@@ -79,7 +83,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body any, header h
 		return 0, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
 		return resp.StatusCode, fmt.Errorf("%s %s: read body: %w", method, path, err)
 	}
@@ -119,6 +123,29 @@ func (c *Client) GetServer(ctx context.Context, user, name string) (v1.Server, e
 	var s v1.Server
 	_, err := c.Do(ctx, http.MethodGet, ServerPath(user, name), nil, nil, &s)
 	return s, err
+}
+
+// AllServers lists every server the caller may see (all users' for an
+// admin), following the list's pages (GET /api/v1/servers?all=true and
+// its cursors) to the last.
+func (c *Client) AllServers(ctx context.Context) ([]v1.Server, error) {
+	var out []v1.Server
+	cursor := ""
+	for {
+		path := "/api/v1/servers?all=true"
+		if cursor != "" {
+			path += "&cursor=" + url.QueryEscape(cursor)
+		}
+		var page v1.ServerPage
+		if _, err := c.Do(ctx, http.MethodGet, path, nil, nil, &page); err != nil {
+			return nil, err
+		}
+		out = append(out, page.Servers...)
+		if page.Next == "" {
+			return out, nil
+		}
+		cursor = page.Next
+	}
 }
 
 // DeleteServer sends DELETE ServerPath and returns the status (202 expected).

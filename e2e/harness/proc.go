@@ -29,6 +29,12 @@ type Process struct {
 // environment. The process gets SIGKILL if the test binary dies first.
 // The caller must call Stop or Kill.
 func StartProcess(name, logPath string, env []string, bin string, args ...string) (*Process, error) {
+	return startProcessIn("", name, logPath, env, bin, args...)
+}
+
+// startProcessIn is StartProcess with the working directory dir ("" : this
+// process's).
+func startProcessIn(dir, name, logPath string, env []string, bin string, args ...string) (*Process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("%s: open log: %w", name, err)
@@ -37,6 +43,7 @@ func StartProcess(name, logPath string, env []string, bin string, args ...string
 	fmt.Fprintf(logFile, "=== %s %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), bin, strings.Join(args, " "))
 	cmd := exec.Command(bin, args...)
 	cmd.Env = env
+	cmd.Dir = dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -96,6 +103,14 @@ func (p *Process) Kill() error {
 	case <-time.After(10 * time.Second):
 		return fmt.Errorf("%s (pid %d): still running 10s after SIGKILL", p.Name, p.Pid())
 	}
+}
+
+// signal sends sig to the process itself (not its group).
+func (p *Process) signal(sig syscall.Signal) error {
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("%s (pid %d): %s: %w", p.Name, p.Pid(), sig, err)
+	}
+	return nil
 }
 
 func (p *Process) signalGroup(sig syscall.Signal) {

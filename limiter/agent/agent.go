@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 )
 
@@ -51,6 +52,9 @@ type Config struct {
 	PaceInterval time.Duration
 	// Enforcement is the bypass policy.
 	Enforcement Policy
+	// MPSControl is the path of nvidia-cuda-mps-control, run for each GPU
+	// in MPS mode; default DefaultMPSControl (on PATH).
+	MPSControl string
 	// TrustUsagePIDs maps processes that are in no pod cgroup to slices by
 	// the (pid, start time) entries of the usage regions. The hooks write
 	// these, so they are advisory: enable it only where processes do not
@@ -141,6 +145,12 @@ type PodIndex interface {
 	Changed() <-chan struct{}
 }
 
+// NodeLabels reads the labels of the agent's node (implemented over
+// client-go in main); the agent reads v1.LabelSharing from them.
+type NodeLabels interface {
+	NodeLabels(ctx context.Context) (map[string]string, error)
+}
+
 // SampleSink receives samples and node reports.
 type SampleSink interface {
 	AddSamples(ctx context.Context, samples []agentstore.Sample) error
@@ -173,6 +183,16 @@ type Deps struct {
 	Metrics prometheus.Registerer
 	// Log defaults to a discarding logger.
 	Log *slog.Logger
+	// NodeLabels, when set, gives the node's sharing label; nil: the GPUs
+	// ask for no mode (the broker's or an admin's is kept).
+	NodeLabels NodeLabels
+	// Modes, when set, gives the sharing modes in force on the node's
+	// GPUs (agentstore.Store.Modes); the agent runs an MPS control daemon
+	// on each GPU in MPS mode. nil: no MPS daemons.
+	Modes ModeSource
+	// MPS runs MPS control daemons; default ExecMPS over
+	// Config.MPSControl.
+	MPS MPSLauncher
 }
 
 // Agent is the node agent. Build it with New and run it with Run once.
@@ -203,10 +223,21 @@ type Agent struct {
 	paceOwners map[uint32]string   // pid → slice id, from the last sampling round
 	paceSlices map[string][]string // gpu uuid → local slice ids, from the last round
 
-	applyMu sync.Mutex        // held for one applyQuota at a time
-	quotaMu sync.Mutex        // guards applied and limits
-	applied map[string]int64  // slice → desired generation applied
-	limits  map[string]uint64 // slice → memory cap in effect, bytes (see limitBytes)
+	labels NodeLabels
+	modes  ModeSource
+	mps    MPSLauncher
+
+	modeMu    sync.Mutex
+	requested v1.SharingMode // what the node's label asks for
+
+	guarantees *guarantees
+	mpsState   *mpsState
+
+	applyMu  sync.Mutex        // held for one applyQuota at a time
+	quotaMu  sync.Mutex        // guards applied and limits
+	applied  map[string]int64  // slice → desired generation applied
+	limits   map[string]uint64 // slice → memory cap in effect, bytes (see limitBytes)
+	computes map[string]int    // slice → guaranteed compute in effect, percent (see guaranteed)
 }
 
 // New validates cfg and returns an agent. It does no I/O and starts nothing.
@@ -221,8 +252,12 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 	a := &Agent{
 		cfg: cfg, nvml: deps.NVML, has: deps.HasSymbol, samples: deps.Samples, quotas: deps.Quotas,
 		audit: deps.Audit, pods: deps.Pods, proc: deps.Proc, killer: deps.Killer, clock: deps.Clock, wall: deps.Wall, log: deps.Log,
+		labels: deps.NodeLabels, modes: deps.Modes, mps: deps.MPS, guarantees: newGuarantees(cfg.SampleInterval),
 		enforcer: newEnforcer(cfg.Enforcement), procCache: map[uint32]Process{}, knownSlices: map[string]bool{}, usageIDs: map[string]fileID{},
-		applied: map[string]int64{}, limits: map[string]uint64{},
+		applied: map[string]int64{}, limits: map[string]uint64{}, computes: map[string]int{}, mpsState: newMPSState(),
+	}
+	if a.mps == nil {
+		a.mps = ExecMPS{Path: cfg.MPSControl}
 	}
 	if a.proc.Root == "" {
 		a.proc.Root = DefaultProcRoot
@@ -289,6 +324,7 @@ func (a *Agent) Run(ctx context.Context) (rerr error) {
 	g.Go(func() error { return a.heartbeatLoop(ctx) })
 	g.Go(func() error { return a.quotaLoop(ctx) })
 	g.Go(func() error { return a.watchLoop(ctx) })
+	g.Go(func() error { return a.mpsLoop(ctx) })
 	if a.cfg.PaceInterval > 0 {
 		g.Go(func() error { return a.paceLoop(ctx) })
 	}
@@ -362,7 +398,9 @@ func (a *Agent) SampleOnce(ctx context.Context) {
 			delete(a.usageIDs, id)
 			a.quotaMu.Lock()
 			delete(a.limits, id)
+			delete(a.computes, id)
 			a.quotaMu.Unlock()
+			a.guarantees.forget(id)
 			a.metrics.forgetSlice(id)
 			if f, ok := a.samples.(interface{ Forget(string) }); ok {
 				f.Forget(id)
@@ -401,18 +439,73 @@ func (a *Agent) heartbeatLoop(ctx context.Context) error {
 }
 
 // Heartbeat writes the node report once; a failure is logged and counted.
+// It first reads the node's sharing label (NodeLabels), so the report asks
+// for the mode the label names.
 func (a *Agent) Heartbeat(ctx context.Context) {
-	r := agentstore.NodeReport{
-		Node:        a.cfg.Node,
-		At:          a.clock.Now(),
-		HeartbeatMs: a.cfg.HeartbeatInterval.Milliseconds(),
-		SampleMs:    a.cfg.SampleInterval.Milliseconds(),
-		GPUs:        a.devs.reports(),
-	}
+	a.readLabel(ctx)
+	r := a.nodeReport()
 	if err := a.samples.Heartbeat(ctx, r); err != nil {
 		a.metrics.errors.WithLabelValues("redis").Inc()
 		a.log.WarnContext(ctx, "heartbeat not written", "err", err)
 	}
+}
+
+// nodeReport is the node report as of now: every device, the GPUs not in
+// MIG mode asking for the mode the node's label names, and each GPU's
+// promised-vs-delivered summary.
+func (a *Agent) nodeReport() agentstore.NodeReport {
+	gpus := a.devs.reports()
+	a.modeMu.Lock()
+	requested := a.requested
+	a.modeMu.Unlock()
+	summaries := a.guaranteeSummaries()
+	for i := range gpus {
+		if gpus[i].Mode != v1.SharingMIG {
+			gpus[i].Mode = requested
+		}
+		if g, ok := summaries[gpus[i].UUID]; ok {
+			gpus[i].Guarantee = &g
+		}
+	}
+	return agentstore.NodeReport{
+		Node:        a.cfg.Node,
+		At:          a.clock.Now(),
+		HeartbeatMs: a.cfg.HeartbeatInterval.Milliseconds(),
+		SampleMs:    a.cfg.SampleInterval.Milliseconds(),
+		GPUs:        gpus,
+	}
+}
+
+// setRequestedMode sets the mode the node's label asks for ("" = none).
+func (a *Agent) setRequestedMode(m v1.SharingMode) {
+	a.modeMu.Lock()
+	a.requested = m
+	a.modeMu.Unlock()
+}
+
+// readLabel reads the node's sharing label, if the agent has a way to
+// (Deps.NodeLabels), and keeps the mode it names; a failed read keeps the
+// last one (logged), a label naming no mode the GPUs may be set to is
+// logged and asks for nothing.
+func (a *Agent) readLabel(ctx context.Context) {
+	if a.labels == nil {
+		return
+	}
+	l, err := a.labels.NodeLabels(ctx)
+	if err != nil {
+		a.metrics.errors.WithLabelValues("kube").Inc()
+		a.log.WarnContext(ctx, "node labels not read; keeping the last sharing mode", "err", err)
+		return
+	}
+	m := v1.SharingMode(l[v1.LabelSharing])
+	switch m {
+	case "", v1.SharingSliced, v1.SharingExclusive, v1.SharingMPS:
+	default:
+		a.log.WarnContext(ctx, "node label names no sharing mode a GPU can be set to (sliced, exclusive, mps; MIG is the GPU's own)",
+			"label", v1.LabelSharing, "value", string(m))
+		m = ""
+	}
+	a.setRequestedMode(m)
 }
 
 // quotaLoop prepares every local slice and applies its desired quota at
@@ -425,6 +518,7 @@ func (a *Agent) quotaLoop(ctx context.Context) error {
 			a.metrics.errors.WithLabelValues("quota").Inc()
 			a.log.WarnContext(ctx, "quota resync incomplete", "err", err)
 		}
+		a.kickMPS() // a new MPS slice sets its GPU's client size
 		select {
 		case <-ctx.Done():
 			return nil

@@ -263,12 +263,12 @@ func TestSampleRoundMapsProcessesToSlices(t *testing.T) {
 	want := map[string]agentstore.Sample{
 		// 100: mean(20, 40) = 30 %, 101: 10 % → 40 %; 1 GiB + 512 MiB.
 		"slice-a": {Slice: "slice-a", At: t0, Interval: time.Second, SMPercent: ptr(40), MemoryUsedMiB: ptr(int64(1536)),
-			MemoryLimitMiB: 2048, Processes: ptr(2), LastKernel: &zero},
+			MemoryLimitMiB: 2048, Processes: ptr(2), LastKernel: &zero, Guarantee: &v1.Guarantee{Percent: 20, WindowSeconds: 3600}},
 		// 200 ran no kernels: a measured 0 %.
 		"slice-b": {Slice: "slice-b", At: t0, Interval: time.Second, SMPercent: ptr(0), MemoryUsedMiB: ptr(int64(2048)),
-			MemoryLimitMiB: 4096, Processes: ptr(1), LastKernel: &zero},
+			MemoryLimitMiB: 4096, Processes: ptr(1), LastKernel: &zero, Guarantee: &v1.Guarantee{Percent: 30, WindowSeconds: 3600}},
 		"slice-c": {Slice: "slice-c", At: t0, Interval: time.Second, SMPercent: ptr(0), MemoryUsedMiB: ptr(int64(256)),
-			MemoryLimitMiB: 1024, Processes: ptr(1), LastKernel: &zero},
+			MemoryLimitMiB: 1024, Processes: ptr(1), LastKernel: &zero, Guarantee: &v1.Guarantee{Percent: 10, WindowSeconds: 3600}},
 	}
 	if diff := cmp.Diff(want, samples(r)); diff != "" {
 		t.Errorf("samples (-want +got):\n%s", diff)
@@ -416,7 +416,7 @@ func TestDiscoverMIGModes(t *testing.T) {
 		wantMIG     bool
 	}{
 		{name: "mig disabled", ret: nvml.SUCCESS, mode: nvml.DEVICE_MIG_DISABLE, has: true, wantHealthy: true},
-		{name: "mig enabled is not placeable", ret: nvml.SUCCESS, mode: nvml.DEVICE_MIG_ENABLE, has: true, wantMIG: true},
+		{name: "mig enabled is healthy, placed through its instances", ret: nvml.SUCCESS, mode: nvml.DEVICE_MIG_ENABLE, has: true, wantHealthy: true, wantMIG: true},
 		{name: "mig not supported", ret: nvml.ERROR_NOT_SUPPORTED, has: true, wantHealthy: true},
 		{name: "library without the symbol is never called", ret: nvml.ERROR_UNKNOWN, has: false, wantHealthy: true},
 		{name: "mig query failing otherwise", ret: nvml.ERROR_UNKNOWN, has: true},
@@ -430,6 +430,7 @@ func TestDiscoverMIGModes(t *testing.T) {
 				}
 				return tc.mode, tc.mode, tc.ret
 			}
+			lib.Devices[0].(*server.Device).GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, nvml.SUCCESS }
 			ds, _ := discoverDevices(lib, "n", func(string) bool { return tc.has }, t0)
 			g := ds.reports()[0]
 			if g.Healthy != tc.wantHealthy || g.MIGEnabled != tc.wantMIG {

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 )
 
@@ -20,6 +22,10 @@ type device struct {
 	index  int
 	handle nvml.Device
 	report agentstore.GPUReport
+	// parent is a MIG instance's GPU (whose handle is a MIG device handle);
+	// nil for a GPU. instances are a MIG-mode GPU's instances.
+	parent    *device
+	instances []*device
 	// lastSeenUs is the newest process-utilization timestamp seen
 	// (microseconds, NVML's clock); only the sampler touches it.
 	lastSeenUs uint64
@@ -57,8 +63,116 @@ func discoverDevices(lib nvml.Interface, node string, has func(string) bool, now
 			}
 		}
 		ds.list = append(ds.list, d)
+		if d.report.MIGEnabled {
+			insts, err := describeInstances(d, has, now)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("device %d: %w", i, err))
+			}
+			d.instances = insts
+			ds.list = append(ds.list, insts...)
+		}
 	}
 	return ds, errors.Join(errs...)
+}
+
+// migSymbols are the NVML functions MIG discovery needs.
+var migSymbols = []string{"nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex",
+	"nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId", "nvmlDeviceGetAttributes_v2"}
+
+// describeInstances lists the MIG instances of the MIG-mode GPU g through
+// NVML's MIG device handles (one per compute instance): UUID ("MIG-…"),
+// MIG profile, memory, SM count, and their GPU and compute instance ids.
+// A slot without an instance (ERROR_NOT_FOUND) is skipped; an instance
+// that fails a query is left out with the error. An instance's health is
+// its GPU's.
+func describeInstances(g *device, has func(string) bool, now time.Time) ([]*device, error) {
+	for _, sym := range migSymbols {
+		if !has(sym) {
+			return nil, fmt.Errorf("gpu %s is in MIG mode, but NVML lacks %s: its MIG instances cannot be listed", g.report.UUID, sym)
+		}
+	}
+	n, ret := g.handle.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("gpu %s: max MIG device count: %w", g.report.UUID, ret)
+	}
+	var out []*device
+	var errs []error
+	for i := 0; i < n; i++ {
+		h, ret := g.handle.GetMigDeviceHandleByIndex(i)
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue // no instance in this slot
+		}
+		if ret != nvml.SUCCESS {
+			errs = append(errs, fmt.Errorf("gpu %s: MIG device %d: %w", g.report.UUID, i, ret))
+			continue
+		}
+		inst, err := describeInstance(g, h, now)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("gpu %s: MIG device %d: %w", g.report.UUID, i, err))
+			continue
+		}
+		out = append(out, inst)
+	}
+	return out, errors.Join(errs...)
+}
+
+// describeInstance describes one MIG device handle h of GPU g.
+func describeInstance(g *device, h nvml.Device, now time.Time) (*device, error) {
+	uuid, ret := h.GetUUID()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("uuid: %w", ret)
+	}
+	mem, ret := h.GetMemoryInfo()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%s: memory info: %w", uuid, ret)
+	}
+	attrs, ret := h.GetAttributes()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%s: attributes: %w", uuid, ret)
+	}
+	gi, ret := h.GetGpuInstanceId()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%s: gpu instance id: %w", uuid, ret)
+	}
+	ci, ret := h.GetComputeInstanceId()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%s: compute instance id: %w", uuid, ret)
+	}
+	name, _ := h.GetName() // e.g. "NVIDIA H200 MIG 3g.71gb"; only a hint
+	sms := int(attrs.MultiprocessorCount)
+	if sms <= 0 {
+		return nil, fmt.Errorf("%s: NVML reports %d SMs", uuid, sms)
+	}
+	share := 100
+	if g.report.SMCount > 0 {
+		share = min(max((100*sms+g.report.SMCount/2)/g.report.SMCount, 1), 100)
+	}
+	return &device{index: g.index, handle: h, parent: g, report: agentstore.GPUReport{
+		GPU: v1.GPU{UUID: uuid, Node: g.report.Node, Model: g.report.Model, MemoryMiB: int64(mem.Total >> 20), SMCount: sms,
+			Healthy: g.report.Healthy, Mode: v1.SharingMIG, MIGProfile: migProfileName(name, attrs),
+			ParentUUID: g.report.UUID, ComputePercent: share},
+		GPUInstanceID: gi, ComputeInstanceID: ci, Reason: g.report.Reason, Since: now,
+	}}, nil
+}
+
+// migProfileName is a MIG device's profile: the name NVML gives the
+// device ("NVIDIA H100 80GB HBM3 MIG 3g.40gb" → "3g.40gb"), or, when the
+// name carries none, one made from its attributes as NVIDIA names them:
+// GPU-instance slices, "g.", memory in whole GB, "gb", with "<n>c." first
+// for a compute instance smaller than its GPU instance. The made-up form
+// matches NVIDIA's where memory is a whole number of GiB (the profiles of
+// go-nvml's mocks); real drivers name every device.
+func migProfileName(name string, a nvml.DeviceAttributes) string {
+	if i := strings.LastIndex(name, "MIG "); i >= 0 {
+		if p := strings.TrimSpace(name[i+len("MIG "):]); p != "" {
+			return p
+		}
+	}
+	p := fmt.Sprintf("%dg.%dgb", a.GpuInstanceSliceCount, (a.MemorySizeMB+512)/1024)
+	if a.ComputeInstanceSliceCount > 0 && a.ComputeInstanceSliceCount < a.GpuInstanceSliceCount {
+		p = fmt.Sprintf("%dc.%s", a.ComputeInstanceSliceCount, p)
+	}
+	return p
 }
 
 func describeDevice(lib nvml.Interface, index int, node string, has func(string) bool, now time.Time) (*device, error) {
@@ -97,8 +211,8 @@ func describeDevice(lib nvml.Interface, index int, node string, has func(string)
 		}
 	}
 	if d.report.MIGEnabled {
-		d.report.Healthy = false
-		d.report.Reason = "mig mode is enabled; gpubroker slices need a whole GPU"
+		// Placed through its instances (describeInstances), not itself.
+		d.report.Mode = v1.SharingMIG
 	}
 	return d, nil
 }
@@ -123,16 +237,23 @@ func (ds *devices) healthy(d *device) (bool, string) {
 
 // markLost marks d unhealthy with reason (first reason wins) and signals
 // the change. A lost device stays unhealthy until the agent restarts, as
-// recovery needs a GPU reset that drains its processes anyway.
+// recovery needs a GPU reset that drains its processes anyway. A MIG
+// instance is lost with its GPU: marking either marks the GPU and all its
+// instances, and nothing else.
 func (ds *devices) markLost(d *device, reason string, now time.Time) bool {
+	if d.parent != nil {
+		d = d.parent
+	}
 	ds.mu.Lock()
 	if !d.report.Healthy {
 		ds.mu.Unlock()
 		return false
 	}
-	d.report.Healthy = false
-	d.report.Reason = reason
-	d.report.Since = now
+	for _, x := range append([]*device{d}, d.instances...) {
+		x.report.Healthy = false
+		x.report.Reason = reason
+		x.report.Since = now
+	}
 	ds.mu.Unlock()
 	select {
 	case ds.changed <- struct{}{}:
@@ -183,6 +304,9 @@ func (a *Agent) watchXids(ctx context.Context, poll time.Duration) error {
 	defer set.Free()
 	registered := 0
 	for _, d := range a.devs.list {
+		if d.parent != nil {
+			continue // a MIG instance's Xids are its GPU's
+		}
 		ret := d.handle.RegisterEvents(nvml.EventTypeXidCriticalError, set)
 		switch {
 		case ret == nvml.SUCCESS:
@@ -190,7 +314,7 @@ func (a *Agent) watchXids(ctx context.Context, poll time.Duration) error {
 		case ret == nvml.ERROR_NOT_SUPPORTED:
 			a.log.InfoContext(ctx, "xid events not supported", "gpu_uuid", d.report.UUID)
 		case lostReturn(ret):
-			a.devs.markLost(d, "gpu lost: register xid events: "+ret.Error(), a.clock.Now())
+			a.lose(ctx, d, "gpu lost: register xid events: "+ret.Error(), a.clock.Now())
 		default:
 			return fmt.Errorf("gpu %s: register xid events: %w", d.report.UUID, ret)
 		}
@@ -231,7 +355,6 @@ func (a *Agent) onXid(ctx context.Context, e nvml.EventData) {
 		return
 	}
 	if a.devs.markLost(d, reason, a.clock.Now()) {
-		a.log.WarnContext(ctx, "gpu marked unhealthy", "gpu_uuid", d.report.UUID, "reason", reason)
-		a.metrics.healthy.WithLabelValues(d.report.UUID).Set(0)
+		a.lost(ctx, d, reason)
 	}
 }

@@ -18,7 +18,8 @@
 //     region. One sample per local slice goes to Redis in one pipeline.
 //   - slices: as soon as the pod watcher sees a new pod (PodIndex.Changed),
 //     and at every QuotaResync, each local slice's host directory is laid
-//     out (prepareSlice): <root>/slices/<id>/quota and .../usage at mode
+//     out (PrepareSlice, also used by the pod runner's limiter
+//     limiter/hook/podhook): <root>/slices/<id>/quota and .../usage at mode
 //     0755 and root's, the usage region created initialized at mode 0666,
 //     and, when no valid quota file is there, the pod's initial slice (its
 //     annotations) written as the first one, with the slice's GPU. The hook

@@ -65,8 +65,8 @@ func (a *Agent) paceRound(ctx context.Context) {
 	now := a.wall()
 	for _, d := range a.devs.list {
 		ids := byGPU[d.report.UUID]
-		if len(ids) == 0 {
-			continue
+		if len(ids) == 0 || d.parent != nil {
+			continue // no slices, or a MIG instance (unpaced, no per-process utilization)
 		}
 		if ok, _ := a.devs.healthy(d); !ok {
 			continue
@@ -113,8 +113,16 @@ func (a *Agent) paceRound(ctx context.Context) {
 			}
 		}
 		for _, id := range ids {
+			path := a.slicePath(id, "usage", v1.UsageFileName)
+			if u, err := region.ReadUsage(path); err == nil {
+				var launches uint64
+				for _, p := range u.Processes {
+					launches += p.LaunchCount
+				}
+				a.guarantees.tick(id, launches)
+			}
 			s := region.AgentSample{Time: now, SliceUtilPermille: min(slice[id], 1000), DeviceUtilPermille: min(device, 1000)}
-			err := region.WriteAgentSample(a.slicePath(id, "usage", v1.UsageFileName), s)
+			err := region.WriteAgentSample(path, s)
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
 				// Not yet created by the pod's first hook, or gone: nothing
 				// to steer. Other errors are counted, not logged per round.

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/limiter/region"
 )
 
 // SliceInfo is one slice on this node, as its pod's annotations describe it
@@ -41,6 +42,31 @@ type SliceInfo struct {
 	// the slice's first quota file when it first sees the pod, before the
 	// broker sets a desired quota (the hook reads nothing else).
 	Initial v1.Slice
+	// Sharing is the server's sharing mode (sliced for pods without the
+	// annotation); for mig, GPU is the MIG instance's uuid and Parent its
+	// GPU's.
+	Sharing v1.SharingMode
+	Parent  string
+}
+
+// quota is the quota file of slice s with slice sl: the slice itself for a
+// sliced server; for the other modes the memory cap with compute 100/100,
+// which the hook does not pace (a MIG instance and a whole GPU are the
+// server's own; an MPS client's SMs are capped by MPS itself, see mps.go).
+func (s SliceInfo) quota(sl v1.Slice) region.Quota {
+	q := region.Quota{
+		SliceID:             s.ID,
+		MemoryLimitBytes:    uint64(max(sl.MemoryMiB, 0)) * mib,
+		ComputePercent:      uint32(max(sl.ComputePercent, 0)),
+		ComputeLimitPercent: uint32(max(sl.ComputeLimitPercent, 0)),
+	}
+	if s.Sharing != "" && s.Sharing != v1.SharingSliced {
+		q.ComputePercent, q.ComputeLimitPercent = 100, 100
+	}
+	if _, err := region.ParseUUID(s.GPU); err == nil {
+		q.GPUUUID = s.GPU
+	}
+	return q
 }
 
 // sliceIDPattern is what a slice id must look like to be used as a
@@ -71,6 +97,8 @@ func SliceFromPod(p *corev1.Pod) (SliceInfo, error) {
 		User:      a[v1.AnnotationUser],
 		Server:    a[v1.AnnotationServer],
 		GPU:       a[v1.AnnotationGPUUUID],
+		Sharing:   v1.SharingMode(a[v1.AnnotationSharing]),
+		Parent:    a[v1.AnnotationParentUUID],
 		Initial: v1.Slice{
 			MemoryMiB:           num(v1.AnnotationMemoryMiB),
 			ComputePercent:      int(num(v1.AnnotationComputePercent)),
@@ -82,6 +110,12 @@ func SliceFromPod(p *corev1.Pod) (SliceInfo, error) {
 	}
 	if s.GPU == "" {
 		errs = append(errs, fmt.Errorf("annotation %s is empty", v1.AnnotationGPUUUID))
+	}
+	switch {
+	case s.Sharing == "":
+		s.Sharing = v1.SharingSliced
+	case !s.Sharing.Valid():
+		errs = append(errs, fmt.Errorf("annotation %s %q is not a sharing mode", v1.AnnotationSharing, s.Sharing))
 	}
 	if s.PodUID == "" {
 		errs = append(errs, errors.New("pod has no uid"))

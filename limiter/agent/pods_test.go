@@ -39,7 +39,7 @@ func TestSliceFromPod(t *testing.T) {
 	}{
 		{name: "complete pod", edit: func(*corev1.Pod) {},
 			want: SliceInfo{ID: "spawn-1", PodUID: uidA, Pod: "nb", Namespace: "ns", User: "Alice@example.com", Server: "lab", GPU: "GPU-1",
-				Initial: v1.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 40}}},
+				Initial: v1.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 40}, Sharing: v1.SharingSliced}},
 		{name: "every problem at once", edit: func(p *corev1.Pod) {
 			p.Annotations[v1.AnnotationMemoryMiB] = "lots"
 			p.Annotations[v1.AnnotationGPUUUID] = ""

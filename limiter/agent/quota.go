@@ -19,64 +19,68 @@ type QuotaStore interface {
 	WatchQuotaChanges(ctx context.Context, fn func(slice string)) error
 }
 
-// prepareSlice lays out slice s's host directory the way the pod contract
-// needs it (ARCHITECTURE.md "Pod contract", "Quota region", "Usage region"):
-// <root>/slices/<id>/quota and .../usage at mode 0755 and root's, the usage
-// file created initialized at mode 0666 (only root can replace it), and, if
-// the quota path holds no valid quota file, the pod's initial slice written
-// as the first one (generation 1 or the next). The agent does this as soon as
-// it sees the pod, so the hook, which reads nothing else, normally finds its
-// quota before its first driver call (it waits up to 5 s for it). Nothing at
-// these paths is followed or blocks: what is not a regular file of the right
-// size is reported, not used; a quota path is replaced by rename. A bad usage
-// path is returned as an error after the quota was taken care of.
+// prepareSlice lays out slice s's host directory (PrepareSlice) and
+// remembers the memory limit of a quota file it wrote.
 func (a *Agent) prepareSlice(s SliceInfo) error {
-	dir := filepath.Join(a.cfg.HostRoot, v1.HostSlicesSubdir, s.ID)
+	q, wrote, err := PrepareSlice(a.cfg.HostRoot, s)
+	if wrote {
+		a.quotaMu.Lock()
+		a.limits[s.ID] = q.MemoryLimitBytes
+		a.computes[s.ID] = s.Initial.ComputePercent
+		a.quotaMu.Unlock()
+	}
+	return err
+}
+
+// PrepareSlice lays out slice s's host directory under hostRoot the way the
+// pod contract needs it (ARCHITECTURE.md "Pod contract", "Quota region",
+// "Usage region"): <hostRoot>/slices/<id>/quota and .../usage at mode 0755,
+// the usage file created initialized at mode 0666 (only root can replace
+// it), and, if the quota path holds no valid quota file, the pod's initial
+// slice written as the first one (generation 1 or the next); it returns that
+// quota and wrote true then. The agent does this as soon as it sees the pod,
+// so the hook, which reads nothing else, normally finds its quota before its
+// first driver call (it waits up to 5 s for it); the pod runner's limiter
+// (limiter/hook/podhook) does the same before it starts a process. Nothing
+// at these paths is followed or blocks: what is not a regular file of the
+// right size is reported, not used; a quota path is replaced by rename. A
+// bad usage path is returned as an error after the quota was taken care of.
+func PrepareSlice(hostRoot string, s SliceInfo) (q region.Quota, wrote bool, err error) {
+	dir := filepath.Join(hostRoot, v1.HostSlicesSubdir, s.ID)
 	for _, sub := range []string{"quota", "usage"} {
 		d := filepath.Join(dir, sub)
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return fmt.Errorf("slice %s: %w", s.ID, err)
+			return q, false, fmt.Errorf("slice %s: %w", s.ID, err)
 		}
 		// Lchown/Chmod the directory itself (not what a link would point at): 0755, root's.
 		st, err := os.Lstat(d)
 		if err != nil {
-			return fmt.Errorf("slice %s: %w", s.ID, err)
+			return q, false, fmt.Errorf("slice %s: %w", s.ID, err)
 		}
 		if !st.IsDir() {
-			return fmt.Errorf("slice %s: %s is %s, not a directory", s.ID, d, st.Mode().Type())
+			return q, false, fmt.Errorf("slice %s: %s is %s, not a directory", s.ID, d, st.Mode().Type())
 		}
 		if st.Mode().Perm() != 0o755 {
 			if err := os.Chmod(d, 0o755); err != nil {
-				return fmt.Errorf("slice %s: %w", s.ID, err)
+				return q, false, fmt.Errorf("slice %s: %w", s.ID, err)
 			}
 		}
 	}
 	// A bad usage path (root in the container can plant anything there) is
 	// reported but stops nothing else: the quota must still be applied.
-	usageErr := region.CreateUsage(a.slicePath(s.ID, "usage", v1.UsageFileName))
+	usageErr := region.CreateUsage(filepath.Join(dir, "usage", v1.UsageFileName))
 	if usageErr != nil {
 		usageErr = fmt.Errorf("slice %s: %w", s.ID, usageErr)
 	}
-	path := a.slicePath(s.ID, "quota", v1.QuotaFileName)
+	path := filepath.Join(dir, "quota", v1.QuotaFileName)
 	if _, err := region.ReadQuota(path); err == nil {
-		return usageErr
+		return q, false, usageErr
 	}
-	q := region.Quota{
-		SliceID:             s.ID,
-		MemoryLimitBytes:    uint64(max(s.Initial.MemoryMiB, 0)) * mib,
-		ComputePercent:      uint32(max(s.Initial.ComputePercent, 0)),
-		ComputeLimitPercent: uint32(max(s.Initial.ComputeLimitPercent, 0)),
-	}
-	if _, err := region.ParseUUID(s.GPU); err == nil {
-		q.GPUUUID = s.GPU
-	}
+	q = s.quota(s.Initial)
 	if err := region.WriteQuota(path, q); err != nil {
-		return errors.Join(usageErr, fmt.Errorf("slice %s: initial quota: %w", s.ID, err))
+		return q, false, errors.Join(usageErr, fmt.Errorf("slice %s: initial quota: %w", s.ID, err))
 	}
-	a.quotaMu.Lock()
-	a.limits[s.ID] = q.MemoryLimitBytes
-	a.quotaMu.Unlock()
-	return usageErr
+	return q, true, usageErr
 }
 
 // applyQuota prepares slice s (prepareSlice) and brings its quota file to
@@ -112,15 +116,7 @@ func (a *Agent) applyDesired(ctx context.Context, s SliceInfo) error {
 	done := a.applied[s.ID] >= d.Generation && d.Generation > 0
 	a.quotaMu.Unlock()
 	path := a.slicePath(s.ID, "quota", v1.QuotaFileName)
-	want := region.Quota{
-		SliceID:             s.ID,
-		MemoryLimitBytes:    uint64(max(d.MemoryMiB, 0)) * mib,
-		ComputePercent:      uint32(max(d.ComputePercent, 0)),
-		ComputeLimitPercent: uint32(max(d.ComputeLimitPercent, 0)),
-	}
-	if _, err := region.ParseUUID(s.GPU); err == nil {
-		want.GPUUUID = s.GPU
-	}
+	want := s.quota(d.Slice)
 	if err := want.Validate(); err != nil {
 		return fmt.Errorf("slice %s: desired quota generation %d: %w", s.ID, d.Generation, err)
 	}
@@ -143,6 +139,7 @@ func (a *Agent) applyDesired(ctx context.Context, s SliceInfo) error {
 		fileGen = q.Generation
 		a.quotaMu.Lock()
 		a.limits[s.ID] = q.MemoryLimitBytes
+		a.computes[s.ID] = d.ComputePercent
 		a.quotaMu.Unlock()
 		a.log.InfoContext(ctx, "quota applied", "slice_id", s.ID, "generation", d.Generation,
 			"file_generation", fileGen, "mem_mib", d.MemoryMiB, "sm_percent", d.ComputePercent)

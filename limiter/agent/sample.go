@@ -56,6 +56,9 @@ type sliceRound struct {
 	// (replaced, not a regular file, corrupt); "" when it was read or does
 	// not exist yet.
 	UsageProblem string
+	// DeviceSMPercent is its GPU's SM use in the round, percent; nil when
+	// unknown.
+	DeviceSMPercent *int
 }
 
 // round is the result of one sampling pass over every device.
@@ -71,6 +74,7 @@ type deviceRound struct {
 	missing   []string // reasons why figures of its slices are missing
 	memKnown  bool     // the running-process list (pids and memory) is known
 	smKnown   bool     // per-process utilization is known
+	smPercent int      // the device's SM use, percent (sum over processes, at most 100); valid when smKnown
 	processes []gpuProcess
 }
 
@@ -149,6 +153,8 @@ func (a *Agent) sampleRound(ctx context.Context) round {
 		if dr.smKnown {
 			sm = min(sm, 100)
 			sample.SMPercent = &sm
+			dev := dr.smPercent
+			sr.DeviceSMPercent = &dev
 		}
 		if dr.memKnown {
 			n := len(sr.Processes)
@@ -168,6 +174,7 @@ func (a *Agent) sampleRound(ctx context.Context) round {
 		}
 		sample.Missing = strings.Join(missing, "; ")
 		sr.Sample = sample
+		a.measureGuarantee(sr, u)
 		r.Slices = append(r.Slices, sr)
 	}
 	return r
@@ -182,6 +189,11 @@ func (a *Agent) sampleDevice(ctx context.Context, d *device, now time.Time, byID
 		dr.missing = append(dr.missing, "gpu unhealthy: "+reason)
 		return dr
 	}
+	if d.report.MIGEnabled {
+		// Its processes are its instances'; they are sampled there.
+		dr.missing = append(dr.missing, "gpu "+uuid+" is in MIG mode; its MIG instances hold the slices")
+		return dr
+	}
 	procs, ret := d.handle.GetComputeRunningProcesses()
 	switch {
 	case ret == nvml.SUCCESS:
@@ -194,10 +206,16 @@ func (a *Agent) sampleDevice(ctx context.Context, d *device, now time.Time, byID
 		a.metrics.errors.WithLabelValues("nvml").Inc()
 		dr.missing = append(dr.missing, "running processes: "+ret.Error())
 	}
-	utils, ret := d.handle.GetProcessUtilization(d.lastSeenUs)
-	if ret == nvml.ERROR_INSUFFICIENT_SIZE && len(utils) > 0 {
-		// More samples arrived between go-nvml's size probe and its read.
+	var utils []nvml.ProcessUtilizationSample
+	if d.parent != nil {
+		// NVML has no per-process utilization on MIG devices.
+		ret = nvml.ERROR_NOT_SUPPORTED
+	} else {
 		utils, ret = d.handle.GetProcessUtilization(d.lastSeenUs)
+		if ret == nvml.ERROR_INSUFFICIENT_SIZE && len(utils) > 0 {
+			// More samples arrived between go-nvml's size probe and its read.
+			utils, ret = d.handle.GetProcessUtilization(d.lastSeenUs)
+		}
 	}
 	switch {
 	case ret == nvml.SUCCESS, ret == nvml.ERROR_NOT_FOUND,
@@ -265,7 +283,8 @@ func (a *Agent) sampleDevice(ctx context.Context, d *device, now time.Time, byID
 		dr.processes = append(dr.processes, gp)
 	}
 	if dr.smKnown {
-		a.metrics.gpuSM.WithLabelValues(uuid).Set(float64(min(gpuSM, 100)))
+		dr.smPercent = int(min(gpuSM, 100))
+		a.metrics.gpuSM.WithLabelValues(uuid).Set(float64(dr.smPercent))
 	}
 	if dr.memKnown {
 		a.metrics.gpuMemUsed.WithLabelValues(uuid).Set(float64(gpuMem))
@@ -273,11 +292,22 @@ func (a *Agent) sampleDevice(ctx context.Context, d *device, now time.Time, byID
 	return dr
 }
 
-// lose marks d unhealthy and logs it once.
+// lose marks d unhealthy (with its MIG instances, or its GPU's) and logs
+// it once.
 func (a *Agent) lose(ctx context.Context, d *device, reason string, now time.Time) {
 	if a.devs.markLost(d, reason, now) {
-		a.log.WarnContext(ctx, "gpu marked unhealthy", "gpu_uuid", d.report.UUID, "reason", reason)
-		a.metrics.healthy.WithLabelValues(d.report.UUID).Set(0)
+		a.lost(ctx, d, reason)
+	}
+}
+
+// lost logs and exports that d's GPU and its MIG instances are unhealthy.
+func (a *Agent) lost(ctx context.Context, d *device, reason string) {
+	if d.parent != nil {
+		d = d.parent
+	}
+	a.log.WarnContext(ctx, "gpu marked unhealthy", "gpu_uuid", d.report.UUID, "reason", reason, "mig_instances", len(d.instances))
+	for _, x := range append([]*device{d}, d.instances...) {
+		a.metrics.healthy.WithLabelValues(x.report.UUID).Set(0)
 	}
 }
 
@@ -331,6 +361,7 @@ type nsKey struct {
 // usageView is what the agent takes from a slice's usage region.
 type usageView struct {
 	lastKernel time.Time // zero: no launch recorded
+	paceWait   time.Duration
 	pids       []nsKey
 	read       bool   // the region was read (pids are the slots)
 	err        string // why the region could not be used; "" when it was read or does not exist yet
@@ -374,7 +405,7 @@ func (a *Agent) readUsage(id string) usageView {
 	if err != nil {
 		return usageView{err: "usage region unusable: " + usageReason(err)}
 	}
-	v := usageView{read: true}
+	v := usageView{read: true, paceWait: u.Pace.Wait}
 	for _, p := range u.Processes {
 		if p.LastLaunch.After(v.lastKernel) {
 			v.lastKernel = p.LastLaunch

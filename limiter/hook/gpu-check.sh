@@ -24,6 +24,24 @@
 #      opened by its absolute path stays capped, and (shown, not a failure)
 #      what a program that reads the driver's symbol table itself gets past
 #      the hook: the node agent's NVML view catches that
+#   6. MIG (read-only: it never switches MIG mode, which needs a GPU reset):
+#      on a GPU whose MIG mode is on, the node agent's discovery on the real
+#      driver (go test -tags gpu, limiter/agent/realgpu_test.go) reports every
+#      MIG instance nvidia-smi -L lists, with its profile, memory and SMs; a
+#      hooked process on the first instance (CUDA_VISIBLE_DEVICES=MIG-…, the
+#      slice's GPU UUID the instance's) stays under the slice's memory cap.
+#      Skipped, saying how to enable MIG, when MIG mode is off. Needs go.
+#   7. MPS (MPS_PERCENT, default 25; MPS_MIB, default MEM_MIB): a real
+#      nvidia-cuda-mps-control daemon in temporary pipe and log directories,
+#      given the client limits with the node agent's own control commands
+#      (limiter/agent/mps.go, mpsShape.commands); an MPS client cannot
+#      allocate past the pinned limit, also with CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+#      and CUDA_MPS_ACTIVE_THREAD_PERCENTAGE set wider in its environment (the
+#      tenant cannot widen); its SM share with and without those variables is
+#      printed (spin-kernel throughput over native); the daemon quits when
+#      told. It leaves the GPU's compute mode as it is (the agent sets
+#      EXCLUSIVE_PROCESS on an MPS GPU; that is checked on the mocks).
+#      Skipped when nvidia-cuda-mps-control is not installed.
 # and exits 1 if a cap is broken or a share misses its target by more than
 # 5 points. Run it on an otherwise idle GPU (other work skews the shares) and
 # outside a container: without the node agent, the hook's compute feedback
@@ -31,6 +49,8 @@
 set -euo pipefail
 
 MEM_MIB=${MEM_MIB:-4096}
+MPS_MIB=${MPS_MIB:-$MEM_MIB}
+MPS_PERCENT=${MPS_PERCENT:-25}
 SECONDS_PER_RUN=${RUN_SECONDS:-10}
 BLOCK_US=${BLOCK_US:-200}
 GPU_INDEX=${GPU_INDEX:-0}
@@ -68,8 +88,8 @@ hooked() {
 	local pct=$1 lim=$2
 	shift 2
 	local slice="$work/slice-$pct-$lim-$RANDOM"
-	"$here/build/regionctl" "$slice" "$MEM_MIB" "$pct" "$lim" "$GPU_UUID"
-	env CUDA_VISIBLE_DEVICES="$GPU_INDEX" GPUBROKER_LIMITER_LOG=warn ${HOOKED_ENV:-} \
+	"$here/build/regionctl" "$slice" "$MEM_MIB" "$pct" "$lim" "${SLICE_GPU_UUID:-$GPU_UUID}"
+	env CUDA_VISIBLE_DEVICES="${VISIBLE:-$GPU_INDEX}" GPUBROKER_LIMITER_LOG=warn ${HOOKED_ENV:-} \
 		"$here/build/podrun" -q "$slice/quota" -u "$slice/usage" \
 		env LD_PRELOAD="$here/build/libgpulimit.so" "$@"
 }
@@ -150,6 +170,87 @@ check_tenant() {
 	echo "$out (the driver's table read by hand: past the hook; the node agent stops it)"
 }
 
+check_mig() {
+	section "6. MIG (read-only)"
+	local mode
+	mode=$(nvidia-smi -i "$GPU_INDEX" --query-gpu=mig.mode.current --format=csv,noheader 2>/dev/null || echo "[N/A]")
+	if [ "$mode" != "Enabled" ]; then
+		echo "skipped: MIG mode is ${mode} on GPU ${GPU_INDEX}; gpubroker never switches it. To run this check:"
+		echo "  nvidia-smi -i ${GPU_INDEX} -mig 1 (then a GPU reset), nvidia-smi mig -i ${GPU_INDEX} -cgi 3g.71gb,1g.18gb -C"
+		return
+	fi
+	require go
+	local uuids first
+	# nvidia-smi -L lists each GPU, then its MIG devices indented beneath it.
+	uuids=$(nvidia-smi -L | awk -v g="GPU ${GPU_INDEX}:" '
+		/^GPU / { on = (index($0, g) == 1) }
+		on && /MIG-/ { match($0, /MIG-[^)]*/); print substr($0, RSTART, RLENGTH) }')
+	if [ -z "$uuids" ]; then
+		fail "GPU ${GPU_INDEX} is in MIG mode with no MIG instance (make some: nvidia-smi mig -cgi ... -C)"
+		return
+	fi
+	echo "nvidia-smi lists:" $uuids
+	(cd "$here/../.." && GPUCHECK_MIG_UUIDS="$uuids" go test -tags gpu -count=1 -v -run '^TestRealGPUDiscovery$' ./limiter/agent/) ||
+		fail "the agent's discovery on the real driver does not match nvidia-smi"
+	first=$(echo "$uuids" | head -n 1)
+	echo "hooked memory cap on MIG instance ${first}:"
+	VISIBLE="$first" SLICE_GPU_UUID="$first" hooked 100 100 "$work/gpu_check" mem "$MEM_MIB" ||
+		fail "the memory cap does not hold on MIG instance ${first}"
+}
+
+# mps CMD...: run CMD with the check's MPS daemon directories.
+mps() {
+	env CUDA_VISIBLE_DEVICES="$GPU_INDEX" CUDA_MPS_PIPE_DIRECTORY="$work/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$work/mps/log" "$@"
+}
+
+check_mps() {
+	section "7. MPS (client limits ${MPS_MIB} MiB, ${MPS_PERCENT} % of the SMs)"
+	if ! command -v nvidia-cuda-mps-control >/dev/null; then
+		echo "skipped: nvidia-cuda-mps-control not installed"
+		return
+	fi
+	local daemon out i envs base got
+	mkdir -p "$work/mps/pipe" "$work/mps/log"
+	mps nvidia-cuda-mps-control -f >"$work/mps/log/daemon.out" 2>&1 &
+	daemon=$!
+	for i in $(seq 50); do
+		mps nvidia-cuda-mps-control <<<"get_default_active_thread_percentage" >/dev/null 2>&1 && break
+		sleep 0.2
+	done
+	# The agent's commands (mpsShape.commands): device 0 is the daemon's only GPU.
+	out=$(printf '%s\n' "set_default_active_thread_percentage ${MPS_PERCENT}" \
+		"set_default_device_pinned_mem_limit 0 ${MPS_MIB}M" \
+		"get_default_active_thread_percentage" "get_default_device_pinned_mem_limit 0" |
+		mps nvidia-cuda-mps-control)
+	echo "daemon ${daemon} defaults:" $out
+	local over=$(((MPS_MIB + 1024) * 1024 * 1024)) under=$((MPS_MIB / 2 * 1024 * 1024))
+	local wide="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=$((MPS_MIB * 16))M"
+	for envs in "" "$wide"; do
+		# shellcheck disable=SC2086 # envs is a list of NAME=value words
+		out=$(mps env $envs "$work/cudaprog" alloc linear "$under" , free , alloc linear "$over" , meminfo 2>&1)
+		echo "client${envs:+ with $envs}:" $out
+		[ "$(echo "$out" | reply alloc)" = 0 ] || fail "an MPS client could not allocate ${under} bytes under its ${MPS_MIB} MiB limit"
+		[ "$(echo "$out" | awk '$1 == "alloc" { n++; if (n == 2) print $2 }')" != 0 ] ||
+			fail "an MPS client${envs:+ with $envs} allocated ${over} bytes past its ${MPS_MIB} MiB limit"
+	done
+	base=$(native "$work/gpu_check" spin "$SECONDS_PER_RUN" "$BLOCK_US" | kernels_per_s)
+	for envs in "" "$wide"; do
+		# shellcheck disable=SC2086
+		got=$(mps env $envs "$work/gpu_check" spin "$SECONDS_PER_RUN" "$BLOCK_US" | kernels_per_s)
+		awk -v g="$got" -v b="$base" -v e="${envs:+ with $envs}" -v p="$MPS_PERCENT" \
+			'BEGIN { printf "MPS client%s: %s kernels/s = %.1f %% of native (active threads %d %%)\n", e, g, 100 * g / b, p }'
+	done
+	echo quit | mps nvidia-cuda-mps-control || fail "the MPS daemon did not take quit"
+	for i in $(seq 50); do
+		kill -0 "$daemon" 2>/dev/null || break
+		sleep 0.2
+	done
+	if kill -0 "$daemon" 2>/dev/null; then
+		fail "the MPS daemon ${daemon} still runs after quit"
+		kill "$daemon"
+	fi
+}
+
 main() {
 	require nvidia-smi nvcc make gcc awk ldconfig
 	GPU_UUID=$(nvidia-smi -i "$GPU_INDEX" --query-gpu=uuid --format=csv,noheader)
@@ -159,6 +260,8 @@ main() {
 	check_share
 	check_launch
 	check_tenant
+	check_mig
+	check_mps
 	section "result"
 	if [ "$failed" -ne 0 ]; then
 		echo "FAILED"

@@ -258,12 +258,15 @@ func FormatUUID(b [UUIDBytes]byte) string {
 	return fmt.Sprintf("GPU-%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }
 
-// ParseUUID parses NVML's "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" form.
+// ParseUUID parses NVML's "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" form,
+// or a MIG instance's "MIG-…" of the same shape (the bytes CUDA reports for
+// the MIG device, which the hook compares). The bytes do not say which it
+// was: FormatUUID gives the GPU- form back.
 func ParseUUID(s string) ([UUIDBytes]byte, error) {
 	var out [UUIDBytes]byte
 	const want = "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
-	if len(s) != len(want) || s[:4] != "GPU-" {
-		return out, fmt.Errorf("parse uuid %q: want form %s", s, want)
+	if len(s) != len(want) || (s[:4] != "GPU-" && s[:4] != "MIG-") {
+		return out, fmt.Errorf("parse uuid %q: want form %s (or MIG-… for a MIG instance)", s, want)
 	}
 	n := 0
 	for i := 4; i < len(s); i++ {

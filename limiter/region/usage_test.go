@@ -131,7 +131,8 @@ func TestUUIDRoundTrip(t *testing.T) {
 	}{
 		{name: "nvml form", in: "GPU-deadbeef-0102-0304-0506-0708090a0b0c"},
 		{name: "uppercase hex accepted", in: "GPU-DEADBEEF-0102-0304-0506-0708090A0B0C"},
-		{name: "mig prefix rejected", in: "MIG-deadbeef-0102-0304-0506-0708090a0b0c", wantErr: true},
+		{name: "mig instance form accepted, formatted back as GPU-", in: "MIG-deadbeef-0102-0304-0506-0708090a0b0c"},
+		{name: "other prefix rejected", in: "GPX-deadbeef-0102-0304-0506-0708090a0b0c", wantErr: true},
 		{name: "bad digit", in: "GPU-deadbeeg-0102-0304-0506-0708090a0b0c", wantErr: true},
 		{name: "misplaced dash", in: "GPU-deadbee-f0102-0304-0506-0708090a0b0c", wantErr: true},
 		{name: "short", in: "GPU-", wantErr: true},

@@ -107,7 +107,10 @@ func (w *worker) prepare(ctx context.Context, pod *corev1.Pod, podIP string) (la
 		if mounts.quota == "" || mounts.usage == "" {
 			return launch{}, &waitError{reasonConfigError, "the pod mounts the limiter but not its quota and usage directories"}
 		}
-		argv = l.Wrap(mounts.quota, mounts.usage, argv)
+		argv, err = l.Wrap(pod, mounts.quota, mounts.usage, argv)
+		if err != nil {
+			return launch{}, fmt.Errorf("limiter: %w", err)
+		}
 		env = append(env, l.Env...)
 	}
 	return launch{argv: argv, env: env, dir: workDir}, nil

@@ -27,9 +27,14 @@
 //     (exit code 128) with the reason;
 //   - where Config.Limiter is set and the container mounts the limiter
 //     preload file (v1.PodPreload), runs the process through
-//     Limiter.Wrap with the slice's quota and usage host directories (the
-//     volumes mounted at v1.PodQuotaDir and v1.PodUsageDir), so the real
-//     hook reads them at its fixed in-pod paths;
+//     Limiter.Wrap with the pod and the slice's quota and usage host
+//     directories (the volumes mounted at v1.PodQuotaDir and
+//     v1.PodUsageDir), so the real hook reads them at its fixed in-pod
+//     paths; a container that does not mount it runs without the limiter.
+//     limiter/hook/podhook is the real one (the production hook over the
+//     stub driver, the slice laid out by the node agent's own code, the
+//     process in podrun's mount namespace); the e2e tests wire it. This
+//     package does not import it: the caller hands its Wrap and Env over;
 //   - probes readiness (TCP socket or HTTP GET on the pod IP, every
 //     min(periodSeconds, Config.ProbeInterval)); without a probe the
 //     container is ready once started;

@@ -63,10 +63,12 @@ type Image struct {
 
 // Limiter runs a container's process under the GPU limiter.
 type Limiter struct {
-	// Wrap returns the argv that runs argv in the slice whose host
+	// Wrap returns the argv that runs argv of pod in the slice whose host
 	// directories are quotaDir (to appear read-only at the hook's fixed
-	// quota path) and usageDir (read-write at its usage path).
-	Wrap func(quotaDir, usageDir string, argv []string) []string
+	// quota path) and usageDir (read-write at its usage path); it may first
+	// lay out the slice as the node agent would (limiter/hook/podhook does).
+	// An error fails the container's start (StartError, with the message).
+	Wrap func(pod *corev1.Pod, quotaDir, usageDir string, argv []string) ([]string, error)
 	// Env is added to the process's environment (LD_PRELOAD of the hook,
 	// LD_LIBRARY_PATH of the stub driver), above the pod's.
 	Env []string

@@ -446,9 +446,9 @@ func TestLimiterWrapsPodsThatAskForIt(t *testing.T) {
 	var quota, usage string
 	f := newFixture(t, func(c *runner.Config) {
 		c.Limiter = &runner.Limiter{
-			Wrap: func(q, u string, argv []string) []string {
+			Wrap: func(_ *corev1.Pod, q, u string, argv []string) ([]string, error) {
 				quota, usage = q, u
-				return append([]string{self, "--wrapped-quota=" + q, "--wrapped-usage=" + u}, argv[1:]...)
+				return append([]string{self, "--wrapped-quota=" + q, "--wrapped-usage=" + u}, argv[1:]...), nil
 			},
 			Env: []string{"LD_PRELOAD=/hook/libgpulimit.so"},
 		}

@@ -22,11 +22,17 @@ const HashTag = "{gpubroker}"
 //	                                                                a pass that began before a flush cannot
 //	                                                                mark the flushed data rebuilt
 //	gpus                             set     none                   RegisterGPU: every registered GPU uuid
-//	gpu:<uuid>                       hash    none                   RegisterGPU/SetGPUHealth (inventory) and
-//	                                                                place/release/restore (usage counters)
-//	idx:a:all, idx:a:m:<model>       zset    none                   healthy GPUs with compute left,
+//	gpu:<uuid>                       hash    none                   RegisterGPU/SetGPUHealth/SetGPUMode
+//	                                                                (inventory, mode) and place/release/
+//	                                                                restore (usage counters); a GPU or a
+//	                                                                MIG instance ("MIG-…")
+//	idx:<pool>:a:all                 zset    none                   healthy devices of a pool (Pool: a sharing
+//	idx:<pool>:a:m:<model>                                          mode, or mig:<MIG profile>) with room,
 //	                                                                score = free MiB; placement walks these
-//	idx:f:all, idx:f:m:<model>       zset    none                   healthy GPUs with all compute taken
+//	idx:<pool>:f:all                 zset    none                   healthy devices of a pool that are full
+//	idx:<pool>:f:m:<model>
+//	mode:<mode>                      set     none                   register/SetGPUMode: the physical GPUs in
+//	                                                                each sharing mode (MIG instances in none)
 //	allocs                           hash    none                   place/restore/release: slice id → JSON
 //	usage                            hash    none                   place/restore/release: one field per user
 //	                                                                (u:<user>) and group (g:<group>), value
@@ -35,6 +41,9 @@ const HashTag = "{gpubroker}"
 //	Servers (broker/internal/redisstore; restored from pods by the reconciler)
 //	srv:<user>:<name>                hash    retention once         the server record; no TTL while its
 //	                                         terminal (7 d)         spawn is live
+//	srvprev:<user>:<name>            hash    10 min                 a start's create moves the stopped or
+//	                                                                failed record here; a refused start
+//	                                                                moves it back (nothing left behind)
 //	ev:<user>:<name>                 stream  retention, renewed     lifecycle events, MAXLEN ~ 256
 //	usrv:<user>                      set     none                   names of a user's servers (expired
 //	                                                                members are removed on List)
@@ -72,6 +81,8 @@ const HashTag = "{gpubroker}"
 //	                                                                broker-events (agentstore.FollowAudit)
 //	agent:quota-changed              channel —                      broker publishes a slice id after
 //	                                                                changing its desired quota
+//	agent:modes:<node>               hash    1 min, rewritten       broker (agentstore.SetModes): gpu uuid →
+//	                                                                sharing mode in force, for the agent
 //
 // Slice ids, spawn ids, GPU uuids, model names and node names are the last
 // component of their keys, so they need no escaping to be unambiguous.
@@ -100,19 +111,45 @@ func (k Keys) GPUPrefix() string { return k.p + "gpu:" }
 // GPU is the record of the GPU uuid (hash).
 func (k Keys) GPU(uuid string) string { return k.GPUPrefix() + uuid }
 
-// AvailIndex and FullIndex are the free-memory indexes of the healthy GPUs
-// of one model with compute left and with all compute taken (zsets); a
-// GPU with model "" has its own (empty-named) model indexes.
-func (k Keys) AvailIndex(model string) string { return k.p + "idx:a:m:" + model }
+// Pool names the placement pool of a device: its sharing mode, or for a
+// MIG instance "mig:<MIG profile>" (a MIG-mode GPU itself is in no pool,
+// its instances are). mode "" is "sliced". A MIG profile never holds ':'
+// (fleet.ValidateMIGProfile), so a pool is one key component.
+func Pool(mode, migProfile string) string {
+	switch {
+	case mode == "":
+		return "sliced"
+	case mode == "mig":
+		return "mig:" + migProfile
+	}
+	return mode
+}
+
+// IndexPrefix is the prefix of every placement index; scripts that move a
+// device between pools build its index keys from it (passed in ARGV):
+// <IndexPrefix><pool>:a:all, <pool>:a:m:<model>, and the same with f.
+func (k Keys) IndexPrefix() string { return k.p + "idx:" }
+
+// AvailIndex and FullIndex are the free-memory indexes of the healthy
+// devices of one pool and one model with room and without (zsets); a
+// device with model "" has its own (empty-named) model indexes.
+func (k Keys) AvailIndex(pool, model string) string { return k.IndexPrefix() + pool + ":a:m:" + model }
 
 // FullIndex: see AvailIndex.
-func (k Keys) FullIndex(model string) string { return k.p + "idx:f:m:" + model }
+func (k Keys) FullIndex(pool, model string) string { return k.IndexPrefix() + pool + ":f:m:" + model }
 
-// AllAvail and AllFull are the indexes of all models.
-func (k Keys) AllAvail() string { return k.p + "idx:a:all" }
+// AllAvail and AllFull are the indexes of a pool over all models.
+func (k Keys) AllAvail(pool string) string { return k.IndexPrefix() + pool + ":a:all" }
 
 // AllFull: see AllAvail.
-func (k Keys) AllFull() string { return k.p + "idx:f:all" }
+func (k Keys) AllFull(pool string) string { return k.IndexPrefix() + pool + ":f:all" }
+
+// ModePrefix is the prefix of the per-mode GPU sets (ModeGPUs), passed to
+// scripts that change a GPU's mode.
+func (k Keys) ModePrefix() string { return k.p + "mode:" }
+
+// ModeGPUs is the set of the physical GPUs in sharing mode mode.
+func (k Keys) ModeGPUs(mode string) string { return k.ModePrefix() + mode }
 
 // Allocs is the hash of every placed slice (slice id → allocation JSON).
 func (k Keys) Allocs() string { return k.p + "allocs" }
@@ -130,6 +167,12 @@ func serverID(user, name string) string {
 
 // Server is the record of one server (hash).
 func (k Keys) Server(user, name string) string { return k.p + "srv:" + serverID(user, name) }
+
+// ServerPrevious is where a new start keeps the stopped or failed record
+// it replaces until the start has got past its refusable steps (hash).
+func (k Keys) ServerPrevious(user, name string) string {
+	return k.p + "srvprev:" + serverID(user, name)
+}
 
 // Events is the lifecycle event stream of one server.
 func (k Keys) Events(user, name string) string { return k.p + "ev:" + serverID(user, name) }
@@ -209,6 +252,10 @@ func (k Keys) AppliedQuota(slice string) string { return k.p + "agent:qa:" + sli
 
 // AgentAudit is the stream of the agents' enforcement audit records.
 func (k Keys) AgentAudit() string { return k.p + "agent:audit" }
+
+// AgentModes is the hash of the sharing modes in force on node's GPUs
+// (gpu uuid → mode), written by the broker for the node's agent.
+func (k Keys) AgentModes(node string) string { return k.p + "agent:modes:" + node }
 
 // QuotaChanged is the pub/sub channel on which the broker publishes the id
 // of a slice whose desired quota changed.

@@ -25,14 +25,18 @@ func TestKeys(t *testing.T) {
 		{"gpus", k.GPUs(), "p:{gpubroker}:gpus"},
 		{"gpu", k.GPU("GPU-1"), "p:{gpubroker}:gpu:GPU-1"},
 		{"gpu prefix", k.GPUPrefix(), "p:{gpubroker}:gpu:"},
-		{"avail index", k.AvailIndex("H200"), "p:{gpubroker}:idx:a:m:H200"},
-		{"full index", k.FullIndex(""), "p:{gpubroker}:idx:f:m:"},
-		{"all avail", k.AllAvail(), "p:{gpubroker}:idx:a:all"},
-		{"all full", k.AllFull(), "p:{gpubroker}:idx:f:all"},
+		{"index prefix", k.IndexPrefix(), "p:{gpubroker}:idx:"},
+		{"avail index", k.AvailIndex("sliced", "H200"), "p:{gpubroker}:idx:sliced:a:m:H200"},
+		{"full index", k.FullIndex(redisschema.Pool("mig", "3g.71gb"), ""), "p:{gpubroker}:idx:mig:3g.71gb:f:m:"},
+		{"all avail", k.AllAvail("mps"), "p:{gpubroker}:idx:mps:a:all"},
+		{"all full", k.AllFull("exclusive"), "p:{gpubroker}:idx:exclusive:f:all"},
+		{"mode prefix", k.ModePrefix(), "p:{gpubroker}:mode:"},
+		{"mode gpus", k.ModeGPUs("mig"), "p:{gpubroker}:mode:mig"},
 		{"allocs", k.Allocs(), "p:{gpubroker}:allocs"},
 		{"usage", k.Usage(), "p:{gpubroker}:usage"},
 		{"marker epoch", k.MarkerEpoch(), "p:{gpubroker}:marker:epoch"},
 		{"server", k.Server("a:b", "c d"), "p:{gpubroker}:srv:a%3Ab:c+d"},
+		{"previous server record", k.ServerPrevious("a:b", "c d"), "p:{gpubroker}:srvprev:a%3Ab:c+d"},
 		{"events", k.Events("alice", ""), "p:{gpubroker}:ev:alice:"},
 		{"user servers", k.UserServers("alice"), "p:{gpubroker}:usrv:alice"},
 		{"all servers", k.AllServers(), "p:{gpubroker}:srvs"},
@@ -55,6 +59,7 @@ func TestKeys(t *testing.T) {
 		{"applied quota", k.AppliedQuota("s"), "p:{gpubroker}:agent:qa:s"},
 		{"agent audit", k.AgentAudit(), "p:{gpubroker}:agent:audit"},
 		{"quota changed", k.QuotaChanged(), "p:{gpubroker}:agent:quota-changed"},
+		{"agent modes", k.AgentModes("n"), "p:{gpubroker}:agent:modes:n"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -65,6 +70,18 @@ func TestKeys(t *testing.T) {
 	}
 	if n, m := len(tests), reflect.TypeFor[redisschema.Keys]().NumMethod(); n != m {
 		t.Errorf("%d keys pinned, Keys has %d methods: pin the new key here", n, m)
+	}
+}
+
+// TestPool: a pool is a sharing mode, "sliced" for none, and a MIG
+// instance's pool names its profile.
+func TestPool(t *testing.T) {
+	for _, tc := range []struct{ mode, mig, want string }{
+		{"", "", "sliced"}, {"sliced", "", "sliced"}, {"mps", "", "mps"}, {"exclusive", "", "exclusive"}, {"mig", "1g.18gb", "mig:1g.18gb"},
+	} {
+		if got := redisschema.Pool(tc.mode, tc.mig); got != tc.want {
+			t.Errorf("Pool(%q, %q) = %q, want %q", tc.mode, tc.mig, got, tc.want)
+		}
 	}
 }
 

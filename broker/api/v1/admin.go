@@ -129,8 +129,15 @@ type AuditEntry struct {
 
 // The audit sources.
 const (
+	// AuditSourceReclaim: the reclaim policy's changes and the reclaimer's
+	// actions (and extensions), in the broker's log.
 	AuditSourceReclaim = "reclaim"
-	AuditSourceAgent   = "agent"
+	// AuditSourceServers: the server lifecycle's actions (create, stop,
+	// remove, resize) by a user, the hub, an admin or the reclaimer, in the
+	// broker's log.
+	AuditSourceServers = "servers"
+	// AuditSourceAgent: the node agents' enforcement records.
+	AuditSourceAgent = "agent"
 )
 
 // The audit actor kinds.

@@ -28,7 +28,23 @@ const (
 	// a resize that changed Redis before the restore and would otherwise
 	// record its slice on the pod after it (ARCHITECTURE.md, Resize).
 	AnnotationSliceRestored = "gpubroker.io/slice-restored"
+	// AnnotationSharing is the server's sharing mode (SharingMode); absent
+	// on pods made before sharing modes existed, which are sliced.
+	AnnotationSharing = "gpubroker.io/sharing"
+	// AnnotationMIGProfile is a MIG server's MIG profile, e.g. "3g.71gb".
+	AnnotationMIGProfile = "gpubroker.io/mig-profile"
+	// AnnotationParentUUID is a MIG server's physical GPU.
+	AnnotationParentUUID = "gpubroker.io/parent-uuid"
+	// AnnotationIdempotencyKey is the Idempotency-Key of the create that
+	// started the spawn (absent when none): a record rebuilt from the pod
+	// after Redis lost it still answers that key's retry.
+	AnnotationIdempotencyKey = "gpubroker.io/idempotency-key"
 )
+
+// LabelSharing is the node label that sets the sharing mode of every GPU
+// of a node (sliced, exclusive or mps; MIG follows the GPU's own MIG mode).
+// An admin's per-GPU mode (PUT /api/v1/admin/gpus/{uuid}/mode) wins.
+const LabelSharing = "gpubroker.io/sharing"
 
 // EnvLogLevel is the one variable the limiter hook reads: how much it says
 // on stderr (error|warn|info|debug; default warn). Nothing in the
@@ -64,12 +80,23 @@ const (
 	PodQuotaFile = "/var/run/gpubroker/quota/quota.bin"
 	PodUsageDir  = "/var/run/gpubroker/usage" // read-write (mapped by the hooks); the host directory is root's, 0755
 	PodUsageFile = "/var/run/gpubroker/usage/usage.bin"
+	// PodMPSPipeDir is where an MPS pod finds its GPU's MPS pipe directory:
+	// the MPS clients' default (so no variable names it), mounted
+	// read-only (clients connect to its sockets; they write nothing there).
+	PodMPSPipeDir = "/tmp/nvidia-mps"
+	// PodMPSShmDir is the shared memory an MPS client shares with its
+	// server.
+	PodMPSShmDir = "/dev/shm"
 )
 
 // Paths on the node under the configurable host root (default /var/lib/gpubroker).
 const (
 	HostHookSubdir   = "hook"   // <root>/hook/libgpulimit.so and <root>/hook/ld.so.preload
 	HostSlicesSubdir = "slices" // <root>/slices/<sliceID>/quota and .../usage
-	QuotaFileName    = "quota.bin"
-	UsageFileName    = "usage.bin"
+	// HostMPSSubdir holds the MPS control daemons' directories:
+	// <root>/mps/<gpu uuid>/{pipe,log} per MPS-mode GPU and <root>/mps/shm,
+	// the node's MPS shared memory.
+	HostMPSSubdir = "mps"
+	QuotaFileName = "quota.bin"
+	UsageFileName = "usage.bin"
 )

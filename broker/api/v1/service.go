@@ -48,6 +48,10 @@ type GPUStatus struct {
 	AllocatedComputePercent int `json:"allocatedComputePercent"`
 	// Slices is the number of slices placed on the GPU.
 	Slices int `json:"slices"`
+	// Guarantee is how its tenants fared (its worst tenant's Guarantee)
+	// over the last hour, from its node agent's report; nil when no tenant
+	// asked or the node does not report.
+	Guarantee *Guarantee `json:"guarantee,omitempty"`
 }
 
 // Health is the body of GET /healthz.

@@ -119,6 +119,10 @@ type Infra struct {
 	Background []func(ctx context.Context) error
 	// Started, if set, runs once the first reconcile pass is done.
 	Started func()
+	// Metrics is the instrumentation, served on --metrics-listen; nil:
+	// Run makes one (NewMetrics). Serve makes it first, so that its
+	// Kubernetes client counts its errors.
+	Metrics *Metrics
 	// Closers run after everything has stopped, in reverse order.
 	Closers []func()
 }
@@ -141,9 +145,13 @@ type parts struct {
 	service    *servers.Service
 	reconciler *reconcile.Reconciler
 	reclaimer  *reclaim.Reclaimer
+	metrics    *Metrics
 	// notebooks is the notebook proxy; nil while the web pages are off.
 	notebooks *proxy.Proxy
 	handler   http.Handler
+	// drain is closed when the HTTP server starts its graceful shutdown:
+	// the event streams end then (httpapi.WithDrain).
+	drain chan struct{}
 	// checkers are the readiness checks (/readyz), also logged shortly
 	// after start so a broker whose dependencies are down says so.
 	checkers []httpapi.Checker
@@ -172,6 +180,18 @@ func Serve(ctx context.Context, cfg config.Config, stderr io.Writer) error {
 // closed when it returns.
 func Run(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listener, infra Infra) error {
 	defer infra.close()
+	if infra.Metrics == nil {
+		m, err := NewMetrics(cfg, infra.Catalog)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		infra.Metrics = m
+	}
+	infra.Redis.AddHook(infra.Metrics.RedisHook())
+	if infra.Streams != nil {
+		infra.Streams.AddHook(infra.Metrics.RedisHook())
+	}
 	p, err := assemble(cfg, log, infra)
 	if err != nil {
 		ln.Close()
@@ -204,8 +224,16 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listen
 	if p.notebooks != nil {
 		g.Go(func() error { return ignoreCanceled(p.notebooks.Run(gctx)) })
 	}
-	g.Go(func() error { return serveHTTP(gctx, cfg, log, ln, p.handler) })
-	g.Go(func() error { return warnIfNotReady(gctx, log, p.checkers, startupCheckDelay) })
+	g.Go(func() error { return serveHTTP(gctx, cfg, log, ln, p.handler, p.drain) })
+	g.Go(func() error {
+		return watchReadiness(gctx, log, p.checkers, p.metrics.Broker, startupCheckDelay, readinessInterval)
+	})
+	g.Go(func() error {
+		return recordFleet(gctx, p.store, p.agents, p.metrics.Broker, log, min(cfg.ReconcileInterval, fleetInterval))
+	})
+	g.Go(func() error {
+		return serveMetrics(gctx, cfg.MetricsListen, p.metrics.Registry, log, cfg.ShutdownTimeout)
+	})
 	log.Info("gpubroker started", "listen", ln.Addr().String(), "mode", string(cfg.Mode), "version", cliconfig.Version())
 	err = g.Wait()
 	log.Info("gpubroker stopped")
@@ -223,31 +251,10 @@ func followEnforcement(ctx context.Context, p *parts) error {
 	return p.service.FollowEnforcement(ctx, p.agents, id)
 }
 
-// startupCheckDelay is how long after start the readiness checks are run
-// once and their failures logged: long enough for a healthy broker's caches
-// to sync, short enough that a misconfigured one says so at once.
+// startupCheckDelay is how long after start failing readiness checks are
+// first logged: long enough for a healthy broker's caches to sync, short
+// enough that a misconfigured one says so at once.
 const startupCheckDelay = 10 * time.Second
-
-// warnIfNotReady runs the readiness checks once, after delay, and logs each
-// failing one as a warning (the same checks answer /readyz).
-func warnIfNotReady(ctx context.Context, log *slog.Logger, checks []httpapi.Checker, delay time.Duration) error {
-	t := time.NewTimer(delay)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-t.C:
-	}
-	for _, c := range checks {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := c.Check(cctx)
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			log.WarnContext(ctx, "not ready: a dependency does not answer; /readyz reports the same", "check", c.Name(), "err", err)
-		}
-	}
-	return nil
-}
 
 // podEventWorkers is how many pod events are applied at once. Events of
 // one pod always go to the same worker, so they stay in order; events of
@@ -293,35 +300,51 @@ func forwardPodEvents(ctx context.Context, p *parts) error {
 	return nil
 }
 
-// serveHTTP serves until ctx ends, then drains within the shutdown timeout.
-// Request contexts are cancelled when shutdown begins, so event streams end.
-func serveHTTP(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listener, h http.Handler) error {
+// serveHTTP serves until ctx ends, then shuts down gracefully: it stops
+// accepting connections, then closes drain (the handler's event streams
+// end) and waits up to the shutdown timeout for the requests in flight to
+// finish; those still running then have their contexts cancelled.
+func serveHTTP(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listener, h http.Handler, drain chan struct{}) error {
 	base, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
-	srv := &http.Server{
+	srv := newServer(h, log)
+	srv.BaseContext = func(net.Listener) context.Context { return base }
+	srv.RegisterOnShutdown(func() { close(drain) }) // run once the listener is closed
+	return serveUntil(ctx, "http server", srv, ln, cfg.ShutdownTimeout, log)
+}
+
+// newServer returns an http.Server for h with the broker's timeouts,
+// logging its errors to log as warnings.
+func newServer(h http.Handler, log *slog.Logger) *http.Server {
+	return &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
 		IdleTimeout:       idleTimeout,
-		BaseContext:       func(net.Listener) context.Context { return base },
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+}
+
+// serveUntil serves srv on ln until ctx ends, then shuts srv down, waiting
+// up to timeout for its requests to finish; name names the server in
+// errors and in the warning logged when they did not. A Serve failure
+// before ctx ends is returned.
+func serveUntil(ctx context.Context, name string, srv *http.Server, ln net.Listener, timeout time.Duration, log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
-		return fmt.Errorf("http server: %w", err)
+		return fmt.Errorf("%s: %w", name, err)
 	case <-ctx.Done():
 	}
-	cancelBase()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("http shutdown did not drain in time", "err", err)
+		log.Warn(name+" shutdown did not drain in time", "err", err)
 	}
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("http server: %w", err)
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	return nil
 }
@@ -349,8 +372,16 @@ func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (Infra
 		in.close()
 		return Infra{}, err
 	}
-	if in.Kube, err = KubeClient(cfg.Kube); err != nil {
+	if in.Metrics, err = NewMetrics(cfg, cat); err != nil {
 		return fail(err)
+	}
+	rc, err := cfg.Kube.RESTConfig(userAgent())
+	if err != nil {
+		return fail(err)
+	}
+	rc.Wrap(in.Metrics.KubeTransport)
+	if in.Kube, err = kubernetes.NewForConfig(rc); err != nil {
+		return fail(fmt.Errorf("kubernetes client: %w", err))
 	}
 	if in.Bearer, err = NewBearer(ctx, cfg, cfg.OIDCIssuer, cfg.OIDCAudience); err != nil {
 		return fail(err)
@@ -368,8 +399,7 @@ func buildServe(ctx context.Context, cfg config.Config, log *slog.Logger) (Infra
 
 // RedisClients returns two clients of the configured Redis: rdb for every
 // operation and streams, with a pool of cfg.RedisStreamConnections, for the
-// event streams' blocking reads (Infra.Streams), both with
-// redisstore.UnavailableHook. The caller closes both.
+// event streams' blocking reads (Infra.Streams). The caller closes both.
 func RedisClients(cfg config.Config) (rdb, streams redis.UniversalClient, err error) {
 	opts, err := cfg.Redis.Options()
 	if err != nil {
@@ -377,11 +407,7 @@ func RedisClients(cfg config.Config) (rdb, streams redis.UniversalClient, err er
 	}
 	streamOpts := *opts
 	streamOpts.PoolSize = cfg.RedisStreamConnections
-	rdb, streams = redis.NewUniversalClient(opts), redis.NewUniversalClient(&streamOpts)
-	// Redis not answering is a 503 with Retry-After, not a 500.
-	rdb.AddHook(redisstore.UnavailableHook{})
-	streams.AddHook(redisstore.UnavailableHook{})
-	return rdb, streams, nil
+	return redis.NewUniversalClient(opts), redis.NewUniversalClient(&streamOpts), nil
 }
 
 // NewBearer builds the API token verifier for issuer and audience with the
@@ -396,8 +422,11 @@ func NewBearer(ctx context.Context, cfg config.Config, issuer, audience string) 
 // KubeClient builds the broker's clientset from its Kubernetes settings; it
 // contacts nothing.
 func KubeClient(k cliconfig.Kube) (kubernetes.Interface, error) {
-	return k.Clientset("gpubroker/" + cliconfig.Version())
+	return k.Clientset(userAgent())
 }
+
+// userAgent is the broker's user agent at the API server.
+func userAgent() string { return "gpubroker/" + cliconfig.Version() }
 
 // assemble builds the broker's parts over infra. Callers of the API are
 // authenticated by the hub token first (when one is set), then by bearer,
@@ -406,22 +435,32 @@ func KubeClient(k cliconfig.Kube) (kubernetes.Interface, error) {
 // outside /api/ and the probes).
 func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) {
 	rdb, kube, cat, mode, ws := infra.Redis, infra.Kube, infra.Catalog, infra.Mode, infra.Web
-	store := redisstore.New(rdb, cfg.Redis.Prefix, redisstore.WithBlockingClient(infra.Streams))
+	// An unreachable Redis is a 503 naming it, never a 500.
+	rdb.AddHook(redisstore.OutageHook{})
+	if infra.Streams != nil && infra.Streams != rdb {
+		infra.Streams.AddHook(redisstore.OutageHook{})
+	}
+	store := redisstore.New(rdb, cfg.Redis.Prefix, redisstore.WithBlockingClient(infra.Streams),
+		redisstore.WithWaitReplicas(cfg.WaitReplicas(), cfg.RedisWaitTimeout))
 	sp := spawner.New(kube, spawner.Config{
 		Namespace: cfg.Namespace, HostRoot: cfg.HostRoot, Exposure: spawner.Exposure(cfg.GPUExposure),
 		RuntimeClassName: cfg.RuntimeClass, StartTimeout: cfg.StartTimeout,
 	}.WithDefaults(), log.With("part", "spawner"), spawner.WithResync(cfg.PodResync))
-	p := &parts{log: log, redis: rdb, store: store, kube: kube, spawner: sp,
-		agents: agentstore.New(rdb, cfg.Redis.Prefix)}
+	m := infra.Metrics
+	p := &parts{log: log, redis: rdb, store: store, kube: kube, spawner: sp, metrics: m,
+		agents: agentstore.New(rdb, cfg.Redis.Prefix), drain: make(chan struct{})}
 	var rec *reconcile.Reconciler
+	audit := redisstore.NewAuditLog(rdb, cfg.Redis.Prefix, p.agents)
 	p.service = servers.New(store, sp, cat, log.With("part", "servers"),
+		servers.WithAudit(audit),
 		servers.WithPolicy(fleet.Policy(cfg.PlacementPolicy)),
 		servers.WithReconcileTrigger(func() { rec.Trigger() }),
-		servers.WithResize(servers.ResizeConfig{Store: store, Quotas: p.agents, Pods: sp}))
+		servers.WithResize(servers.ResizeConfig{Store: store, Quotas: p.agents, Pods: sp}),
+		servers.WithMetrics(m))
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
+	rec.SetMetrics(m)
 	p.reconciler = rec
 	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.Redis.Prefix), nil)
-	audit := redisstore.NewAuditLog(rdb, cfg.Redis.Prefix, p.agents)
 	var err error
 	if p.reclaimer, err = newReclaimer(cfg, log.With("part", "reclaim"), p, policies, audit); err != nil {
 		return nil, err
@@ -447,10 +486,10 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 	}
 	h, err := httpapi.New(httpapi.Deps{
 		Log: log, Servers: p.service, Resize: p.service, Profiles: cat, Fleet: store,
-		Policy: policies, Audit: audit, Reclaim: p.reclaimer,
+		Policy: policies, Audit: audit, Reclaim: p.reclaimer, Guarantees: agentGuarantees{agents: p.agents},
 		Auth: auth.Chain(authn...), Version: cliconfig.Version(), Mode: mode,
-		Checkers: p.checkers, OpenURL: openURL,
-	}, httpapi.WithEventsBlock(eventsBlock))
+		Checkers: p.checkers, Metrics: m, OpenURL: openURL,
+	}, httpapi.WithEventsBlock(eventsBlock), httpapi.WithDrain(p.drain))
 	if err != nil {
 		return nil, fmt.Errorf("http api: %w", err)
 	}

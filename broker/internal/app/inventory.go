@@ -24,8 +24,7 @@ type registry struct{ store *redisstore.Store }
 var _ agentstore.Registry = registry{}
 
 func (r registry) RegisterGPU(ctx context.Context, g v1.GPU) error {
-	return r.store.RegisterGPU(ctx, fleet.GPU{UUID: g.UUID, Node: g.Node, Model: g.Model,
-		MemoryMiB: g.MemoryMiB, SMCount: g.SMCount, Healthy: g.Healthy})
+	return r.store.RegisterGPU(ctx, fleet.GPUFromWire(g))
 }
 
 func (r registry) SetGPUHealth(ctx context.Context, uuid string, healthy bool) error {
@@ -39,7 +38,7 @@ func (r registry) GPUs(ctx context.Context) ([]v1.GPU, error) {
 	}
 	out := make([]v1.GPU, len(gpus))
 	for i, g := range gpus {
-		out[i] = v1.GPU{UUID: g.UUID, Node: g.Node, Model: g.Model, MemoryMiB: g.MemoryMiB, SMCount: g.SMCount, Healthy: g.Healthy}
+		out[i] = g.Wire()
 	}
 	return out, nil
 }

@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -49,12 +51,12 @@ func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *recla
 		Policies: policies, Audit: audit, States: redisstore.NewReclaim(p.redis, cfg.Redis.Prefix),
 		Samples: redisstore.AgentSamples{Agents: p.agents}, Servers: p.store, Stopper: svc,
 		Shrinker: reclaim.ShrinkFunc(func(ctx context.Context, srv fleet.Server, cp, cl int) error {
-			_, err := svc.Resize(ctx, srv.ServerKey, fleet.Slice{MemoryMiB: srv.Slice.MemoryMiB, ComputePercent: cp, ComputeLimitPercent: cl}, reclaim.Actor)
+			_, err := svc.Resize(ctx, srv.ServerKey, fleet.Slice{MemoryMiB: srv.Slice.MemoryMiB, ComputePercent: cp, ComputeLimitPercent: cl}, reclaim.ActorOf)
 			return err
 		}),
 		Prober: reclaim.NewProber(&http.Client{Timeout: 10 * time.Second}, 5*time.Second, notebookTarget(p.spawner, token.Reveal())),
 		Hub:    hub, Proxy: redisstore.NewNotebooks(p.redis, cfg.Redis.Prefix), ProxyFresh: 3 * proxy.DefaultActivityFlush,
-		Interval: cfg.ReclaimInterval, Log: log,
+		Interval: cfg.ReclaimInterval, Log: log, Metrics: p.metrics,
 	})
 }
 
@@ -90,16 +92,36 @@ var _ reclaim.Stopper = (*servers.Service)(nil)
 func runReclaimer(ctx context.Context, cfg config.Config, p *parts) error {
 	if cfg.LeaderElectionNamespace == "" {
 		p.log.Warn("reclaimer runs without leader election; run one replica only", "reclaim_interval", cfg.ReclaimInterval)
+		p.metrics.SetLeader(true)
+		defer p.metrics.SetLeader(false)
 		return p.reclaimer.Run(ctx)
 	}
-	id, err := os.Hostname()
+	id, err := leaseIdentity()
 	if err != nil {
-		return fmt.Errorf("reclaimer identity: %w", err)
+		return err
 	}
 	return leader.Run(ctx, leader.Config{
 		Client: p.kube, Namespace: cfg.LeaderElectionNamespace, Name: cfg.LeaseName, Identity: id,
-		OnLeader: func(leading bool) { p.log.Info("reclaimer leadership", "leading", leading, "identity", id) },
+		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.LeaseDuration * 2 / 3, RetryPeriod: cfg.LeaseDuration * 2 / 15,
+		OnLeader: func(leading bool) {
+			p.metrics.SetLeader(leading)
+			p.log.Info("reclaimer leadership", "leading", leading, "identity", id)
+		},
 	}, p.reclaimer.Run)
+}
+
+// leaseIdentity names this process in the Lease: the host name (the pod's
+// name in a cluster) and a random suffix, as client-go's components do, so
+// that two processes on one host (or a restarted one whose old holder
+// record is still in the Lease) are never taken for each other.
+func leaseIdentity() (string, error) {
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("reclaimer identity: %w", err)
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
+	return host + "_" + hex.EncodeToString(b[:]), nil
 }
 
 // tokenTransport authenticates requests to JupyterHub and the notebook

@@ -78,7 +78,7 @@ func newNotebookProxy(cfg config.Config, ws *WebSettings, log *slog.Logger, p *p
 		AdminAccess: cfg.NotebookAdminAccess, HostSessionTTL: cfg.SessionTTL,
 	}, proxy.Deps{
 		Servers: p.store, Pods: p.spawner, Tokens: p.spawner, Sessions: web, Bearer: bearer,
-		Handoffs: nb, Activity: nb, Pages: pages, Log: log.With("part", "proxy"),
+		Handoffs: nb, Activity: nb, Pages: pages, Log: log.With("part", "proxy"), Metrics: p.metrics.Broker,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("notebook proxy: %w", err)
@@ -130,7 +130,22 @@ func mountPages(api http.Handler, w *auth.Web, proxy *pagesProxy, usage frontend
 	mux.Handle("/readyz", api)
 	mux.Handle("/auth/", w.Handler())
 	mux.Handle("/", pages)
-	return mux, nil
+	return apiFirst(api, mux), nil
+}
+
+// apiFirst sends the API's paths (/api/ and the probes) to api as they
+// came, and everything else to rest. http.ServeMux would clean an API path
+// with "." or ".." segments and answer with a redirect; the API never
+// redirects: such a path is the API's own 400 or 404, in JSON.
+func apiFirst(api, rest http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		if strings.HasPrefix(p, "/api/") || p == "/api" || p == "/healthz" || p == "/readyz" {
+			api.ServeHTTP(w, r)
+			return
+		}
+		rest.ServeHTTP(w, r)
+	})
 }
 
 // redirectHost is the host part of a URL, for log lines.

@@ -39,6 +39,9 @@ type Query struct {
 	Source string
 	// Actor, Action and Target match exactly (Actor ignoring case).
 	Actor, Action, Target string
+	// User matches entries about the servers of this user (target
+	// ServerTarget(User, …)); with Server, about that one server.
+	User, Server string
 	// Before is the cursor of a previous page's Next: only older entries.
 	Before string
 	// Limit is the page size, 1..200; 0 means 50.
@@ -46,12 +49,18 @@ type Query struct {
 }
 
 // Sources are the sources a Query may name.
-var Sources = []string{v1.AuditSourceReclaim, v1.AuditSourceAgent}
+var Sources = []string{v1.AuditSourceServers, v1.AuditSourceReclaim, v1.AuditSourceAgent}
+
+// ServerTarget is the target of every entry about one server:
+// "server:<user>/<name>" (names never hold '/').
+func ServerTarget(user, name string) string { return "server:" + user + "/" + name }
 
 // Matches reports whether e passes q's filters (not the cursor).
 func (q Query) Matches(e Entry) bool {
 	return (q.Source == "" || q.Source == e.Source) && (q.Actor == "" || strings.EqualFold(q.Actor, e.Actor)) &&
-		(q.Action == "" || q.Action == e.Action) && (q.Target == "" || q.Target == e.Target)
+		(q.Action == "" || q.Action == e.Action) && (q.Target == "" || q.Target == e.Target) &&
+		(q.User == "" || q.Server != "" || strings.HasPrefix(e.Target, ServerTarget(q.User, ""))) &&
+		(q.Server == "" || e.Target == ServerTarget(q.User, q.Server))
 }
 
 // Cursor is a position in the merged log: for each source, the id of the

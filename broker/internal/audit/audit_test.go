@@ -52,10 +52,19 @@ func TestQueryMatches(t *testing.T) {
 	e := audit.Entry{Source: v1.AuditSourceAgent, Actor: "gpubroker-agent@n1", Action: "agent.kill", Target: "pod:ns/p"}
 	var got []bool
 	for _, q := range []audit.Query{{}, {Source: v1.AuditSourceAgent}, {Source: v1.AuditSourceReclaim}, {Actor: "GPUBROKER-AGENT@N1"},
-		{Action: "agent.report"}, {Target: "pod:ns/p"}} {
+		{Action: "agent.report"}, {Target: "pod:ns/p"}, {User: "ada"}} {
 		got = append(got, q.Matches(e))
 	}
-	if diff := cmp.Diff([]bool{true, true, false, true, false, true}, got); diff != "" {
+	if diff := cmp.Diff([]bool{true, true, false, true, false, true, false}, got); diff != "" {
 		t.Errorf("matches (-want +got):\n%s", diff)
+	}
+	s := audit.Entry{Source: v1.AuditSourceServers, Actor: "jupyterhub", Action: "server.create", Target: audit.ServerTarget("ada", "nb")}
+	got = nil
+	for _, q := range []audit.Query{{User: "ada"}, {User: "ada", Server: "nb"}, {User: "ada", Server: "n"}, {User: "ad"},
+		{User: "ada", Server: "nb", Source: v1.AuditSourceServers}, {User: "bob", Server: "nb"}} {
+		got = append(got, q.Matches(s))
+	}
+	if diff := cmp.Diff([]bool{true, true, false, false, true, false}, got); diff != "" {
+		t.Errorf("matches by user and server (-want +got):\n%s", diff)
 	}
 }

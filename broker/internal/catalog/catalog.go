@@ -45,15 +45,17 @@ type fileDoc struct {
 }
 
 type profileDoc struct {
-	Name        string   `json:"name"`
-	DisplayName string   `json:"displayName"`
-	Description string   `json:"description"`
-	Image       string   `json:"image"`
-	CPU         string   `json:"cpu"`
-	Memory      string   `json:"memory"`
-	Slice       sliceDoc `json:"slice"`
-	Model       string   `json:"model"`
-	Groups      []string `json:"groups"`
+	Name        string    `json:"name"`
+	DisplayName string    `json:"displayName"`
+	Description string    `json:"description"`
+	Image       string    `json:"image"`
+	CPU         string    `json:"cpu"`
+	Memory      string    `json:"memory"`
+	Slice       *sliceDoc `json:"slice"` // nil: omitted (exclusive, mig)
+	Sharing     string    `json:"sharing"`
+	MIGProfile  string    `json:"migProfile"`
+	Model       string    `json:"model"`
+	Groups      []string  `json:"groups"`
 	// Command and Args: nil (absent) takes DefaultArgs; [] keeps the
 	// image's own.
 	Command *[]string `json:"command"`
@@ -176,11 +178,15 @@ func build(doc fileDoc) (*Catalog, []error) {
 		if err := checkQuantity("memory", pd.Memory, `"8Gi", "512Mi"`); err != nil {
 			add(err)
 		}
-		s := fleet.Slice{MemoryMiB: pd.Slice.MemoryMiB, ComputePercent: pd.Slice.ComputePercent, ComputeLimitPercent: pd.Slice.ComputePercent}
-		if pd.Slice.ComputeLimitPercent != nil {
-			s.ComputeLimitPercent = *pd.Slice.ComputeLimitPercent
+		var s fleet.Slice
+		if pd.Slice != nil {
+			s = fleet.Slice{MemoryMiB: pd.Slice.MemoryMiB, ComputePercent: pd.Slice.ComputePercent, ComputeLimitPercent: pd.Slice.ComputePercent}
+			if pd.Slice.ComputeLimitPercent != nil {
+				s.ComputeLimitPercent = *pd.Slice.ComputeLimitPercent
+			}
 		}
-		for _, err := range unjoin(fleet.ValidateSlice(s)) {
+		mode := fleet.ModeOf(fleet.SharingMode(pd.Sharing))
+		for _, err := range fleet.ValidateSharing(mode, pd.MIGProfile, s, pd.Slice != nil) {
 			add(err)
 		}
 		for j, g := range pd.Groups {
@@ -199,6 +205,8 @@ func build(doc fileDoc) (*Catalog, []error) {
 			CPU:         pd.CPU,
 			Memory:      pd.Memory,
 			Slice:       s,
+			Sharing:     mode,
+			MIGProfile:  pd.MIGProfile,
 			Model:       pd.Model,
 			Groups:      slices.Clone(pd.Groups),
 		})
@@ -275,17 +283,6 @@ func quotaMap(place, what string, m map[string]quotaDoc, errs []error) (map[stri
 		out[name], errs = quota(place+"."+name, m[name], errs)
 	}
 	return out, errs
-}
-
-// unjoin returns the errors joined in err (one level), or err itself.
-func unjoin(err error) []error {
-	if err == nil {
-		return nil
-	}
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		return j.Unwrap()
-	}
-	return []error{err}
 }
 
 // shapeErrors walks the decoded JSON v against the document type t and

@@ -2,6 +2,7 @@ package catalog_test
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -41,13 +42,13 @@ var (
 	small = fleet.Profile{
 		Name: "small", DisplayName: "Small", Description: "a small one",
 		Image: "quay.io/jupyter/minimal-notebook:latest", CPU: "1", Memory: "4Gi",
-		Slice: fleet.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50},
-		Args:  catalog.DefaultArgs(),
+		Slice: fleet.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50}, Sharing: fleet.SharingSliced,
+		Args: catalog.DefaultArgs(),
 	}
 	large = fleet.Profile{
 		Name: "gpu-large", DisplayName: "Large",
 		Image: "quay.io/jupyter/pytorch-notebook:cuda12-latest", CPU: "500m", Memory: "64Gi",
-		Slice: fleet.Slice{MemoryMiB: 71680, ComputePercent: 50, ComputeLimitPercent: 50},
+		Slice: fleet.Slice{MemoryMiB: 71680, ComputePercent: 50, ComputeLimitPercent: 50}, Sharing: fleet.SharingSliced,
 		Model: "NVIDIA H200", Groups: []string{"ml-team", "admins"},
 		Args: catalog.DefaultArgs(),
 	}
@@ -178,14 +179,15 @@ profiles:
 				`profiles[1] (Bad_Name): memory must be > 0, got "-1Gi"`,
 				`profiles[1] (Bad_Name): slice memoryMiB must be > 0, got 0`,
 				`profiles[1] (Bad_Name): slice computePercent must be 1..100, got 0`,
+				`profiles[1] (Bad_Name): slice computeLimitPercent must be 1..100, got 0`,
 				`profiles[1] (Bad_Name): groups[0] is empty`,
 				`profiles[2] (gpu-large): image "has space" contains whitespace`,
 				`profiles[2] (gpu-large): cpu must be > 0, got "0"`,
 				`profiles[2] (gpu-large): memory is empty`,
-				`profiles[2] (gpu-large): slice computeLimitPercent must be computePercent..100 (30..100), got 20`,
+				`profiles[2] (gpu-large): slice computeLimitPercent must be at least computePercent (30), got 20`,
 				`profiles[3] (ok): name "ok" is already used by profiles[0]`,
 				`profiles[4]: name is empty`,
-				`profiles[4]: slice computeLimitPercent must be computePercent..100 (1..100), got 101`,
+				`profiles[4]: slice computeLimitPercent must be 1..100, got 101`,
 			},
 		},
 		{
@@ -218,7 +220,7 @@ quotas:
 `,
 			want: []string{
 				`top level: unknown field "profile" (known: profiles, quotas)`,
-				`profiles[0]: unknown field "gpus" (known: args, command, cpu, description, displayName, groups, image, memory, model, name, slice)`,
+				`profiles[0]: unknown field "gpus" (known: args, command, cpu, description, displayName, groups, image, memory, migProfile, model, name, sharing, slice)`,
 				`profiles[0].slice: unknown field "memoryMib" (known: computeLimitPercent, computePercent, memoryMiB)`,
 				`quotas.users.bob: unknown field "server" (known: computePercent, memoryMiB, servers)`,
 			},
@@ -291,8 +293,8 @@ quotas:
 	}
 	want := []fleet.Profile{{
 		Name: "7", DisplayName: "7", Image: "i", CPU: "2", Memory: "1.5",
-		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 5, ComputeLimitPercent: 5},
-		Args:  catalog.DefaultArgs(),
+		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 5, ComputeLimitPercent: 5}, Sharing: fleet.SharingSliced,
+		Args: catalog.DefaultArgs(),
 	}}
 	if diff := cmp.Diff(want, c.Profiles()); diff != "" {
 		t.Errorf("Profiles (-want +got):\n%s", diff)
@@ -411,5 +413,63 @@ func TestDefault(t *testing.T) {
 	q := c.Quotas().DefaultUser
 	if q.Servers <= 0 || q.MemoryMiB <= 0 || q.ComputePercent <= 0 {
 		t.Errorf("default user quota %+v, want every cap set", q)
+	}
+}
+
+// TestSharingModes: every sharing mode parses with what it needs, and
+// every wrong combination is refused with its place and the reason.
+func TestSharingModes(t *testing.T) {
+	const head = "profiles:\n"
+	prof := func(name, rest string) string {
+		return "  - {name: " + name + ", displayName: X, image: i, cpu: \"1\", memory: 1Gi" + rest + "}\n"
+	}
+	t.Run("each mode with what it needs", func(t *testing.T) {
+		c, err := catalog.Parse([]byte(head +
+			prof("sl", ", slice: {memoryMiB: 8192, computePercent: 10, computeLimitPercent: 50}") +
+			prof("whole", ", sharing: exclusive, model: NVIDIA H200") +
+			prof("mig-3g", ", sharing: mig, migProfile: 3g.71gb") +
+			prof("mps-30", ", sharing: mps, slice: {memoryMiB: 16384, computePercent: 30}")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, p := range c.Profiles() {
+			got = append(got, fmt.Sprintf("%s %s %q %+v: %s", p.Name, p.Sharing, p.MIGProfile, p.Slice, p.Words()))
+		}
+		want := []string{
+			`sl sliced "" {MemoryMiB:8192 ComputePercent:10 ComputeLimitPercent:50}: time-sliced slice`,
+			`whole exclusive "" {MemoryMiB:0 ComputePercent:0 ComputeLimitPercent:0}: whole GPU`,
+			`mig-3g mig "3g.71gb" {MemoryMiB:0 ComputePercent:0 ComputeLimitPercent:0}: MIG instance 3g.71gb`,
+			`mps-30 mps "" {MemoryMiB:16384 ComputePercent:30 ComputeLimitPercent:30}: MPS client`,
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("profiles (-want +got):\n%s", diff)
+		}
+	})
+	_, err := catalog.Parse([]byte(head +
+		prof("a", ", sharing: timeshare, slice: {memoryMiB: 1, computePercent: 1}") +
+		prof("b", ", sharing: exclusive, slice: {memoryMiB: 1, computePercent: 1}") +
+		prof("c", ", sharing: mig") +
+		prof("d", ", sharing: mig, migProfile: 3g.71GB, slice: {memoryMiB: 1, computePercent: 1}") +
+		prof("e", ", sharing: mps, slice: {memoryMiB: 1, computePercent: 30, computeLimitPercent: 60}") +
+		prof("f", ", sharing: mps") +
+		prof("g", ", migProfile: 1g.18gb, slice: {memoryMiB: 1, computePercent: 1}") +
+		prof("h", "")))
+	want := []string{
+		`profiles[0] (a): sharing must be one of sliced, exclusive, mig, mps, got "timeshare"`,
+		`profiles[1] (b): sharing exclusive takes no slice: the server holds a whole GPU, all of its memory and SMs (use model to choose the kind of GPU)`,
+		`profiles[2] (c): sharing mig: migProfile is empty; name a MIG profile such as 1g.18gb or 3g.71gb (nvidia-smi mig -lgip lists a GPU's)`,
+		`profiles[3] (d): sharing mig: migProfile "3g.71GB" is not a MIG profile name such as 1g.18gb, 3g.71gb or 1g.18gb+me`,
+		`profiles[3] (d): sharing mig takes no slice: a MIG instance's memory and SMs are fixed by its MIG profile`,
+		`profiles[4] (e): sharing mps: computeLimitPercent must equal computePercent (30) or be omitted: MPS caps a client's SMs at its active-thread percentage, so an MPS client cannot burst, got 60`,
+		`profiles[5] (f): sharing mps needs a slice (memoryMiB and computePercent)`,
+		`profiles[6] (g): migProfile "1g.18gb" is only for sharing: mig (this profile is sliced)`,
+		`profiles[7] (h): sharing sliced needs a slice (memoryMiB and computePercent)`,
+	}
+	if err == nil {
+		t.Fatal("Parse accepted every combination")
+	}
+	if diff := cmp.Diff(want, strings.Split(err.Error(), "\n")); diff != "" {
+		t.Errorf("errors (-want +got):\n%s", diff)
 	}
 }

@@ -25,7 +25,7 @@
 //   - Parsing is strict: unknown fields, duplicate keys and wrong types are
 //     errors. Every problem in the file is reported at once (errors.Join),
 //     each naming its place, for example
-//     "profiles[2] (gpu-large): slice computeLimitPercent must be computePercent..100 (30..100), got 20".
+//     "profiles[2] (gpu-large): slice computeLimitPercent must be at least computePercent (30), got 20".
 //   - As in kubectl, YAML is read as YAML 1.1 through sigs.k8s.io/yaml:
 //     numbers are accepted for string fields (cpu: 2), and an unquoted yes,
 //     no, on, off, y or n is a boolean, so quote such names.

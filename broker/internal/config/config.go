@@ -46,6 +46,13 @@ type Config struct {
 
 	// Listen is the HTTP server's address, host:port. Default ":8080".
 	Listen string
+	// MetricsListen is the Prometheus /metrics listener's address,
+	// host:port, separate from Listen; "" means none. Default ":9090" in
+	// serve mode, "" in dev mode.
+	MetricsListen string
+	// MetricsUserLabels adds per-user series (label user); off by default
+	// for cardinality.
+	MetricsUserLabels bool
 	// PublicURL is the broker's external base URL (for redirects and links),
 	// an absolute http(s) URL; "" means unknown. The web login needs it in
 	// serve mode (its redirect URI is PublicURL/auth/callback); without it
@@ -70,6 +77,12 @@ type Config struct {
 	// and the key prefix (default "gpubroker:"). Required in serve mode; in
 	// dev mode none means an embedded Redis.
 	Redis cliconfig.Redis
+	// RedisWaitReplicas is how many Redis replicas must acknowledge a
+	// placement (WAIT) before its pod is created; -1 (the default) means 1
+	// with Sentinel and 0 with a URL (see WaitReplicas).
+	RedisWaitReplicas int
+	// RedisWaitTimeout bounds that wait; > 0. Default 1 s.
+	RedisWaitTimeout time.Duration
 	// RedisStreamConnections bounds the connections of the event streams'
 	// own Redis pool (each waiting stream holds one); >= 1. Default 1000.
 	RedisStreamConnections int
@@ -158,6 +171,23 @@ type Config struct {
 	LeaderElectionNamespace string
 	// LeaseName is that Lease's name. Default "gpubroker-reclaimer".
 	LeaseName string
+	// LeaseDuration is how long the Lease is valid without renewal; at
+	// least 2 s. Default 15 s (client-go's and kube-controller-manager's).
+	LeaseDuration time.Duration
+}
+
+// WaitReplicas resolves RedisWaitReplicas: its value when >= 0, else 1
+// with Sentinel (a failover promotes a replica, which must hold every
+// placement a pod was created for) and 0 with a single Redis URL.
+func (c Config) WaitReplicas() int {
+	switch {
+	case c.RedisWaitReplicas >= 0:
+		return c.RedisWaitReplicas
+	case c.Redis.SentinelMaster != "":
+		return 1
+	default:
+		return 0
+	}
 }
 
 // EnvName returns the environment variable of a flag: GPUBROKER_ followed by

@@ -59,7 +59,10 @@ func defaults(mode config.Mode) config.Config {
 	c := config.Config{
 		Mode:                   mode,
 		Listen:                 ":8080",
+		MetricsListen:          ":9090",
 		Redis:                  cliconfig.Redis{Prefix: "gpubroker:"},
+		RedisWaitReplicas:      -1,
+		RedisWaitTimeout:       time.Second,
 		Kube:                   cliconfig.Kube{QPS: 50, Burst: 100},
 		RedisStreamConnections: 1000,
 		PodResync:              5 * time.Second,
@@ -78,12 +81,13 @@ func defaults(mode config.Mode) config.Config {
 		SessionTTL:             12 * time.Hour,
 		ReclaimInterval:        30 * time.Second,
 		LeaseName:              "gpubroker-reclaimer",
+		LeaseDuration:          15 * time.Second,
 		LogLevel:               "info",
 		LogFormat:              "json",
 		NotebookMode:           "host",
 	}
 	if mode == config.ModeDev {
-		c.LogFormat, c.NotebookMode = "text", "path"
+		c.LogFormat, c.MetricsListen, c.NotebookMode = "text", "", "path"
 	}
 	return c
 }
@@ -396,18 +400,25 @@ func TestValidate(t *testing.T) {
 				c.OrphanGrace = 0
 				c.StartTimeout = -time.Second
 				c.ShutdownTimeout = 0
+				c.MetricsListen = "9090"
+				c.RedisWaitReplicas = -2
+				c.RedisWaitTimeout = 5 * time.Second
+				c.LeaseDuration = time.Second
 				c.LogLevel = "verbose"
 				c.LogFormat = "xml"
 			},
 			want: []string{
 				`mode "batch" is neither "serve" nor "dev"`,
 				`--listen (GPUBROKER_LISTEN): "8080" is not host:port`,
+				`--metrics-listen (GPUBROKER_METRICS_LISTEN): "9090" is not host:port`,
 				`--public-url (GPUBROKER_PUBLIC_URL): "gpu.example" is not an absolute http(s) URL`,
 				`--notebook-mode (GPUBROKER_NOTEBOOK_MODE): must be one of host, path, got "subdomain"`,
 				`--notebook-domain (GPUBROKER_NOTEBOOK_DOMAIN): "not a domain" is not a DNS name`,
 				`--redis-url (GPUBROKER_REDIS_URL): redis://:xxxxx@host:6379/notadb is not a valid Redis URL (want redis://[user:password@]host:port[/db])`,
 				`--redis-password-file (GPUBROKER_REDIS_PASSWORD_FILE): cannot use ` + missing + `: stat ` + missing + `: no such file or directory`,
 				`--redis-prefix (GPUBROKER_REDIS_PREFIX): must not contain braces or whitespace (hash tags are added per key), got "{gb}:"`,
+				`--redis-wait-replicas (GPUBROKER_REDIS_WAIT_REPLICAS): must be at least -1, got -2`,
+				`--redis-wait-timeout (GPUBROKER_REDIS_WAIT_TIMEOUT): must be 1ms..2s, got 5s`,
 				`--kubeconfig (GPUBROKER_KUBECONFIG): ` + dir + ` is not a regular file`,
 				`--namespace (GPUBROKER_NAMESPACE): "Notebooks" is not a Kubernetes namespace name (lowercase letters, digits and '-', at most 63)`,
 				`--oidc-issuer (GPUBROKER_OIDC_ISSUER): "https://idp.example?x=1" must not have a query or fragment`,
@@ -423,6 +434,7 @@ func TestValidate(t *testing.T) {
 				`--orphan-grace (GPUBROKER_ORPHAN_GRACE): must be > 0, got 0s`,
 				`--start-timeout (GPUBROKER_START_TIMEOUT): must be > 0, got -1s`,
 				`--shutdown-timeout (GPUBROKER_SHUTDOWN_TIMEOUT): must be > 0, got 0s`,
+				`--lease-duration (GPUBROKER_LEASE_DURATION): must be at least 2s, got 1s`,
 				`--log-level (GPUBROKER_LOG_LEVEL): must be one of debug, info, warn, error, got "verbose"`,
 				`--log-format (GPUBROKER_LOG_FORMAT): must be one of json, text, got "xml"`,
 			},
@@ -563,6 +575,32 @@ func TestLogger(t *testing.T) {
 			}
 			if !strings.Contains(out, "info line") {
 				t.Errorf("info line missing from %q", out)
+			}
+		})
+	}
+}
+
+func TestWaitReplicasFollowsTheRedisSetup(t *testing.T) {
+	tests := []struct {
+		name     string
+		flag     int
+		sentinel bool
+		want     int
+	}{
+		{name: "default with a URL waits for none", flag: -1, want: 0},
+		{name: "default with Sentinel waits for one replica", flag: -1, sentinel: true, want: 1},
+		{name: "an explicit count wins with Sentinel", flag: 2, sentinel: true, want: 2},
+		{name: "zero turns the wait off with Sentinel", flag: 0, sentinel: true, want: 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := defaults(config.ModeServe)
+			c.RedisWaitReplicas = tc.flag
+			if tc.sentinel {
+				c.Redis.SentinelMaster = "m"
+			}
+			if got := c.WaitReplicas(); got != tc.want {
+				t.Errorf("WaitReplicas() = %d, want %d", got, tc.want)
 			}
 		})
 	}

@@ -26,12 +26,12 @@ func (c *Config) Table() *cliconfig.Table {
 		return nil
 	}
 	// What stands in for a setting left empty, per mode.
-	logFormat, notebookMode := "json", "host"
+	logFormat, metricsListen, notebookMode := "json", ":9090", "host"
 	summary := "Runs the broker against a real Redis, Kubernetes API server and OIDC issuer."
 	noRedis, noKube, noIssuer, noAudience, noProfiles := "none; required unless Sentinel is set", "none: the in-cluster config",
 		"none; required", "none; required", "none; required"
 	if c.Mode == ModeDev {
-		logFormat, notebookMode = "text", "path"
+		logFormat, metricsListen, notebookMode = "text", "", "path"
 		summary = "Runs the whole path in one process: an embedded Redis, OIDC issuer, profiles\nand simulated GPUs and cluster, unless the flags below name real ones."
 		noRedis, noKube, noIssuer, noAudience, noProfiles = "none: an embedded Redis", "none: a simulated cluster",
 			"none: an embedded issuer", "none; required with --oidc-issuer (the embedded issuer uses gpubroker)", "none: the embedded profiles"
@@ -53,6 +53,11 @@ func (c *Config) Table() *cliconfig.Table {
 	add(cliconfig.Flag{Name: "listen", Placeholder: "ADDR", Value: cliconfig.String(&c.Listen), Default: ":8080",
 		Help:  "Address the HTTP server listens on, host:port.",
 		Check: func() error { return cliconfig.CheckHostPort(c.Listen) }})
+	add(cliconfig.Flag{Name: "metrics-listen", Placeholder: "ADDR", Value: cliconfig.String(&c.MetricsListen), Default: metricsListen,
+		Help:  "Address of the Prometheus /metrics listener, host:port, apart from the API so that it is never exposed with it; empty: no metrics listener.",
+		Check: func() error { return optional(c.MetricsListen, cliconfig.CheckHostPort) }})
+	add(cliconfig.Flag{Name: "metrics-user-labels", Value: cliconfig.Bool(&c.MetricsUserLabels),
+		Help: "Also export per-user series (servers and allocated GPU memory and compute by user name); off by default, since every user adds series."})
 	add(cliconfig.Flag{Name: "public-url", Placeholder: "URL", Value: cliconfig.String(&c.PublicURL),
 		Help:  "External base URL of the broker, for links and login redirects; the web pages are on only with it in serve mode.",
 		Check: func() error { return optional(c.PublicURL, checkHTTPURL) }})
@@ -73,6 +78,18 @@ func (c *Config) Table() *cliconfig.Table {
 	add(cliconfig.Flag{Name: "notebook-admin-access", Value: cliconfig.Bool(&c.NotebookAdminAccess),
 		Help: "Let admins open other users' notebooks through the proxy (off: only the owner)."})
 	add(c.Redis.Flags(cliconfig.RedisRequirement{Required: serve, Why: " in serve mode", URLDefault: noRedis})...)
+	add(cliconfig.Flag{Name: "redis-wait-replicas", Placeholder: "N", Value: cliconfig.Int(&c.RedisWaitReplicas), Default: "-1",
+		DefaultDoc: "-1: 1 with Sentinel, 0 with --redis-url",
+		Help:       "Redis replicas that must acknowledge a placement (WAIT) before its pod is created, so that a Sentinel failover never loses a slice a pod holds; 0 waits for none, -1 picks by the Redis setup.",
+		Check:      cliconfig.AtLeast(&c.RedisWaitReplicas, -1)})
+	add(cliconfig.Flag{Name: "redis-wait-timeout", Placeholder: "DURATION", Value: cliconfig.Duration(&c.RedisWaitTimeout), Default: "1s",
+		Help: "How long a placement waits for --redis-wait-replicas acknowledgements before it is refused (and released) as not durable; 1ms..2s (below the Redis client's read timeout).",
+		Check: func() error {
+			if c.RedisWaitTimeout < time.Millisecond || c.RedisWaitTimeout > maxRedisWait {
+				return fmt.Errorf("must be 1ms..%s, got %s", maxRedisWait, c.RedisWaitTimeout)
+			}
+			return nil
+		}})
 	add(cliconfig.Flag{Name: "redis-stream-connections", Placeholder: "N", Value: cliconfig.Int(&c.RedisStreamConnections), Default: "1000",
 		Help:  "Most Redis connections the event streams of this replica hold at once, in a pool of their own (each waiting stream holds one, until a few seconds after its client left), so streams never delay placement.",
 		Check: cliconfig.AtLeast(&c.RedisStreamConnections, 1)})
@@ -205,6 +222,8 @@ func (c *Config) Table() *cliconfig.Table {
 			}
 			return nil
 		}})
+	add(durationFlag("lease-duration", &c.LeaseDuration, "15s", 2*time.Second,
+		"How long the reclaimer's Lease stays valid without renewal (client-go leaderelection); the holder renews it every two thirds of it and others retry every 2/15 of it, so a crashed holder is replaced within about this time."))
 	add(oneOf("log-level", "LEVEL", &c.LogLevel, "info", logLevels, "Log level: debug, info, warn or error."))
 	add(oneOf("log-format", "FORMAT", &c.LogFormat, logFormat, logFormats, "Log format: json or text."))
 	add(cliconfig.Flag{Name: "check-config", Value: cliconfig.Bool(&c.CheckConfig),
@@ -224,6 +243,10 @@ const (
 	KubeAPIQPS   = 50
 	KubeAPIBurst = 100
 )
+
+// maxRedisWait bounds --redis-wait-timeout below the Redis client's read
+// timeout (cliconfig.RedisReadTimeout), which also bounds the WAIT's reply.
+const maxRedisWait = cliconfig.RedisReadTimeout - time.Second
 
 // spawnerResync is --pod-resync's default, spawner.DefaultResync.
 var spawnerResync = spawner.DefaultResync.String()

@@ -48,11 +48,14 @@ func TestValidateSlice(t *testing.T) {
 		{"valid", Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50}, ""},
 		{"full GPU", Slice{MemoryMiB: 1, ComputePercent: 100, ComputeLimitPercent: 100}, ""},
 		{"zero memory", Slice{MemoryMiB: 0, ComputePercent: 20, ComputeLimitPercent: 20}, "slice memoryMiB must be > 0, got 0"},
-		{"compute 0", Slice{MemoryMiB: 1, ComputePercent: 0, ComputeLimitPercent: 0}, "slice computePercent must be 1..100, got 0"},
-		{"compute 101", Slice{MemoryMiB: 1, ComputePercent: 101, ComputeLimitPercent: 101},
-			"slice computePercent must be 1..100, got 101\nslice computeLimitPercent must be computePercent..100 (101..100), got 101"},
+		{"compute 0", Slice{MemoryMiB: 1, ComputePercent: 0, ComputeLimitPercent: 0},
+			"slice computePercent must be 1..100, got 0\nslice computeLimitPercent must be 1..100, got 0"},
+		{"compute 101 is one problem", Slice{MemoryMiB: 1, ComputePercent: 101, ComputeLimitPercent: 100},
+			"slice computePercent must be 1..100, got 101"},
+		{"compute 101 with limit 101 is two", Slice{MemoryMiB: 1, ComputePercent: 101, ComputeLimitPercent: 101},
+			"slice computePercent must be 1..100, got 101\nslice computeLimitPercent must be 1..100, got 101"},
 		{"limit below guarantee", Slice{MemoryMiB: 1, ComputePercent: 30, ComputeLimitPercent: 20},
-			"slice computeLimitPercent must be computePercent..100 (30..100), got 20"},
+			"slice computeLimitPercent must be at least computePercent (30), got 20"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -148,11 +151,11 @@ func TestQuotaErrorMessages(t *testing.T) {
 		want string
 	}{
 		{&QuotaError{Scope: "user", Name: "alice", Resource: "servers", Limit: 2, Used: 2, Want: 1},
-			"user alice quota exceeded: 2 servers in use, 1 more asked, limit 2 servers"},
+			"user alice quota exceeded: it allows 2 servers at once, and 2 are in use"},
 		{&QuotaError{Scope: "group", Name: "ml", Resource: "memoryMiB", Limit: 16384, Used: 8192, Want: 16384},
-			"group ml quota exceeded: 8192 MiB of slice memory in use, 16384 more asked, limit 16384 MiB of slice memory"},
+			"group ml quota exceeded: it allows 16384 MiB of slice memory; 8192 MiB are in use and this needs 16384 MiB more"},
 		{&QuotaError{Scope: "user", Name: "bob", Resource: "computePercent", Limit: 50, Used: 40, Want: 20},
-			"user bob quota exceeded: 40% compute in use, 20 more asked, limit 50% compute"},
+			"user bob quota exceeded: it allows 50 % compute; 40 % are in use and this needs 20 % more"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.err.Resource, func(t *testing.T) {
@@ -192,7 +195,8 @@ func TestLifecycleTable(t *testing.T) {
 	all := []State{v1.StatePending, v1.StatePlacing, v1.StateCreating, v1.StateStarting,
 		v1.StateRunning, v1.StateStopping, v1.StateStopped, v1.StateFailed}
 	// allowed lists every permitted move, from the lifecycle in ARCHITECTURE.md:
-	// the happy path, stop from anywhere, failed before running.
+	// the happy path, stop from any live state, failed before running (a
+	// failed spawn stays failed until the next start).
 	allowed := map[[2]State]bool{
 		{v1.StatePending, v1.StatePlacing}: true, {v1.StatePlacing, v1.StateCreating}: true,
 		{v1.StateCreating, v1.StateStarting}: true, {v1.StateStarting, v1.StateRunning}: true,
@@ -200,8 +204,7 @@ func TestLifecycleTable(t *testing.T) {
 		{v1.StateRunning, v1.StateStopped}:  true,
 		{v1.StatePending, v1.StateStopping}: true, {v1.StatePlacing, v1.StateStopping}: true,
 		{v1.StateCreating, v1.StateStopping}: true, {v1.StateStarting, v1.StateStopping}: true,
-		{v1.StateFailed, v1.StateStopping}: true,
-		{v1.StatePending, v1.StateFailed}:  true, {v1.StatePlacing, v1.StateFailed}: true,
+		{v1.StatePending, v1.StateFailed}: true, {v1.StatePlacing, v1.StateFailed}: true,
 		{v1.StateCreating, v1.StateFailed}: true, {v1.StateStarting, v1.StateFailed}: true,
 	}
 	for _, from := range all {

@@ -29,12 +29,18 @@ type Server struct {
 	IdempotencyKey string // of the create that started this spawn
 	State          State
 	Message        string
-	Slice          Slice
-	Allocation     *Allocation // nil until placed
-	Pod            string
-	URL            string
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
+	// Slice is the profile's slice until placed, then the allocation's
+	// (for exclusive and mig servers, the size of the device they hold).
+	Slice Slice
+	// Sharing and MIGProfile are the profile's sharing mode and MIG
+	// profile; Sharing "" reads as SharingSliced (records made before).
+	Sharing    SharingMode
+	MIGProfile string
+	Allocation *Allocation // nil until placed
+	Pod        string
+	URL        string
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
 }
 
 // Event is one transition of a server, appended to its event stream.
@@ -48,7 +54,13 @@ type Profile struct {
 	Image       string
 	CPU         string // Kubernetes quantity, e.g. "2"
 	Memory      string // Kubernetes quantity, e.g. "8Gi"
-	Slice       Slice
+	// Slice is the share of a sliced or mps profile; zero for exclusive
+	// and mig, whose device is held whole.
+	Slice Slice
+	// Sharing is the profile's sharing mode; "" reads as SharingSliced.
+	Sharing SharingMode
+	// MIGProfile is the MIG profile of a mig profile, e.g. "3g.71gb".
+	MIGProfile string
 	// Model restricts placement to one GPU model; "" means any.
 	Model string
 	// Groups that may use the profile; empty means everyone.
@@ -61,6 +73,9 @@ type Profile struct {
 	Command, Args []string
 }
 
+// Words names p's sharing in words (SharingWords).
+func (p Profile) Words() string { return SharingWords(p.Sharing, p.MIGProfile) }
+
 // Allows reports whether a member of groups may use p.
 func (p Profile) Allows(groups []string) bool {
 	if len(p.Groups) == 0 {
@@ -70,11 +85,29 @@ func (p Profile) Allows(groups []string) bool {
 }
 
 // ServerPatch lists the fields a transition may set besides state and
-// message; nil fields are left as they are.
+// message; nil fields are left as they are. Setting Allocation sets the
+// record's Slice to the allocation's too.
 type ServerPatch struct {
 	Allocation *Allocation
 	Pod        *string
 	URL        *string
+	// DropAllocation clears the record's allocation (the slice was
+	// released): a stopped or failed server holds no GPU. It wins over
+	// Allocation.
+	DropAllocation bool
+	// ForgetIdempotencyKey clears the record's idempotency key: the create
+	// that started the spawn did not succeed, so a retry with the key must
+	// start anew (ARCHITECTURE.md invariant 8).
+	ForgetIdempotencyKey bool
+}
+
+// QuotaUse is one cap that applies to a user and what is in use under it.
+type QuotaUse struct {
+	// Scope is "user" or "group"; Name the user or group.
+	Scope, Name string
+	// Limit is the cap (a zero field: unlimited); Used what the user (or
+	// all members of the group) hold now.
+	Limit, Used Quota
 }
 
 // ResizeResult is the outcome of an accepted resize (servers.Service.Resize).

@@ -9,6 +9,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
@@ -83,4 +84,16 @@ func headerGroups(c echo.Context) ([]string, error) {
 		return nil, fmt.Errorf("header %s has %d groups, at most %d are allowed: %w", v1.HeaderGroups, len(out), maxGroups, fleet.ErrInvalid)
 	}
 	return out, nil
+}
+
+// actorOf is who acts on owner's server, for the audit log: the hub, an
+// admin acting on another user's server (actFor let them), or the user.
+func actorOf(p auth.Principal, owner string) audit.Actor {
+	switch {
+	case p.Hub:
+		return audit.Actor{Name: "jupyterhub", Kind: v1.ActorHub}
+	case p.User != owner:
+		return audit.Actor{Name: p.User, Kind: v1.ActorAdmin}
+	}
+	return audit.Actor{Name: p.User, Kind: v1.ActorUser}
 }

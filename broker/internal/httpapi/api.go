@@ -27,6 +27,17 @@ type options struct {
 	eventsBlock    time.Duration
 	readyTimeout   time.Duration
 	bodyLimitBytes int64
+	drain          <-chan struct{}
+}
+
+// WithDrain makes every event stream end, as a stream ends when its client
+// goes away (no error event), once drain is closed: a graceful shutdown
+// closes it when it stops accepting connections, so that the streams,
+// which would otherwise last as long as their clients, do not hold it up
+// while the other requests run to their end. Default nil: streams end
+// only by themselves or with their request's context.
+func WithDrain(drain <-chan struct{}) Option {
+	return func(o *options) { o.drain = drain }
 }
 
 // WithEventsBlock sets how long the events stream waits for a new event
@@ -103,6 +114,9 @@ func New(deps Deps, opts ...Option) (*echo.Echo, error) {
 	}
 	if deps.Now == nil {
 		deps.Now = time.Now
+	}
+	if deps.Metrics == nil {
+		deps.Metrics = noMetrics{}
 	}
 	o := options{
 		eventsBlock:    DefaultEventsBlock,

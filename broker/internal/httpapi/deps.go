@@ -19,19 +19,31 @@ import (
 // sentinels (or be *fleet.CapacityError / *fleet.QuotaError) where a person
 // can act on them.
 type Servers interface {
-	// Create starts server name of user with the profile in req, checking
-	// quotas for user and groups. It returns the server and whether this call
-	// created the spawn (false: an existing spawn with the same
-	// idempotencyKey). idempotencyKey is "" when the caller sent none.
-	Create(ctx context.Context, user string, groups []string, name string, req v1.CreateServerRequest, idempotencyKey string) (fleet.Server, bool, error)
+	// Create starts server name of user with the profile in req for by,
+	// checking quotas for user and groups. It returns the server and
+	// whether this call created the spawn (false: an existing spawn with
+	// the same idempotencyKey). idempotencyKey is "" when the caller sent
+	// none. A refusal leaves no server behind.
+	Create(ctx context.Context, by audit.Actor, user string, groups []string, name string, req v1.CreateServerRequest, idempotencyKey string) (fleet.Server, bool, error)
 	// Get returns the server; fleet.ErrNotFound if there is no record.
 	Get(ctx context.Context, key fleet.ServerKey) (fleet.Server, error)
-	// List returns the servers of user, or of every user when user is "".
-	List(ctx context.Context, user string) ([]fleet.Server, error)
-	// Delete stops the server. It is idempotent and returns the server as it
-	// is after the call (stopping or stopped); fleet.ErrNotFound if the
-	// server never existed.
-	Delete(ctx context.Context, key fleet.ServerKey) (fleet.Server, error)
+	// ListPage returns up to limit servers of user (every user's when user
+	// is ""), ordered by user and name, after cursor ("" = the first page),
+	// and the next page's cursor ("" on the last); a bad cursor wraps
+	// fleet.ErrInvalid.
+	ListPage(ctx context.Context, user, cursor string, limit int) ([]fleet.Server, string, error)
+	// Delete stops the server for by. It is idempotent and returns the
+	// server as it is after the call (stopping or stopped; a failed server
+	// stays failed with its reason); fleet.ErrNotFound if the server never
+	// existed.
+	Delete(ctx context.Context, by audit.Actor, key fleet.ServerKey) (fleet.Server, error)
+	// Remove deletes a stopped or failed server's record for by; a
+	// *fleet.StateError (fleet.ErrConflict) for a live one,
+	// fleet.ErrNotFound for none.
+	Remove(ctx context.Context, by audit.Actor, key fleet.ServerKey) error
+	// Quota returns the caps that apply to user in groups with what is in
+	// use under each: the user's own first, then the groups'.
+	Quota(ctx context.Context, user string, groups []string) ([]fleet.QuotaUse, error)
 	// Events returns the server's events strictly after afterID ("" = from
 	// the start of the retained stream), in order. When there are none and
 	// block > 0 it waits up to block for new ones and may return none.
@@ -53,6 +65,20 @@ type Fleet interface {
 	Allocations(ctx context.Context) ([]fleet.Allocation, error)
 	// RegisterGPU adds or updates a GPU without touching its allocations.
 	RegisterGPU(ctx context.Context, g fleet.GPU) error
+	// SetGPUMode sets a GPU's sharing mode as an admin asks ("" = follow
+	// its node's label); see redisstore.Store.SetGPUMode for the errors.
+	SetGPUMode(ctx context.Context, uuid string, mode fleet.SharingMode) (fleet.GPU, error)
+}
+
+// Guarantees is promised vs delivered as the node agents report it
+// (implemented in the composition root over agentstore). Optional.
+type Guarantees interface {
+	// GPUGuarantees returns, per GPU uuid, its worst tenant's figures from
+	// fresh node reports.
+	GPUGuarantees(ctx context.Context) (map[string]v1.Guarantee, error)
+	// ServerGuarantee returns a running slice's figures from its latest
+	// fresh sample; nil when unknown.
+	ServerGuarantee(ctx context.Context, spawnID string) (*v1.Guarantee, error)
 }
 
 // Authenticator turns a request's credentials into a principal. It returns
@@ -100,6 +126,9 @@ type Deps struct {
 	Audit Audit
 	// Reclaim serves a server's idle state and extend routes; nil: not served.
 	Reclaim Reclaim
+	// Guarantees adds promised-vs-delivered figures to GET of a server and
+	// of the GPUs; nil: they are absent.
+	Guarantees Guarantees
 	// Checkers run concurrently on GET /readyz; none means always ready.
 	Checkers []Checker
 	// Log receives one line per request, including every internal error.
@@ -110,11 +139,34 @@ type Deps struct {
 	Mode Mode
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// Metrics receives a measurement per answered request and the open
+	// event streams; nil: none.
+	Metrics Metrics
 	// OpenURL gives a server's browser address through the broker's
 	// notebook proxy (v1.Server.OpenURL); nil when the broker serves no
 	// notebooks.
 	OpenURL func(user, name string) string
 }
+
+// Metrics receives the API's measurements (implemented by
+// broker/internal/metrics). Its methods must be safe for concurrent use
+// and must not block.
+type Metrics interface {
+	// ObserveRequest records one answered request: method, route template
+	// ("" when no route matched), status code and time to answer; stream
+	// is true for an event stream, whose duration is its client's.
+	ObserveRequest(method, route string, code int, d time.Duration, stream bool)
+	// StreamOpened and StreamClosed bracket each event stream.
+	StreamOpened()
+	StreamClosed()
+}
+
+// noMetrics discards measurements.
+type noMetrics struct{}
+
+func (noMetrics) ObserveRequest(string, string, int, time.Duration, bool) {}
+func (noMetrics) StreamOpened()                                           {}
+func (noMetrics) StreamClosed()                                           {}
 
 // DefaultSimulatedNotice is the notice shown in dev mode when Deps.Notice is "".
 const DefaultSimulatedNotice = "dev mode: the Kubernetes cluster and the GPUs are simulated"

@@ -43,7 +43,6 @@
 //	fleet.ErrNoCapacity          409 no_capacity    message = *fleet.CapacityError's sentence
 //	fleet.ErrConflict            409 conflict       (*reclaim.ConflictError says who changed what)
 //	fleet.ErrNotReady            503 unavailable    Retry-After: 5, fixed message
-//	fleet.ErrStoreUnavailable    503 unavailable    Retry-After: 5, fixed message (Redis did not answer)
 //	fleet.ErrUnavailable         503 unavailable    Retry-After: 5
 //	context.DeadlineExceeded     503 unavailable    Retry-After: 5
 //	*echo.HTTPError              its status (unknown route 404, wrong method 405)

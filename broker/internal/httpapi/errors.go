@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -36,6 +38,8 @@ type errorRule struct {
 	headers map[string]string
 	// fields, if set, lists the invalid fields (v1.Error.Fields).
 	fields func(err error) []v1.FieldProblem
+	// limit, if set, says what limit a refusal hit (v1.Error.Limit).
+	limit func(err error) *v1.Limit
 }
 
 // is returns a matcher for errors.Is(err, target).
@@ -49,12 +53,31 @@ func is(target error) func(error) bool {
 var errorTable = []errorRule{
 	{
 		match:  func(err error) bool { var e *http.MaxBytesError; return errors.As(err, &e) },
-		status: http.StatusRequestEntityTooLarge, code: v1.CodeBadRequest,
+		status: http.StatusRequestEntityTooLarge, code: v1.CodePayloadTooLarge,
 		message: func(err error) string {
 			var e *http.MaxBytesError
 			errors.As(err, &e)
 			return fmt.Sprintf("the request body is larger than %d bytes", e.Limit)
 		},
+	},
+	{
+		match:  is(errMediaType),
+		status: http.StatusUnsupportedMediaType, code: v1.CodeUnsupportedMediaType,
+		message: func(err error) string {
+			return strings.TrimPrefix(strings.TrimPrefix(err.Error(), errMediaType.Error()), ": ")
+		},
+	},
+	{
+		// Before the sentinels: an outage that a deadline or a conflict
+		// also matches is still an outage.
+		match:  func(err error) bool { var e *fleet.UnavailableError; return errors.As(err, &e) },
+		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		message: func(err error) string {
+			var e *fleet.UnavailableError
+			errors.As(err, &e)
+			return e.Message()
+		},
+		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
 	{
 		// Before ErrUnauthenticated, which it also matches: no error code in
@@ -98,6 +121,16 @@ var errorTable = []errorRule{
 		},
 	},
 	{
+		match:  func(err error) bool { var e *fieldsError; return errors.As(err, &e) },
+		status: http.StatusBadRequest, code: v1.CodeBadRequest,
+		message: sentinelMessage("the request is not valid"),
+		fields: func(err error) []v1.FieldProblem {
+			var e *fieldsError
+			errors.As(err, &e)
+			return e.problems
+		},
+	},
+	{
 		match:  is(fleet.ErrInvalid),
 		status: http.StatusBadRequest, code: v1.CodeBadRequest,
 		message: sentinelMessage("the request is not valid"),
@@ -111,6 +144,13 @@ var errorTable = []errorRule{
 				return e.Error()
 			}
 			return sentinelMessage("a quota would be exceeded")(err)
+		},
+		limit: func(err error) *v1.Limit {
+			var e *fleet.QuotaError
+			if !errors.As(err, &e) {
+				return nil
+			}
+			return &v1.Limit{Kind: v1.LimitQuota, Scope: e.Scope, Name: e.Name, Resource: e.Resource, Limit: e.Limit, Used: e.Used, Want: e.Want}
 		},
 	},
 	{
@@ -133,6 +173,47 @@ var errorTable = []errorRule{
 			}
 			return sentinelMessage("no GPU has room for this slice")(err)
 		},
+		limit: func(err error) *v1.Limit {
+			var r *fleet.RoomError
+			if errors.As(err, &r) {
+				if r.Want.MemoryMiB > r.MaxMiB {
+					return &v1.Limit{Kind: v1.LimitGPU, Scope: v1.LimitScopeServer, Name: r.Node, Resource: "memoryMiB", Limit: r.MaxMiB, Want: r.Want.MemoryMiB}
+				}
+				return &v1.Limit{Kind: v1.LimitGPU, Scope: v1.LimitScopeServer, Name: r.Node, Resource: "computePercent", Limit: int64(r.MaxComputePercent), Want: int64(r.Want.ComputePercent)}
+			}
+			var e *fleet.CapacityError
+			if !errors.As(err, &e) || e.Candidates == 0 {
+				return nil
+			}
+			if e.LargestFreeMiB < e.Want.MemoryMiB {
+				return &v1.Limit{Kind: v1.LimitGPU, Name: e.LargestNode, Resource: "memoryMiB", Limit: e.LargestFreeMiB, Want: e.Want.MemoryMiB}
+			}
+			return &v1.Limit{Kind: v1.LimitGPU, Name: e.LargestNode, Resource: "computePercent", Limit: int64(e.LargestFreeComputePercent), Want: int64(e.Want.ComputePercent)}
+		},
+	},
+	{
+		match:  func(err error) bool { var e *fleet.InUseError; return errors.As(err, &e) },
+		status: http.StatusConflict, code: v1.CodeConflict,
+		message: func(err error) string {
+			var e *fleet.InUseError
+			errors.As(err, &e)
+			return e.Error()
+		},
+		limit: func(err error) *v1.Limit {
+			var e *fleet.InUseError
+			errors.As(err, &e)
+			return &v1.Limit{Kind: v1.LimitInUse, Resource: "memoryMiB", Limit: e.UsedMiB, Want: e.WantMiB}
+		},
+	},
+	{
+		// Its own words, whatever context was wrapped around it.
+		match:  func(err error) bool { var e *fleet.StateError; return errors.As(err, &e) },
+		status: http.StatusConflict, code: v1.CodeConflict,
+		message: func(err error) string {
+			var e *fleet.StateError
+			errors.As(err, &e)
+			return e.Error()
+		},
 	},
 	{
 		match:  is(fleet.ErrConflict),
@@ -147,16 +228,6 @@ var errorTable = []errorRule{
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
 	{
-		// Before ErrUnavailable, which it also matches; the wrapped text is
-		// go-redis's, not written for people.
-		match:  is(fleet.ErrStoreUnavailable),
-		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
-		message: func(error) string {
-			return "the broker's store is not answering (it may be restarting); try again shortly"
-		},
-		headers: map[string]string{echo.HeaderRetryAfter: "5"},
-	},
-	{
 		match:  is(fleet.ErrUnavailable),
 		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
 		message: sentinelMessage("a part of the cluster did not answer; try again shortly"),
@@ -168,6 +239,24 @@ var errorTable = []errorRule{
 		message: func(error) string { return "the broker timed out; try again" },
 		headers: map[string]string{echo.HeaderRetryAfter: "5"},
 	},
+	{
+		// After the deadline rule: context.DeadlineExceeded is a net.Error
+		// too. A connection to Redis or the API server refused or cut (a
+		// Redis failover, a restarting API server): retrying soon works.
+		match:  unreachable,
+		status: http.StatusServiceUnavailable, code: v1.CodeUnavailable,
+		message: func(error) string {
+			return "the broker cannot reach its store or the cluster right now; try again in a few seconds"
+		},
+		headers: map[string]string{echo.HeaderRetryAfter: "2"},
+	},
+}
+
+// unreachable matches network failures: a connection refused, reset or
+// closed mid-answer.
+func unreachable(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 const notReadyMessage = "the broker is rebuilding its allocations; try again in a few seconds"
@@ -180,6 +269,9 @@ func decide(err error, requestID string) answer {
 			ans := answer{status: r.status, body: v1.Error{Code: r.code, Message: r.message(err)}, headers: r.headers}
 			if r.fields != nil {
 				ans.body.Fields = r.fields(err)
+			}
+			if r.limit != nil {
+				ans.body.Limit = r.limit(err)
 			}
 			return ans
 		}
@@ -287,6 +379,10 @@ func codeForStatus(status int) string {
 		return v1.CodeConflict
 	case status == http.StatusMethodNotAllowed:
 		return v1.CodeMethodNotAllowed
+	case status == http.StatusRequestEntityTooLarge:
+		return v1.CodePayloadTooLarge
+	case status == http.StatusUnsupportedMediaType:
+		return v1.CodeUnsupportedMediaType
 	case status == http.StatusServiceUnavailable:
 		return v1.CodeUnavailable
 	case status >= 500:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -37,13 +39,25 @@ func TestErrorTable(t *testing.T) {
 		{name: "forbidden", err: fmt.Errorf("%w: profile %q is not offered to your groups", fleet.ErrForbidden, "big"),
 			wantStatus: 403, want: v1.Error{Code: v1.CodeForbidden, Message: `profile "big" is not offered to your groups`}},
 		{name: "quota error keeps its own sentence", err: fmt.Errorf("place: %w", quotaErr),
-			wantStatus: 403, want: v1.Error{Code: v1.CodeQuotaExceeded, Message: "user alice quota exceeded: 12288 MiB of slice memory in use, 8192 more asked, limit 16384 MiB of slice memory"}},
+			wantStatus: 403, want: v1.Error{Code: v1.CodeQuotaExceeded, Message: "user alice quota exceeded: it allows 16384 MiB of slice memory; 12288 MiB are in use and this needs 8192 MiB more",
+				Limit: &v1.Limit{Kind: v1.LimitQuota, Scope: "user", Name: "alice", Resource: "memoryMiB", Limit: 16384, Used: 12288, Want: 8192}}},
 		{name: "bare quota sentinel", err: fleet.ErrQuotaExceeded,
 			wantStatus: 403, want: v1.Error{Code: v1.CodeQuotaExceeded, Message: "a quota would be exceeded"}},
 		{name: "not found from the service", err: fmt.Errorf("%w: profile catalog entry vanished", fleet.ErrNotFound),
 			wantStatus: 404, want: v1.Error{Code: v1.CodeNotFound, Message: "profile catalog entry vanished"}},
 		{name: "capacity error keeps its own sentence", err: fmt.Errorf("place slice: %w", capErr),
-			wantStatus: 409, want: v1.Error{Code: v1.CodeNoCapacity, Message: "no GPU has 8192 MiB free; the largest free block is 6144 MiB on node gpu-3"}},
+			wantStatus: 409, want: v1.Error{Code: v1.CodeNoCapacity, Message: "no GPU has 8192 MiB free; the largest free block is 6144 MiB on node gpu-3",
+				Limit: &v1.Limit{Kind: v1.LimitGPU, Name: "gpu-3", Resource: "memoryMiB", Limit: 6144, Want: 8192}}},
+		{name: "no room on the server's own GPU", err: &fleet.RoomError{GPU: "GPU-1", Node: "n1", MaxMiB: 65536, MaxComputePercent: 40, Want: fleet.Slice{MemoryMiB: 81920, ComputePercent: 25}},
+			wantStatus: 409, want: v1.Error{Code: v1.CodeNoCapacity, Message: "GPU GPU-1 on node n1 has room for at most 65536 MiB and 40% compute for this slice; 81920 MiB and 25% were asked",
+				Limit: &v1.Limit{Kind: v1.LimitGPU, Scope: v1.LimitScopeServer, Name: "n1", Resource: "memoryMiB", Limit: 65536, Want: 81920}}},
+		{name: "a state conflict speaks to the user, whatever wraps it", err: fmt.Errorf("server alice/nb: %w", &fleet.StateError{Key: fleet.ServerKey{User: "alice", Name: "nb"}, State: v1.StateStopping, Want: v1.StatePending}),
+			wantStatus: 409, want: v1.Error{Code: v1.CodeConflict, Message: "nb is still stopping; start it again when it has stopped"}},
+		{name: "Redis down is a 503 naming it", err: fmt.Errorf("create server: %w", &fleet.UnavailableError{Part: fleet.PartRedis, Err: context.DeadlineExceeded}),
+			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "Redis (the broker's store) is not answering; try again in a few seconds"}, wantHeader: map[string]string{"Retry-After": "5"}},
+		{name: "an outage midway says the outcome is unknown", err: &fleet.UnavailableError{Part: fleet.PartKubernetes, Unknown: "nb may or may not have started", Err: errBoom},
+			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the Kubernetes API server stopped answering midway, so nb may or may not have started; repeat the request in a few seconds (with the same Idempotency-Key) to find out"},
+			wantHeader: map[string]string{"Retry-After": "5"}},
 		{name: "conflict", err: fmt.Errorf("%w: server \"nb\" is running; stop it first", fleet.ErrConflict),
 			wantStatus: 409, want: v1.Error{Code: v1.CodeConflict, Message: `server "nb" is running; stop it first`}},
 		{name: "not ready asks to retry", err: fmt.Errorf("place: %w", fleet.ErrNotReady),
@@ -52,10 +66,10 @@ func TestErrorTable(t *testing.T) {
 			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: notReadyMessage}, wantHeader: map[string]string{"Retry-After": "5"}},
 		{name: "store timeout", err: fmt.Errorf("redisstore: create server: %w", context.DeadlineExceeded),
 			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the broker timed out; try again"}, wantHeader: map[string]string{"Retry-After": "5"}},
-		{name: "store not answering asks to retry, without go-redis's text", err: fmt.Errorf("get server: %w: %w", fleet.ErrStoreUnavailable, errors.New("dial tcp 127.0.0.1:6390: connect: connection refused")),
-			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the broker's store is not answering (it may be restarting); try again shortly"}, wantHeader: map[string]string{"Retry-After": "5"}},
-		{name: "kubernetes not answering asks to retry", err: fmt.Errorf("%w: the Kubernetes API did not take the notebook pod (it may be restarting); start the server again", fleet.ErrUnavailable),
-			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the Kubernetes API did not take the notebook pod (it may be restarting); start the server again"}, wantHeader: map[string]string{"Retry-After": "5"}},
+		{name: "a store that does not answer asks to retry", err: fmt.Errorf("place slice s1: %w", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}),
+			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the broker cannot reach its store or the cluster right now; try again in a few seconds"}, wantHeader: map[string]string{"Retry-After": "2"}},
+		{name: "a connection cut mid-answer asks to retry", err: fmt.Errorf("transition: %w", io.EOF),
+			wantStatus: 503, want: v1.Error{Code: v1.CodeUnavailable, Message: "the broker cannot reach its store or the cluster right now; try again in a few seconds"}, wantHeader: map[string]string{"Retry-After": "2"}},
 		{name: "internal failure never shows its text", err: errBoom,
 			wantStatus: 500, want: v1.Error{Code: v1.CodeInternal, Message: "internal error; quote request id req-1 when you report it"}},
 	}
@@ -141,7 +155,7 @@ func TestEchoErrors(t *testing.T) {
 			want: v1.Error{Code: v1.CodeMethodNotAllowed, Message: "method PATCH is not allowed on /api/v1/users/alice/servers/nb"}},
 		{name: "body over 1 MiB", method: "PUT", path: "/api/v1/users/alice/servers/nb",
 			body: `{"profile":"small","env":{"A":"` + strings.Repeat("x", 1<<20) + `"}}`, wantStatus: 413,
-			want: v1.Error{Code: v1.CodeBadRequest, Message: "the request body is larger than 1048576 bytes"}},
+			want: v1.Error{Code: v1.CodePayloadTooLarge, Message: "the request body is larger than 1048576 bytes"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -262,6 +262,40 @@ func TestEventsKeepaliveAndWriteTimeout(t *testing.T) {
 	cancel() // the client goes away; srv.Close waits for the handler
 }
 
+// TestEventsEndWhenTheBrokerDrains: closing the drain channel (WithDrain)
+// ends a following stream cleanly (no error event, end of stream), while
+// other requests are still answered.
+func TestEventsEndWhenTheBrokerDrains(t *testing.T) {
+	drain := make(chan struct{})
+	h := newHarness(t, harnessConfig{opts: []Option{WithEventsBlock(20 * time.Millisecond), WithDrain(drain)}})
+	seedAlice(t, h)
+	lifecycle(h, "placing", "creating", "starting", "running")
+	srv := httptest.NewServer(h.e)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	s := openStream(t, ctx, srv, "5-0")
+	if m, err := s.next(); err != nil || m.Comment != "keepalive" {
+		t.Fatalf("got %+v, %v; want a keepalive from a following stream", m, err)
+	}
+	close(drain)
+	for {
+		m, err := s.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("after the drain: %v, want the end of the stream", err)
+		}
+		if m.Comment != "keepalive" {
+			t.Fatalf("after the drain: %+v, want only keepalives, then the end of the stream", m)
+		}
+	}
+	if rec := h.do(t, req{method: http.MethodGet, path: "/api/v1/users/alice/servers/nb", token: tokAlice}); rec.Code != http.StatusOK {
+		t.Errorf("get after the drain: status %d, want 200: %s", rec.Code, rec.Body)
+	}
+}
+
 // TestEventsFailureEndsTheStream: a failure after the stream started ends
 // it with an error event chosen by the error table.
 func TestEventsFailureEndsTheStream(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/auth"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
@@ -29,8 +30,11 @@ type fakeServers struct {
 	spawns  int
 	changed chan struct{} // closed and replaced on every event
 	fail    map[string]error
-	// creates records the (user, groups) of every Create call.
+	// creates records the (actor, user, groups) of every Create call.
 	creates []createCall
+	// actors records the actor and operation of every Create, Delete and
+	// Remove call, as "op kind:name".
+	actors []string
 	// requests records the body of every Create call.
 	requests []v1.CreateServerRequest
 }
@@ -39,6 +43,9 @@ type createCall struct {
 	User   string
 	Groups []string
 }
+
+// quota is the fake's one cap, for every user: two servers.
+var fakeQuota = fleet.Quota{Servers: 2, MemoryMiB: 98304, ComputePercent: 100}
 
 func newFakeServers(now func() time.Time) *fakeServers {
 	return &fakeServers{
@@ -84,10 +91,11 @@ func (f *fakeServers) advance(k fleet.ServerKey, state fleet.State, msg string) 
 	f.setLocked(k, state, msg)
 }
 
-func (f *fakeServers) Create(_ context.Context, user string, groups []string, name string, req v1.CreateServerRequest, key string) (fleet.Server, bool, error) {
+func (f *fakeServers) Create(_ context.Context, by audit.Actor, user string, groups []string, name string, req v1.CreateServerRequest, key string) (fleet.Server, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.creates = append(f.creates, createCall{User: user, Groups: slices.Clone(groups)})
+	f.actors = append(f.actors, "create "+by.Kind+":"+by.Name)
 	f.requests = append(f.requests, req)
 	if err := f.fail["create"]; err != nil {
 		return fleet.Server{}, false, err
@@ -98,7 +106,7 @@ func (f *fakeServers) Create(_ context.Context, user string, groups []string, na
 		case key != "" && s.IdempotencyKey == key:
 			return s, false, nil
 		case !fleet.Terminal(s.State):
-			return fleet.Server{}, false, fmt.Errorf("%w: server %q is %s; stop it first", fleet.ErrConflict, name, s.State)
+			return fleet.Server{}, false, &fleet.StateError{Key: k, State: s.State, SpawnID: s.SpawnID, Want: v1.StatePending}
 		}
 	}
 	f.spawns++
@@ -125,27 +133,78 @@ func (f *fakeServers) Get(_ context.Context, k fleet.ServerKey) (fleet.Server, e
 	return s, nil
 }
 
-func (f *fakeServers) List(_ context.Context, user string) ([]fleet.Server, error) {
+// ListPage pages the servers in (user, name) order; the cursor is
+// "c:<user>\x00<name>" of the last one returned.
+func (f *fakeServers) ListPage(_ context.Context, user, cursor string, limit int) ([]fleet.Server, string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.fail["list"]; err != nil {
-		return nil, err
+		return nil, "", err
+	}
+	after, ok := strings.CutPrefix(cursor, "c:")
+	if cursor != "" && !ok {
+		return nil, "", fmt.Errorf("%w: cursor %q is not one this list returned", fleet.ErrInvalid, cursor)
 	}
 	var out []fleet.Server
 	for k, s := range f.servers {
-		if user == "" || k.User == user {
+		if (user == "" || k.User == user) && (cursor == "" || k.User+"\x00"+k.Name > after) {
 			out = append(out, s)
 		}
 	}
 	slices.SortFunc(out, func(a, b fleet.Server) int {
 		return strings.Compare(a.User+"\x00"+a.Name, b.User+"\x00"+b.Name)
 	})
+	if len(out) > limit {
+		last := out[limit-1]
+		return out[:limit], "c:" + last.User + "\x00" + last.Name, nil
+	}
+	return out, "", nil
+}
+
+// Quota answers fakeQuota for the user and each group, with the user's
+// live servers in use.
+func (f *fakeServers) Quota(_ context.Context, user string, groups []string) ([]fleet.QuotaUse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail["quota"]; err != nil {
+		return nil, err
+	}
+	var used fleet.Quota
+	for k, s := range f.servers {
+		if k.User == user && !fleet.Terminal(s.State) {
+			used.Servers++
+			used.MemoryMiB += s.Slice.MemoryMiB
+			used.ComputePercent += s.Slice.ComputePercent
+		}
+	}
+	out := []fleet.QuotaUse{{Scope: "user", Name: user, Limit: fakeQuota, Used: used}}
+	for _, g := range groups {
+		out = append(out, fleet.QuotaUse{Scope: "group", Name: g, Limit: fleet.Quota{Servers: 20}})
+	}
 	return out, nil
 }
 
-func (f *fakeServers) Delete(_ context.Context, k fleet.ServerKey) (fleet.Server, error) {
+// Remove deletes a terminal server.
+func (f *fakeServers) Remove(_ context.Context, by audit.Actor, k fleet.ServerKey) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.actors = append(f.actors, "remove "+by.Kind+":"+by.Name)
+	s, ok := f.servers[k]
+	switch {
+	case !ok:
+		return fmt.Errorf("server %s/%s: %w", k.User, k.Name, fleet.ErrNotFound)
+	case !fleet.Terminal(s.State):
+		return &fleet.StateError{Key: k, State: s.State, SpawnID: s.SpawnID}
+	}
+	delete(f.servers, k)
+	delete(f.events, k)
+	return nil
+}
+
+func (f *fakeServers) Delete(_ context.Context, by audit.Actor, k fleet.ServerKey) (fleet.Server, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.actors = append(f.actors, "delete "+by.Kind+":"+by.Name)
 	if err := f.fail["delete"]; err != nil {
 		return fleet.Server{}, err
 	}
@@ -153,7 +212,7 @@ func (f *fakeServers) Delete(_ context.Context, k fleet.ServerKey) (fleet.Server
 	switch {
 	case !ok:
 		return fleet.Server{}, fmt.Errorf("server %s/%s: %w", k.User, k.Name, fleet.ErrNotFound)
-	case s.State == v1.StateStopping || s.State == v1.StateStopped:
+	case s.State == v1.StateStopping || fleet.Terminal(s.State):
 		return s, nil
 	}
 	return f.setLocked(k, v1.StateStopping, "stopping"), nil
@@ -256,6 +315,28 @@ func (f *fakeFleet) RegisterGPU(_ context.Context, g fleet.GPU) error {
 	return nil
 }
 
+func (f *fakeFleet) SetGPUMode(_ context.Context, uuid string, mode fleet.SharingMode) (fleet.GPU, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	g, ok := f.gpus[uuid]
+	switch {
+	case f.err != nil:
+		return fleet.GPU{}, f.err
+	case !ok:
+		return fleet.GPU{}, fmt.Errorf("%w: gpu %s is not registered", fleet.ErrNotFound, uuid)
+	case mode != "" && mode != fleet.SharingSliced && mode != fleet.SharingExclusive && mode != fleet.SharingMPS:
+		return fleet.GPU{}, fmt.Errorf("%w: sharing mode must be sliced, exclusive or mps, got %q", fleet.ErrInvalid, mode)
+	}
+	for _, a := range f.allocs {
+		if a.GPUUUID == uuid {
+			return fleet.GPU{}, fmt.Errorf("%w: gpu %s holds servers", fleet.ErrConflict, uuid)
+		}
+	}
+	g.Mode = fleet.ModeOf(mode)
+	f.gpus[uuid] = g
+	return g, nil
+}
+
 // fakeAuth maps fixed bearer strings to principals or errors.
 type fakeAuth map[string]any // token → auth.Principal or error
 
@@ -292,3 +373,27 @@ func (c fakeChecker) Check(ctx context.Context) error {
 }
 
 var errBoom = errors.New("redis: connection refused to 10.0.0.7:6379")
+
+// fakeGuarantees answers fixed figures, or err.
+type fakeGuarantees struct {
+	gpus    map[string]v1.Guarantee
+	servers map[string]v1.Guarantee // spawn id → figures
+	err     error
+}
+
+func (f fakeGuarantees) GPUGuarantees(context.Context) (map[string]v1.Guarantee, error) {
+	if f.err != nil {
+		return nil, f.err
+	}
+	return f.gpus, nil
+}
+
+func (f fakeGuarantees) ServerGuarantee(_ context.Context, spawnID string) (*v1.Guarantee, error) {
+	if f.err != nil {
+		return nil, f.err
+	}
+	if g, ok := f.servers[spawnID]; ok {
+		return &g, nil
+	}
+	return nil, nil
+}

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"maps"
 	"net/http"
 	"testing"
 
@@ -101,5 +102,103 @@ func TestPutGPUCannotShrinkBelowItsSlices(t *testing.T) {
 	}
 	if len(h.fleet.gpus) != 0 {
 		t.Errorf("the refused GPU was registered: %v", h.fleet.gpus)
+	}
+}
+
+func TestPutGPUMode(t *testing.T) {
+	h := newHarness(t)
+	h.fleet.gpus["GPU-a"] = fleet.GPU{UUID: "GPU-a", Node: "gpu-1", Model: "NVIDIA H200", MemoryMiB: 143771, SMCount: 132, Healthy: true, Mode: fleet.SharingSliced}
+	h.fleet.gpus["GPU-b"] = fleet.GPU{UUID: "GPU-b", Node: "gpu-1", Model: "NVIDIA H200", MemoryMiB: 143771, SMCount: 132, Healthy: true, Mode: fleet.SharingSliced}
+	h.fleet.allocs = []fleet.Allocation{{SliceID: "s1", GPUUUID: "GPU-b", Slice: fleet.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50}}}
+
+	rec := h.do(t, req{method: "PUT", path: "/api/v1/admin/gpus/GPU-a/mode", token: tokAdmin, body: `{"mode":"exclusive"}`})
+	if got := decode[v1.GPU](t, rec); rec.Code != http.StatusOK || got.UUID != "GPU-a" || got.Mode != v1.SharingExclusive {
+		t.Fatalf("set exclusive: %d %+v", rec.Code, got)
+	}
+	rec = h.do(t, req{method: "GET", path: "/api/v1/admin/gpus", token: tokAdmin})
+	if got := decode[[]v1.GPUStatus](t, rec); len(got) != 2 || got[0].Mode != v1.SharingExclusive || got[1].Mode != v1.SharingSliced {
+		t.Errorf("list after the change: %+v", got)
+	}
+	rec = h.do(t, req{method: "PUT", path: "/api/v1/admin/gpus/GPU-a/mode", token: tokAdmin, body: `{"mode":""}`})
+	if got := decode[v1.GPU](t, rec); rec.Code != http.StatusOK || got.Mode != v1.SharingSliced {
+		t.Errorf("follow the label again: %d %+v", rec.Code, got)
+	}
+
+	tests := []struct {
+		name, uuid, token, body string
+		status                  int
+		code, msg               string
+	}{
+		{name: "mode is required", uuid: "GPU-a", token: tokAdmin, body: `{}`, status: 400, code: v1.CodeBadRequest,
+			msg: `mode is required: sliced, exclusive, mps, or "" to follow the node's label`},
+		{name: "unknown mode", uuid: "GPU-a", token: tokAdmin, body: `{"mode":"shared"}`, status: 400, code: v1.CodeBadRequest,
+			msg: `sharing mode must be sliced, exclusive or mps, got "shared"`},
+		{name: "unknown field", uuid: "GPU-a", token: tokAdmin, body: `{"mode":"mps","force":true}`, status: 400, code: v1.CodeBadRequest,
+			msg: `the body has an unknown field "force"`},
+		{name: "a GPU holding servers keeps its mode", uuid: "GPU-b", token: tokAdmin, body: `{"mode":"mps"}`, status: 409, code: v1.CodeConflict,
+			msg: "gpu GPU-b holds servers"},
+		{name: "unknown GPU", uuid: "GPU-z", token: tokAdmin, body: `{"mode":"mps"}`, status: 404, code: v1.CodeNotFound,
+			msg: "gpu GPU-z is not registered"},
+		{name: "users may not", uuid: "GPU-a", token: tokAlice, body: `{"mode":"mps"}`, status: 403, code: v1.CodeForbidden},
+		{name: "not a gpu uuid is simply unknown", uuid: "nope", token: tokAdmin, body: `{"mode":"mps"}`, status: 404, code: v1.CodeNotFound},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := maps.Clone(h.fleet.gpus)
+			rec := h.do(t, req{method: "PUT", path: "/api/v1/admin/gpus/" + tc.uuid + "/mode", token: tc.token, body: tc.body})
+			got := decode[v1.Error](t, rec)
+			if rec.Code != tc.status || got.Code != tc.code || (tc.msg != "" && got.Message != tc.msg) {
+				t.Errorf("got %d %+v, want %d %s %q", rec.Code, got, tc.status, tc.code, tc.msg)
+			}
+			if diff := cmp.Diff(before, h.fleet.gpus); diff != "" {
+				t.Errorf("a refused change changed the fleet (-before +after):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestGuaranteesShown(t *testing.T) {
+	met := v1.Guarantee{Percent: 30, WindowSeconds: 3600, WantedSeconds: 1200, MetSeconds: 1188}
+	worst := v1.Guarantee{Percent: 70, WindowSeconds: 3600, WantedSeconds: 1000, MetSeconds: 400, Slice: "spawn-9", Tenants: 2}
+	g := fakeGuarantees{gpus: map[string]v1.Guarantee{"GPU-1": worst}, servers: map[string]v1.Guarantee{"spawn-1": met}}
+	h := newHarness(t, harnessConfig{guar: g})
+	h.fleet.gpus["GPU-1"] = fleet.GPU{UUID: "GPU-1", Node: "gpu-1", MemoryMiB: 143771, SMCount: 132, Healthy: true, Mode: fleet.SharingSliced}
+	h.fleet.gpus["GPU-2"] = fleet.GPU{UUID: "GPU-2", Node: "gpu-1", MemoryMiB: 143771, SMCount: 132, Healthy: true, Mode: fleet.SharingSliced}
+
+	rec := h.do(t, req{method: "GET", path: "/api/v1/admin/gpus", token: tokAdmin})
+	gpus := decode[[]v1.GPUStatus](t, rec)
+	if len(gpus) != 2 || gpus[0].Guarantee == nil || *gpus[0].Guarantee != worst || gpus[1].Guarantee != nil {
+		t.Errorf("gpus: %+v", gpus)
+	}
+
+	seedAlice(t, h)
+	k := fleet.ServerKey{User: "alice", Name: "nb"}
+	get := func() v1.Server {
+		t.Helper()
+		return decode[v1.Server](t, h.do(t, req{method: "GET", path: "/api/v1/users/alice/servers/nb", token: tokAlice}))
+	}
+	if s := get(); s.Guarantee != nil {
+		t.Errorf("a pending server has figures: %+v", s.Guarantee)
+	}
+	h.servers.advance(k, v1.StatePlacing, "placing")
+	h.servers.advance(k, v1.StateRunning, "running")
+	if s := get(); s.Guarantee == nil || *s.Guarantee != met {
+		t.Errorf("running server's guarantee = %+v, want %+v", s.Guarantee, met)
+	}
+
+	// Figures that cannot be read leave them out and are logged; the
+	// answers stand.
+	h2 := newHarness(t, harnessConfig{guar: fakeGuarantees{err: errBoom}})
+	h2.fleet.gpus["GPU-1"] = h.fleet.gpus["GPU-1"]
+	rec = h2.do(t, req{method: "GET", path: "/api/v1/admin/gpus", token: tokAdmin})
+	if got := decode[[]v1.GPUStatus](t, rec); rec.Code != 200 || len(got) != 1 || got[0].Guarantee != nil {
+		t.Errorf("gpus with the figures down: %d %+v", rec.Code, got)
+	}
+	warned := false
+	for _, l := range h2.logs.lines(t) {
+		warned = warned || (l["msg"] == "guarantee figures not read" && l["level"] == "WARN")
+	}
+	if !warned {
+		t.Errorf("no warning logged: %v", h2.logs.lines(t))
 	}
 }

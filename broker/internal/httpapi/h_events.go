@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,9 +27,10 @@ const writeMargin = 10 * time.Second
 // It replays the events after Last-Event-ID (header, or ?lastEventId=),
 // then follows new ones, writing a keepalive comment whenever the events
 // block passes without one. It ends when the server's latest event is
-// terminal (stopped or failed) and nothing follows it, or when the client
-// goes away. Errors before the first byte are JSON answers; errors later
-// end the stream with an `event: error` carrying a v1.Error.
+// terminal (stopped or failed) and nothing follows it, when the client
+// goes away, or when the broker drains (WithDrain). Errors before the
+// first byte are JSON answers; errors later end the stream with an
+// `event: error` carrying a v1.Error.
 func (a *api) serverEvents(c echo.Context) error {
 	k, err := a.visibleKey(c)
 	if err != nil {
@@ -41,7 +43,8 @@ func (a *api) serverEvents(c echo.Context) error {
 	if err := validEventID(after); err != nil {
 		return err
 	}
-	ctx := c.Request().Context()
+	ctx, stop := a.streamContext(c.Request().Context())
+	defer stop()
 	s, err := a.deps.Servers.Get(ctx, k)
 	if errors.Is(err, fleet.ErrNotFound) {
 		return serverNotFound(k)
@@ -59,6 +62,8 @@ func (a *api) serverEvents(c echo.Context) error {
 	w.Header().Set(echo.HeaderCacheControl, "no-cache")
 	w.Header().Set("X-Accel-Buffering", "no") // no proxy buffering
 	w.WriteHeader(http.StatusOK)
+	a.deps.Metrics.StreamOpened()
+	defer a.deps.Metrics.StreamClosed()
 	out := &sse{w: w, rc: http.NewResponseController(w.Writer)}
 	if err := out.flush(); err != nil {
 		return err
@@ -76,7 +81,7 @@ func (a *api) serverEvents(c echo.Context) error {
 			after, terminal = last.ID, fleet.Terminal(last.State)
 			// Read on without waiting: more may be retained (a new spawn).
 			if evs, err = a.deps.Servers.Events(ctx, k, after, 0); err != nil {
-				return a.streamFailed(c, out, err)
+				return a.streamFailed(ctx, c, out, err)
 			}
 			continue
 		}
@@ -85,10 +90,10 @@ func (a *api) serverEvents(c echo.Context) error {
 		}
 		evs, err = a.deps.Servers.Events(ctx, k, after, a.opts.eventsBlock)
 		if ctx.Err() != nil {
-			return nil // the client went away
+			return nil // the client went away, or the broker drains
 		}
 		if err != nil {
-			return a.streamFailed(c, out, err)
+			return a.streamFailed(ctx, c, out, err)
 		}
 		if len(evs) == 0 {
 			if err := out.comment("keepalive"); err != nil {
@@ -99,9 +104,10 @@ func (a *api) serverEvents(c echo.Context) error {
 }
 
 // streamFailed ends a started stream with an error event chosen by the
-// error table, and returns err for the request log.
-func (a *api) streamFailed(c echo.Context, out *sse, err error) error {
-	if c.Request().Context().Err() != nil {
+// error table, and returns err for the request log; a stream whose ctx
+// ended (the client left, the broker drains) just ends.
+func (a *api) streamFailed(ctx context.Context, c echo.Context, out *sse, err error) error {
+	if ctx.Err() != nil {
 		return nil
 	}
 	ans := decide(err, c.Response().Header().Get(echo.HeaderXRequestID))
@@ -111,7 +117,24 @@ func (a *api) streamFailed(c echo.Context, out *sse, err error) error {
 	return err
 }
 
-// clientGone hides write errors caused by the client leaving.
+// streamContext returns parent, also cancelled once the drain channel
+// (WithDrain) is closed; stop releases it.
+func (a *api) streamContext(parent context.Context) (ctx context.Context, stop context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	if a.opts.drain != nil {
+		go func() {
+			select {
+			case <-a.opts.drain:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return ctx, cancel
+}
+
+// clientGone hides write errors caused by the client leaving (or the
+// stream's context ending otherwise: the broker drains).
 func clientGone(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return nil
@@ -159,15 +182,34 @@ func oneLine(s string) string {
 	return strings.NewReplacer("\r", "", "\n", "").Replace(s)
 }
 
-// validEventID checks a Last-Event-ID: at most 255 bytes of printable ASCII.
+// validEventID checks a Last-Event-ID: an event id as the stream writes
+// them, "<milliseconds>-<sequence>" (or just "<milliseconds>"), both
+// unsigned 64-bit numbers.
 func validEventID(id string) error {
-	if len(id) > 255 {
-		return fmt.Errorf("last event id is %d bytes long, at most 255 are allowed: %w", len(id), fleet.ErrInvalid)
+	if id == "" {
+		return nil
 	}
-	for i := 0; i < len(id); i++ {
-		if id[i] < 0x21 || id[i] > 0x7e {
-			return fmt.Errorf("last event id must be printable ASCII: %w", fleet.ErrInvalid)
+	ms, seq, two := strings.Cut(id, "-")
+	if !decimal64(ms) || (two && !decimal64(seq)) {
+		shown := id
+		if len(shown) > 64 {
+			shown = shown[:64] + "…"
 		}
+		return fmt.Errorf("%w: last event id %q is not an event id of this stream (<milliseconds>-<sequence>, each a number below 2^64)", fleet.ErrInvalid, shown)
 	}
 	return nil
+}
+
+// decimal64 reports whether s is an unsigned decimal that fits 64 bits.
+func decimal64(s string) bool {
+	if s == "" || len(s) > 20 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	_, err := strconv.ParseUint(s, 10, 64)
+	return err == nil
 }

@@ -2,14 +2,12 @@ package httpapi
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
-	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reclaim"
 )
@@ -77,16 +75,9 @@ func (a *api) extendServer(c echo.Context) error {
 		return err
 	}
 	if req.Seconds < 60 || req.Seconds > 7*24*3600 {
-		return fmt.Errorf("%w: seconds must be between 60 and 604800", fleet.ErrInvalid)
+		return &fieldsError{problems: []v1.FieldProblem{{Field: "seconds", Message: "must be between 60 and 604800 (1 minute to 7 days)"}}}
 	}
-	actor := audit.Actor{Name: p.User, Kind: v1.ActorUser}
-	switch {
-	case p.Hub:
-		actor = audit.Actor{Name: "jupyterhub", Kind: v1.ActorHub}
-	case p.User != srv.User:
-		actor.Kind = v1.ActorAdmin // visibleKey let an admin act on another's server
-	}
-	st, err := a.deps.Reclaim.Extend(c.Request().Context(), srv, time.Duration(req.Seconds)*time.Second, actor)
+	st, err := a.deps.Reclaim.Extend(c.Request().Context(), srv, time.Duration(req.Seconds)*time.Second, actorOf(p, srv.User))
 	if err != nil {
 		return err
 	}

@@ -89,16 +89,31 @@ func (a *api) previewReclaimPolicy(c echo.Context) error {
 const maxAuditFilterBytes = 255
 
 // listAudit answers a page of the audit log, newest first, filtered by
-// ?source= (reclaim or agent), ?actor=, ?action= and ?target=, after the
+// ?source= (servers, reclaim or agent), ?actor=, ?action=, ?target=,
+// ?user= (entries about that user's servers) and ?server= (with ?user=:
+// about that server), after the
 // cursor ?before=, at most ?limit= (1..200, default 50) entries.
 func (a *api) listAudit(c echo.Context) error {
 	q := audit.Query{
 		Source: c.QueryParam("source"), Actor: c.QueryParam("actor"), Action: c.QueryParam("action"),
-		Target: c.QueryParam("target"), Before: c.QueryParam("before"),
+		Target: c.QueryParam("target"), User: c.QueryParam("user"), Server: c.QueryParam("server"), Before: c.QueryParam("before"),
 	}
 	for name, v := range map[string]string{"actor": q.Actor, "action": q.Action, "target": q.Target} {
 		if len(v) > maxAuditFilterBytes {
 			return fmt.Errorf("%w: the %s filter is longer than %d bytes", fleet.ErrInvalid, name, maxAuditFilterBytes)
+		}
+	}
+	if q.User != "" {
+		if err := validName("user", q.User); err != nil {
+			return err
+		}
+	}
+	if q.Server != "" {
+		if q.User == "" {
+			return fmt.Errorf("%w: the server filter needs the user filter too (servers are named per user)", fleet.ErrInvalid)
+		}
+		if err := validName("server", q.Server); err != nil {
+			return err
 		}
 	}
 	if q.Source != "" && !slices.Contains(audit.Sources, q.Source) {

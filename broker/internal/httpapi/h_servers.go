@@ -37,8 +37,15 @@ func serverPath(k fleet.ServerKey) string {
 	return "/api/v1/users/" + url.PathEscape(k.User) + "/servers/" + url.PathEscape(k.Name)
 }
 
+// Paging of the server lists.
+const (
+	defaultServersLimit = 100
+	maxServersLimit     = 1000
+)
+
 // listServers lists the caller's servers; admins may pass ?user= or
-// ?all=true, the hub ?user=.
+// ?all=true, the hub ?user=. One page of ?limit= (1..1000, default 100)
+// after ?cursor=.
 func (a *api) listServers(c echo.Context) error {
 	p, err := principal(c)
 	if err != nil {
@@ -90,11 +97,49 @@ func (a *api) listFor(c echo.Context, user string) error {
 }
 
 func (a *api) writeServers(c echo.Context, user string) error {
-	list, err := a.deps.Servers.List(c.Request().Context(), user)
+	limit := defaultServersLimit
+	if s := c.QueryParam("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxServersLimit {
+			return fmt.Errorf("%w: limit must be a whole number from 1 to %d", fleet.ErrInvalid, maxServersLimit)
+		}
+		limit = n
+	}
+	cursor := c.QueryParam("cursor")
+	if len(cursor) > 1024 {
+		return fmt.Errorf("%w: the cursor is longer than 1024 bytes; pass the next value of a previous page", fleet.ErrInvalid)
+	}
+	list, next, err := a.deps.Servers.ListPage(c.Request().Context(), user, cursor, limit)
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, a.toServers(list))
+	return c.JSON(http.StatusOK, v1.ServerPage{Servers: a.toServers(list), Next: next})
+}
+
+// userQuota answers the caps that apply to {user} and what is in use
+// under each. The groups are the caller's own when it is the user, else
+// (the hub, an admin) those of v1.HeaderGroups, as for a create.
+func (a *api) userQuota(c echo.Context) error {
+	user, err := pathName(c, "user", "user")
+	if err != nil {
+		return err
+	}
+	who, ok, err := actFor(c, user)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("user %q has no quota you can see: %w", user, fleet.ErrNotFound)
+	}
+	uses, err := a.deps.Servers.Quota(c.Request().Context(), who.User, who.Groups)
+	if err != nil {
+		return err
+	}
+	out := v1.Quota{User: who.User, Quotas: make([]v1.QuotaUse, 0, len(uses))}
+	for _, u := range uses {
+		out.Quotas = append(out.Quotas, v1.QuotaUse{Scope: u.Scope, Name: u.Name, Limit: toAmounts(u.Limit), Used: toAmounts(u.Used)})
+	}
+	return c.JSON(http.StatusOK, out)
 }
 
 // createServer starts a server (PUT is idempotent per Idempotency-Key):
@@ -112,6 +157,10 @@ func (a *api) createServer(c echo.Context) error {
 	if !ok {
 		return serverNotFound(k)
 	}
+	p, err := principal(c)
+	if err != nil {
+		return err
+	}
 	var req v1.CreateServerRequest
 	if err := decodeJSON(c, &req); err != nil {
 		return err
@@ -123,7 +172,7 @@ func (a *api) createServer(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	s, created, err := a.deps.Servers.Create(c.Request().Context(), who.User, who.Groups, k.Name, req, key)
+	s, created, err := a.deps.Servers.Create(c.Request().Context(), actorOf(p, k.User), who.User, who.Groups, k.Name, req, key)
 	if err != nil {
 		return err
 	}
@@ -148,18 +197,65 @@ func (a *api) getServer(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return c.JSON(http.StatusOK, a.toServer(s))
+	out := a.toServer(s)
+	if !out.Resize.Supported {
+		offered, err := a.offeredTo(c, k.User)
+		if err != nil {
+			return err
+		}
+		out = withRestartProfiles(out, s, offered)
+	}
+	if a.deps.Guarantees != nil && s.State == v1.StateRunning && !fleet.Whole(s.Sharing) {
+		g, err := a.deps.Guarantees.ServerGuarantee(c.Request().Context(), s.SpawnID)
+		if err != nil {
+			a.deps.Log.WarnContext(c.Request().Context(), "guarantee figures not read", "err", err, "slice_id", s.SpawnID)
+		}
+		out.Guarantee = g
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// offeredTo returns the profiles offered to user as the caller acts for
+// them (their groups, see actFor).
+func (a *api) offeredTo(c echo.Context, user string) ([]fleet.Profile, error) {
+	who, ok, err := actFor(c, user)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return a.deps.Profiles.For(who.Groups), nil
 }
 
 // deleteServer stops the server: 202 with its state after the call
-// (stopping or stopped), also when it was already stopped; 404 only if it
-// never existed.
+// (stopping or stopped; a failed server stays failed with its reason),
+// also when it was already stopped; 404 only if it never existed. With
+// ?remove=true it removes a stopped or failed server instead (204; 409 for
+// a live one: stop it first).
 func (a *api) deleteServer(c echo.Context) error {
 	k, err := a.visibleKey(c)
 	if err != nil {
 		return err
 	}
-	s, err := a.deps.Servers.Delete(c.Request().Context(), k)
+	p, err := principal(c)
+	if err != nil {
+		return err
+	}
+	remove := false
+	if s := c.QueryParam("remove"); s != "" {
+		if remove, err = strconv.ParseBool(s); err != nil {
+			return fmt.Errorf("query parameter remove must be true or false, not %q: %w", s, fleet.ErrInvalid)
+		}
+	}
+	if remove {
+		err := a.deps.Servers.Remove(c.Request().Context(), actorOf(p, k.User), k)
+		if errors.Is(err, fleet.ErrNotFound) {
+			return serverNotFound(k)
+		}
+		if err != nil {
+			return err
+		}
+		return c.NoContent(http.StatusNoContent)
+	}
+	s, err := a.deps.Servers.Delete(c.Request().Context(), actorOf(p, k.User), k)
 	if errors.Is(err, fleet.ErrNotFound) {
 		return serverNotFound(k)
 	}

@@ -55,7 +55,7 @@ func TestReclaimPolicyRoutes(t *testing.T) {
 		{"audit lists the change", req{method: "GET", path: "/api/v1/admin/audit?actor=root&limit=10", token: tokAdmin}, 200, `"action":"reclaim-policy.update"`},
 		{"audit bad limit", req{method: "GET", path: "/api/v1/admin/audit?limit=0", token: tokAdmin}, 400, "limit must be"},
 		{"audit bad cursor", req{method: "GET", path: "/api/v1/admin/audit?before=x", token: tokAdmin}, 400, "before must be"},
-		{"audit bad source", req{method: "GET", path: "/api/v1/admin/audit?source=hub", token: tokAdmin}, 400, "source must be one of reclaim, agent"},
+		{"audit bad source", req{method: "GET", path: "/api/v1/admin/audit?source=hub", token: tokAdmin}, 400, "source must be one of servers, reclaim, agent"},
 		{"audit of the agents only", req{method: "GET", path: "/api/v1/admin/audit?source=agent", token: tokAdmin}, 200, `{"entries":[]}`},
 		{"audit for users", req{method: "GET", path: "/api/v1/admin/audit", token: tokBob}, 403, "administrators"},
 	}

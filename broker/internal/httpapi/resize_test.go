@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
@@ -33,10 +34,10 @@ type resizeCall struct {
 
 var _ Resizer = (*fakeResizer)(nil)
 
-func (f *fakeResizer) Resize(ctx context.Context, k fleet.ServerKey, want fleet.Slice, actor string) (fleet.ResizeResult, error) {
+func (f *fakeResizer) Resize(ctx context.Context, k fleet.ServerKey, want fleet.Slice, by audit.Actor) (fleet.ResizeResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, resizeCall{k, want, actor})
+	f.calls = append(f.calls, resizeCall{k, want, by.Name})
 	if f.err != nil {
 		return fleet.ResizeResult{}, f.err
 	}
@@ -60,7 +61,7 @@ func newResizeHarness(t *testing.T, r *fakeResizer) *harness {
 	h := &harness{servers: newFakeServers(now), fleet: &fakeFleet{gpus: map[string]fleet.GPU{}}, logs: &syncBuffer{}}
 	r.servers = h.servers
 	e, err := New(Deps{
-		Servers: h.servers, Profiles: testProfiles, Fleet: h.fleet, Resize: r,
+		Servers: h.servers, Profiles: testProfiles, Fleet: h.fleet, Resize: r, Reclaim: &fakeReclaim{},
 		Auth: fakeAuth{tokAlice: alice, tokBob: bob, tokAdmin: root, tokHub: hub},
 		Log:  slog.New(slog.NewJSONHandler(h.logs, nil)), Version: "1.2.3", Now: now,
 	})
@@ -69,7 +70,7 @@ func newResizeHarness(t *testing.T, r *fakeResizer) *harness {
 	}
 	h.e = e
 	k := fleet.ServerKey{User: "alice", Name: "lab"}
-	if _, _, err := h.servers.Create(t.Context(), "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
+	if _, _, err := h.servers.Create(t.Context(), audit.Actor{}, "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
 		t.Fatal(err)
 	}
 	h.servers.advance(k, v1.StatePlacing, "placing")
@@ -134,7 +135,7 @@ func TestResizeRoute(t *testing.T) {
 			name: "a quota refusal is 403", token: tokAlice, path: path, body: `{"memoryMiB":65536}`,
 			err:        &fleet.QuotaError{Scope: "user", Name: "alice", Resource: "memoryMiB", Limit: 40960, Used: 8192, Want: 57344},
 			wantStatus: http.StatusForbidden, wantCode: v1.CodeQuotaExceeded,
-			wantMsg:   "user alice quota exceeded: 8192 MiB of slice memory in use, 57344 more asked, limit 40960 MiB of slice memory",
+			wantMsg:   "user alice quota exceeded: it allows 40960 MiB of slice memory; 8192 MiB are in use and this needs 57344 MiB more",
 			wantCalls: []resizeCall{{fleet.ServerKey{User: "alice", Name: "lab"}, fleet.Slice{MemoryMiB: 65536, ComputePercent: 20, ComputeLimitPercent: 50}, "alice"}},
 		},
 		{

@@ -31,7 +31,8 @@ func TestCreateIsIdempotentPerKey(t *testing.T) {
 	}
 	want := v1.Server{
 		User: "alice", Name: "nb", Profile: "small", SpawnID: "spawn-1", State: v1.StatePending, Message: "server requested",
-		Slice: v1.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50}, CreatedAt: testNow, UpdatedAt: testNow,
+		Slice:   v1.Slice{MemoryMiB: 8192, ComputePercent: 20, ComputeLimitPercent: 50},
+		Sharing: v1.SharingSliced, Resize: v1.ResizeInfo{Supported: true}, CreatedAt: testNow, UpdatedAt: testNow,
 	}
 	if diff := cmp.Diff(want, first); diff != "" {
 		t.Errorf("created server (-want +got):\n%s", diff)
@@ -68,7 +69,7 @@ func TestServersCarryTheirBrowserAddress(t *testing.T) {
 				t.Errorf("create: openUrl %q, want %q", got, tc.want)
 			}
 			rec = h.do(t, req{method: "GET", path: "/api/v1/servers", token: tokAlice})
-			if got := decode[[]v1.Server](t, rec); len(got) != 1 || got[0].OpenURL != tc.want {
+			if got := decode[v1.ServerPage](t, rec).Servers; len(got) != 1 || got[0].OpenURL != tc.want {
 				t.Errorf("list: %+v, want openUrl %q", got, tc.want)
 			}
 		})
@@ -119,8 +120,8 @@ func TestGetShowsGPUAndDeleteIsIdempotent(t *testing.T) {
 func TestListsAreSortedAndNeverNull(t *testing.T) {
 	h := newHarness(t)
 	rec := h.do(t, req{method: "GET", path: "/api/v1/servers", token: tokBob})
-	if strings.TrimSpace(rec.Body.String()) != "[]" {
-		t.Errorf("empty list = %s, want []", rec.Body)
+	if strings.TrimSpace(rec.Body.String()) != `{"servers":[]}` {
+		t.Errorf("empty list = %s, want {\"servers\":[]}", rec.Body)
 	}
 	for _, c := range []struct{ tok, path string }{
 		{tokAlice, "/api/v1/users/alice/servers/b"},
@@ -148,7 +149,7 @@ func TestListsAreSortedAndNeverNull(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := h.do(t, req{method: "GET", path: tc.path, token: tc.token})
-			if diff := cmp.Diff(tc.want, names(decode[[]v1.Server](t, rec))); diff != "" {
+			if diff := cmp.Diff(tc.want, names(decode[v1.ServerPage](t, rec).Servers)); diff != "" {
 				t.Errorf("servers (-want +got):\n%s", diff)
 			}
 		})
@@ -208,9 +209,12 @@ func TestValidation(t *testing.T) {
 			wantMsg: `query parameter all must be true or false, not "maybe"`},
 		{name: "bad last event id", method: "GET", path: "/api/v1/users/alice/servers/nb/events",
 			header:  map[string]string{HeaderLastEventID: "1 0"},
-			wantMsg: "last event id must be printable ASCII"},
-		{name: "malformed last event id refused by the service", method: "GET", path: "/api/v1/users/alice/servers/nb/events?lastEventId=zzz",
-			wantMsg: `event id "zzz" is malformed`},
+			wantMsg: `last event id "1 0" is not an event id of this stream (<milliseconds>-<sequence>, each a number below 2^64)`},
+		{name: "an event id beyond 64 bits", method: "GET", path: "/api/v1/users/alice/servers/nb/events",
+			header:  map[string]string{HeaderLastEventID: "18446744073709551616-0"},
+			wantMsg: `last event id "18446744073709551616-0" is not an event id of this stream (<milliseconds>-<sequence>, each a number below 2^64)`},
+		{name: "malformed last event id in the query", method: "GET", path: "/api/v1/users/alice/servers/nb/events?lastEventId=zzz",
+			wantMsg: `last event id "zzz" is not an event id of this stream (<milliseconds>-<sequence>, each a number below 2^64)`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

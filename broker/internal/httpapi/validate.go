@@ -147,3 +147,34 @@ func idempotencyKey(c echo.Context) (string, error) {
 
 // sortedKeys returns m's keys in order, so problems are listed stably.
 func sortedKeys(m map[string]string) []string { return slices.Sorted(maps.Keys(m)) }
+
+// fieldsError is a 400 that names each invalid field of a request body
+// (v1.Error.Fields); its message sums them up. It matches
+// fleet.ErrInvalid.
+type fieldsError struct {
+	problems []v1.FieldProblem
+}
+
+func (e *fieldsError) Error() string {
+	parts := make([]string, len(e.problems))
+	for i, p := range e.problems {
+		parts[i] = p.Field + " " + p.Message
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Is makes errors.Is(err, fleet.ErrInvalid) true.
+func (e *fieldsError) Is(target error) bool { return target == fleet.ErrInvalid }
+
+// sliceFields turns fleet's slice problems into field problems, or nil.
+func sliceFields(s fleet.Slice) error {
+	ps := fleet.SliceProblems(s)
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([]v1.FieldProblem, len(ps))
+	for i, p := range ps {
+		out[i] = v1.FieldProblem{Field: p.Field, Message: p.Message}
+	}
+	return &fieldsError{problems: out}
+}

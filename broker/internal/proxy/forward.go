@@ -155,6 +155,8 @@ func (p *Proxy) proxyTo(w http.ResponseWriter, r *http.Request, srv fleet.Server
 	upgrade := isUpgrade(r)
 	done := p.activity.begin(srv.SpawnID, p.now(), upgrade)
 	defer done(p.now)
+	p.deps.Metrics.ProxyOpened()
+	defer p.deps.Metrics.ProxyClosed()
 	r = r.WithContext(context.WithValue(ctx, upstreamKey{}, upstream{base: base, token: tok, srv: srv}))
 	p.forward.ServeHTTP(w, r)
 }

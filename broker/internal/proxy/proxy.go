@@ -154,7 +154,24 @@ type Deps struct {
 	Log       *slog.Logger
 	// Now is the clock of activity and sessions; nil means time.Now.
 	Now func() time.Time
+	// Metrics counts the proxied connections; nil counts nothing.
+	Metrics Metrics
 }
+
+// Metrics counts the requests the proxy is forwarding to notebooks
+// (implemented by broker/internal/metrics): ProxyOpened when one starts,
+// ProxyClosed when it ends (a WebSocket when it closes). Its methods must
+// be safe for concurrent use and must not block.
+type Metrics interface {
+	ProxyOpened()
+	ProxyClosed()
+}
+
+// noMetrics counts nothing.
+type noMetrics struct{}
+
+func (noMetrics) ProxyOpened() {}
+func (noMetrics) ProxyClosed() {}
 
 // Proxy serves notebooks to their owners. Create it with New; serve it
 // with Handler; run Run for the activity records. Safe for concurrent use.
@@ -221,6 +238,9 @@ func New(cfg Config, deps Deps) (*Proxy, error) {
 	}
 	if deps.Now == nil {
 		deps.Now = time.Now
+	}
+	if deps.Metrics == nil {
+		deps.Metrics = noMetrics{}
 	}
 	p := &Proxy{
 		cfg: cfg, deps: deps, log: deps.Log, now: deps.Now, public: &url.URL{Scheme: pub.Scheme, Host: pub.Host},

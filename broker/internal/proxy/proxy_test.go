@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -100,8 +101,15 @@ type fixture struct {
 	auth    *fakeAuth
 	tokens  *fakeTokens
 	act     *fakeActivity
+	metrics *fakeMetrics
 	release chan struct{}
 }
+
+// fakeMetrics counts the proxied requests in flight.
+type fakeMetrics struct{ n atomic.Int64 }
+
+func (m *fakeMetrics) ProxyOpened() { m.n.Add(1) }
+func (m *fakeMetrics) ProxyClosed() { m.n.Add(-1) }
 
 const domain = "nb.test"
 
@@ -109,7 +117,7 @@ func newFixture(t *testing.T, mode proxy.Mode, admins bool) *fixture {
 	t.Helper()
 	f := &fixture{t: t, servers: &fakeServers{}, tokens: &fakeTokens{}, release: make(chan struct{}),
 		auth: &fakeAuth{sessions: map[string]auth.Session{}, bearers: map[string]auth.Principal{}},
-		act:  &fakeActivity{got: map[string]fleet.ProxyActivity{}}}
+		act:  &fakeActivity{got: map[string]fleet.ProxyActivity{}}, metrics: &fakeMetrics{}}
 	f.nb = notebook(t, f.release)
 	f.srv = httptest.NewUnstartedServer(nil)
 	var err error
@@ -119,7 +127,7 @@ func newFixture(t *testing.T, mode proxy.Mode, admins bool) *fixture {
 	}, proxy.Deps{
 		Servers: f.servers, Pods: fakePods{f.servers}, Tokens: f.tokens, Sessions: f.auth, Bearer: f.auth,
 		Handoffs: &fakeHandoffs{auth: f.auth, codes: map[string][]byte{}, hosts: map[string][]byte{}},
-		Activity: f.act, Pages: fakePages{},
+		Activity: f.act, Pages: fakePages{}, Metrics: f.metrics,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -368,9 +376,13 @@ func TestWebSocketsAndActivity(t *testing.T) {
 	if !ok || a.OpenWebSockets != 1 || a.LastRequest.Before(before.Add(-time.Second)) {
 		t.Errorf("activity while open: %+v %t, want one open WebSocket and a recent request", a, ok)
 	}
+	if n := f.metrics.n.Load(); n != 1 {
+		t.Errorf("%d proxied connections counted while one WebSocket is open, want 1", n)
+	}
 	waitFor(t, "the open WebSocket is flushed", func() bool { got, ok := f.act.get("sp1"); return ok && got.OpenWebSockets == 1 })
 	c.Close()
 	waitFor(t, "the closed WebSocket is flushed", func() bool { got, ok := f.act.get("sp1"); return ok && got.OpenWebSockets == 0 })
+	waitFor(t, "the closed WebSocket is no longer counted", func() bool { return f.metrics.n.Load() == 0 })
 	if _, ok := f.p.Activity("sp2"); ok {
 		t.Error("activity recorded for a spawn nobody used")
 	}

@@ -11,6 +11,8 @@ import (
 type act struct {
 	audit   string // AuditWarn...; "" for an event without audit
 	message string
+	// why classifies the action for metrics: whyIdle, whyMaxAge or whyInUse.
+	why string
 	// compute and limit for shrink and restore.
 	compute, limit int
 	stop           bool
@@ -43,7 +45,7 @@ func decide(now time.Time, s fleet.Server, pol, eff Policy, exempt bool, ob obse
 			acts = append(acts, act{message: "in use again (" + ob.reason + "); the idle countdown is cancelled"})
 		}
 		if prev.ShrunkFrom > 0 {
-			acts = append(acts, act{audit: AuditRestore, compute: prev.ShrunkFrom, limit: prev.ShrunkLimitFrom,
+			acts = append(acts, act{audit: AuditRestore, why: whyInUse, compute: prev.ShrunkFrom, limit: prev.ShrunkLimitFrom,
 				message: fmt.Sprintf("compute restored to %d %% of the GPU", prev.ShrunkFrom)})
 			next.ShrunkFrom, next.ShrunkLimitFrom = 0, 0
 		}
@@ -58,12 +60,12 @@ func decide(now time.Time, s fleet.Server, pol, eff Policy, exempt bool, ob obse
 		age := now.Sub(s.CreatedAt)
 		switch {
 		case age >= eff.MaxAge && (eff.Warn == 0 || (!prev.AgeWarnedAt.IsZero() && !now.Before(prev.AgeWarnedAt.Add(eff.Warn)))):
-			return next, append(acts, act{audit: AuditStop, stop: true,
+			return next, append(acts, act{audit: AuditStop, why: whyMaxAge, stop: true,
 				message: fmt.Sprintf("running for %s, the maximum is %s; stopping the server (your files are kept)", durationText(age), durationText(eff.MaxAge))})
 		case prev.AgeWarnedAt.IsZero() && eff.Warn > 0 && age >= eff.MaxAge-eff.Warn:
 			at := maxTime(s.CreatedAt.Add(eff.MaxAge), now.Add(eff.Warn))
 			next.AgeWarnedAt = now
-			acts = append(acts, act{audit: AuditWarn,
+			acts = append(acts, act{audit: AuditWarn, why: whyMaxAge,
 				message: fmt.Sprintf("running for %s; will stop at %s, the maximum running time is %s (your files are kept)", durationText(age), clockText(at, now), durationText(eff.MaxAge))})
 		}
 	}
@@ -89,7 +91,7 @@ func decide(now time.Time, s fleet.Server, pol, eff Policy, exempt bool, ob obse
 	case ActionWarn:
 		at := maxTime(base.Add(rg.NextAt), now.Add(eff.Warn))
 		next.WarnedAt = now
-		acts = append(acts, act{audit: AuditWarn, message: warnText(idle, rg.Next, at, eff.ShrinkComputePercent, now)})
+		acts = append(acts, act{audit: AuditWarn, why: whyIdle, message: warnText(idle, rg.Next, at, eff.ShrinkComputePercent, now)})
 	case ActionShrink:
 		next.WarnedAt = time.Time{}
 		if s.Slice.ComputePercent <= eff.ShrinkComputePercent || next.ShrunkFrom > 0 {
@@ -97,9 +99,9 @@ func decide(now time.Time, s fleet.Server, pol, eff Policy, exempt bool, ob obse
 		}
 		next.ShrunkFrom, next.ShrunkLimitFrom = s.Slice.ComputePercent, s.Slice.ComputeLimitPercent
 		msg := fmt.Sprintf("idle for %s; compute shrunk to %d %% of the GPU until the server is busy again", durationText(idle), eff.ShrinkComputePercent)
-		acts = append(acts, act{audit: AuditShrink, compute: eff.ShrinkComputePercent, limit: eff.ShrinkComputePercent, message: msg})
+		acts = append(acts, act{audit: AuditShrink, why: whyIdle, compute: eff.ShrinkComputePercent, limit: eff.ShrinkComputePercent, message: msg})
 	case ActionStop:
-		acts = append(acts, act{audit: AuditStop, stop: true,
+		acts = append(acts, act{audit: AuditStop, why: whyIdle, stop: true,
 			message: fmt.Sprintf("idle for %s; stopping the server (your files are kept)", durationText(idle))})
 	}
 	return next, acts

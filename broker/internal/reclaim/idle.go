@@ -32,6 +32,13 @@ const (
 	reasonProxyUsed    = "the notebook was used through the broker recently"
 )
 
+// Reasons for the unknown verdict; the last two begin a longer reason.
+const (
+	reasonNoSamples = "the node agent has reported no GPU samples for this server"
+	reasonStale     = "the GPU samples are stale"
+	reasonNoSM      = "GPU utilization is unknown"
+)
+
 // Sample is the part of a node agent's usage sample (ARCHITECTURE.md
 // "Sample") that the reclaimer judges by; the Samples store converts the
 // agent contract's records (agentstore.Sample) into it.
@@ -73,19 +80,19 @@ type observation struct {
 // otherwise idle (the notebook's own activity decides then).
 func gpuEvidence(now time.Time, samples []Sample, idlePercent int, lookback time.Duration, inputs map[string]string) (Verdict, string) {
 	if len(samples) == 0 {
-		return VerdictUnknown, "the node agent has reported no GPU samples for this server"
+		return VerdictUnknown, reasonNoSamples
 	}
 	newest := samples[0]
 	inputs["sampleAt"] = newest.At.UTC().Format(time.RFC3339)
 	if newest.Stale(now) {
-		return VerdictUnknown, fmt.Sprintf("the GPU samples are stale (the newest is from %s)", newest.At.UTC().Format("15:04:05 UTC"))
+		return VerdictUnknown, fmt.Sprintf("%s (the newest is from %s)", reasonStale, newest.At.UTC().Format("15:04:05 UTC"))
 	}
 	if newest.SMPercent == nil {
 		why := newest.Missing
 		if why == "" {
 			why = "not reported"
 		}
-		return VerdictUnknown, "GPU utilization is unknown: " + why
+		return VerdictUnknown, reasonNoSM + ": " + why
 	}
 	from := now.Add(-lookback)
 	maxSM := -1

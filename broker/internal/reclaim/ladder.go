@@ -43,22 +43,34 @@ func ladder(p Policy) []rung {
 	return out
 }
 
-// clockText formats t for users: "15:30 UTC", with the date when it is not
-// on now's day.
+// clockText formats t for users: "15:30 UTC", or "15:30:40 UTC" when t is
+// not on a whole minute (so a stop 40 s away is not "at 15:30"), with the
+// date when it is not on now's day.
 func clockText(t, now time.Time) string {
-	t, now = t.UTC(), now.UTC()
-	if t.YearDay() == now.YearDay() && t.Year() == now.Year() {
-		return t.Format("15:04 UTC")
+	t, now = t.UTC().Truncate(time.Second), now.UTC()
+	layout := "15:04"
+	if t.Second() != 0 {
+		layout = "15:04:05"
 	}
-	return t.Format("Jan 2 15:04 UTC")
+	if t.YearDay() != now.YearDay() || t.Year() != now.Year() {
+		layout = "Jan 2 " + layout
+	}
+	return t.Format(layout + " UTC")
 }
 
-// durationText formats d for users: "42 min", "2 h 5 min", "3 d 4 h".
+// durationText formats d for users, exactly to the second below an hour:
+// "40 s", "4 min 20 s", "42 min", "2 h 5 min", "3 d 4 h". Never "0 min".
 func durationText(d time.Duration) string {
-	m := int64(d / time.Minute)
+	sec := int64(max(d, 0) / time.Second)
+	m := sec / 60
 	switch {
+	case sec < 60:
+		return fmt.Sprintf("%d s", sec)
 	case m < 60:
-		return fmt.Sprintf("%d min", m)
+		if sec%60 == 0 {
+			return fmt.Sprintf("%d min", m)
+		}
+		return fmt.Sprintf("%d min %d s", m, sec%60)
 	case m < 24*60:
 		if m%60 == 0 {
 			return fmt.Sprintf("%d h", m/60)

@@ -63,7 +63,7 @@ func TestPreviewListsWhatACycleWouldDoUnderTheEditedPolicy(t *testing.T) {
 	now := f.clock.Now()
 	want := []row{
 		{Name: "a-idle", Verdict: reclaim.VerdictIdle, Actions: []reclaim.PreviewAction{{Action: "warn",
-			Message: "idle for 11 min; will stop at 15:14 UTC unless extended (your files are kept)"}},
+			Message: "idle for 11 min 30 s; will stop at 15:14 UTC unless extended (your files are kept)"}},
 			NextAction: reclaim.ActionStop, NextAt: now.Add(2 * time.Minute)},
 		{Name: "b-busy", Verdict: reclaim.VerdictActive},
 		{Name: "c-vip", Verdict: reclaim.VerdictIdle, Exempt: true},

@@ -18,7 +18,8 @@ import (
 // /api/status, /api/kernels and /api/terminals.
 type Activity struct {
 	// Kernels is the number of kernels; BusyKernels those whose
-	// execution_state is "busy" (running code, possibly silently).
+	// execution_state is "busy" (running code, possibly silently) or
+	// "starting" (the server has no status from the kernel yet).
 	Kernels, BusyKernels int
 	// Terminals is the number of terminals.
 	Terminals int
@@ -107,7 +108,11 @@ func (p *Prober) Probe(ctx context.Context, s fleet.Server) (Activity, error) {
 	a.Kernels = len(kernels)
 	for _, k := range kernels {
 		later(k.LastActivity)
-		if k.ExecutionState == "busy" {
+		// "starting" is what the notebook server says until it has seen a
+		// status message from the kernel; it can miss the first ones (its
+		// socket subscribes after the kernel starts) and then say
+		// "starting" while a cell runs. Not knowing is never idle.
+		if k.ExecutionState == "busy" || k.ExecutionState == "starting" {
 			a.BusyKernels++
 		}
 	}

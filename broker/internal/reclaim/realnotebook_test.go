@@ -2,6 +2,7 @@ package reclaim_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -38,6 +39,10 @@ func TestReclaimOnRealNotebooks(t *testing.T) {
 			if _, err := c.Execute(ctx, id, "import time; time.sleep(3600)", false); err != nil {
 				t.Fatal(err)
 			}
+			// The server learns the kernel's state from its status
+			// messages, a moment after Execute saw busy (or never, if it
+			// missed them: then it says starting, which counts as busy).
+			waitKernelState(ctx, t, c, "busy", "starting")
 		}, want: outcome{State: v1.StateRunning, Verdict: reclaim.VerdictActive, Reason: "a kernel is running code"}},
 		{name: "no kernels and an idle GPU: warned, then stopped",
 			want: outcome{State: v1.StateStopped, Verdict: reclaim.VerdictIdle, Audits: 2, Stops: 1}},
@@ -85,5 +90,25 @@ func TestReclaimOnRealNotebooks(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// waitKernelState waits until the notebook's API reports its one kernel in
+// one of states (as the reclaimer's probe reads it), or fails t at ctx's end.
+func waitKernelState(ctx context.Context, t *testing.T, c jupytertest.Client, states ...string) {
+	t.Helper()
+	for {
+		ks, err := c.Kernels(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ks) == 1 && slices.Contains(states, ks[0].ExecutionState) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the notebook never reported its kernel %v: %+v", states, ks)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }

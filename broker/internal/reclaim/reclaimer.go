@@ -24,9 +24,10 @@ type Servers interface {
 	Transition(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, error)
 }
 
-// Stopper stops a server without deleting its data (servers.Service.Delete).
+// Stopper stops a server without deleting its data, for by
+// (servers.Service.Delete, which audits the stop).
 type Stopper interface {
-	Delete(ctx context.Context, key fleet.ServerKey) (fleet.Server, error)
+	Delete(ctx context.Context, by audit.Actor, key fleet.ServerKey) (fleet.Server, error)
 }
 
 // Shrinker sets a running server's compute share (guarantee and burst
@@ -71,6 +72,10 @@ type AuditLog interface {
 // Actor is the audit actor of the reclaimer's own actions.
 const Actor = "reclaimer"
 
+// ActorOf is Actor as an audit.Actor, for the lifecycle actions the
+// reclaimer asks for (stop, shrink).
+var ActorOf = audit.Actor{Name: Actor, Kind: v1.ActorReclaimer}
+
 // Audit actions written by the reclaimer.
 const (
 	AuditWarn    = "reclaim.warn"
@@ -114,6 +119,8 @@ type Config struct {
 	Now func() time.Time
 	// Log receives one line per cycle with errors; nil discards.
 	Log *slog.Logger
+	// Metrics receives each cycle's measurements; nil discards them.
+	Metrics Metrics
 }
 
 // Reclaimer finds idle servers and warns, shrinks or stops them by the
@@ -138,6 +145,7 @@ type Reclaimer struct {
 	probes   int
 	now      func() time.Time
 	log      *slog.Logger
+	metrics  Metrics
 }
 
 // New checks cfg and returns a Reclaimer.
@@ -148,7 +156,8 @@ func New(cfg Config) (*Reclaimer, error) {
 	}
 	r := &Reclaimer{policies: cfg.Policies, audit: cfg.Audit, states: cfg.States, samples: cfg.Samples,
 		servers: cfg.Servers, stopper: cfg.Stopper, shrinker: cfg.Shrinker, prober: cfg.Prober, hub: cfg.Hub,
-		proxy: cfg.Proxy, fresh: cfg.ProxyFresh, interval: cfg.Interval, nSamples: cfg.SamplesPerServer, probes: cfg.ProbeConcurrency, now: cfg.Now, log: cfg.Log}
+		proxy: cfg.Proxy, fresh: cfg.ProxyFresh, interval: cfg.Interval, nSamples: cfg.SamplesPerServer, probes: cfg.ProbeConcurrency, now: cfg.Now, log: cfg.Log,
+		metrics: cfg.Metrics}
 	if r.interval <= 0 {
 		r.interval = 30 * time.Second
 	}
@@ -167,6 +176,9 @@ func New(cfg Config) (*Reclaimer, error) {
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
+	}
+	if r.metrics == nil {
+		r.metrics = noMetrics{}
 	}
 	return r, nil
 }
@@ -204,6 +216,8 @@ type observed struct {
 	states []IdleState
 	effs   []Policy
 	exempt []bool
+	// stopped are the stopped servers, for the freed-GPU measurement.
+	stopped []fleet.Server
 }
 
 // observe reads every running server, its samples and idle state, and
@@ -216,8 +230,11 @@ func (r *Reclaimer) observe(ctx context.Context, pol Policy, now time.Time) (obs
 		return o, fmt.Errorf("reclaim: %w", err)
 	}
 	for _, s := range all {
-		if s.State == v1.StateRunning && s.SpawnID != "" {
+		switch {
+		case s.State == v1.StateRunning && s.SpawnID != "":
 			o.run = append(o.run, s)
+		case s.State == v1.StateStopped && s.SpawnID != "":
+			o.stopped = append(o.stopped, s)
 		}
 	}
 	ids := make([]string, len(o.run))
@@ -291,7 +308,19 @@ func (r *Reclaimer) addProxyEvidence(ctx context.Context, now time.Time, o *obse
 // Cycle classifies every running server once and takes the actions due.
 // Errors of single actions are joined into the returned error after the
 // whole cycle ran; the report counts what was done.
+//
+// Every cycle reports to the configured Metrics: its duration and result,
+// each server's verdict, each action, and the compute the reclaimer holds
+// freed (servers it stopped that are still stopped, compute taken from
+// shrunk ones), which counts as freed for one Interval per cycle.
 func (r *Reclaimer) Cycle(ctx context.Context) (CycleReport, error) {
+	start := time.Now() // a duration: the real clock, not the injected one
+	rep, err := r.cycle(ctx)
+	r.metrics.ObserveCycle(time.Since(start), err != nil)
+	return rep, err
+}
+
+func (r *Reclaimer) cycle(ctx context.Context) (CycleReport, error) {
 	var rep CycleReport
 	now := r.now().UTC()
 	pol, err := r.policies.Get(ctx)
@@ -305,6 +334,7 @@ func (r *Reclaimer) Cycle(ctx context.Context) (CycleReport, error) {
 	rep.Servers = len(o.run)
 	var save []IdleState
 	var errs []error
+	var shrunkGPUs float64
 	for i, s := range o.run {
 		prev := o.states[i]
 		next, acts := decide(now, s, pol, o.effs[i], o.exempt[i], o.obs[i], prev)
@@ -316,7 +346,9 @@ func (r *Reclaimer) Cycle(ctx context.Context) (CycleReport, error) {
 		default:
 			rep.Unknown++
 		}
+		r.metrics.ObserveDecision(string(next.Verdict), ReasonClass(next.Verdict, next.Reason))
 		failed := false
+		compute := s.Slice.ComputePercent // the server's compute after the actions
 		for _, a := range acts {
 			if err := r.do(ctx, now, s, pol, a, o.obs[i].inputs); err != nil {
 				errs = append(errs, err)
@@ -325,12 +357,24 @@ func (r *Reclaimer) Cycle(ctx context.Context) (CycleReport, error) {
 			}
 			if a.audit != "" {
 				rep.Actions++
+				r.metrics.ObserveAction(actionName(a.audit), a.why, pol.DryRun)
+			}
+			if !pol.DryRun {
+				if a.compute > 0 {
+					compute = a.compute
+				}
+				if a.stop {
+					next.StoppedAt = now
+				}
 			}
 		}
 		if failed {
 			// Keep the ladder where it was; the next cycle tries again.
 			next.Rung, next.WarnedAt, next.AgeWarnedAt, next.ShrunkFrom, next.ShrunkLimitFrom =
 				prev.Rung, prev.WarnedAt, prev.AgeWarnedAt, prev.ShrunkFrom, prev.ShrunkLimitFrom
+		}
+		if next.ShrunkFrom > compute {
+			shrunkGPUs += float64(next.ShrunkFrom-compute) / 100
 		}
 		// A spawn seen for the first time has no CheckedAt: it is saved.
 		if changed(prev, next) || now.Sub(prev.CheckedAt) > 24*time.Hour {
@@ -347,6 +391,15 @@ func (r *Reclaimer) Cycle(ctx context.Context) (CycleReport, error) {
 		if err := r.states.SaveIdleStates(ctx, save); err != nil {
 			errs = append(errs, fmt.Errorf("reclaim: %w", err))
 		}
+	}
+	ids := make([]string, len(o.stopped))
+	for i, s := range o.stopped {
+		ids[i] = s.SpawnID
+	}
+	if stopped, err := r.states.IdleStates(ctx, ids); err != nil {
+		errs = append(errs, fmt.Errorf("reclaim: idle states of stopped servers: %w", err))
+	} else {
+		r.metrics.ObserveFreed(freedByStops(o.stopped, stopped), shrunkGPUs, r.interval)
 	}
 	return rep, errors.Join(errs...)
 }
@@ -375,7 +428,7 @@ func (r *Reclaimer) do(ctx context.Context, now time.Time, s fleet.Server, pol P
 		switch {
 		case a.stop:
 			if _, err = r.servers.Transition(ctx, s.ServerKey, s.SpawnID, v1.StateRunning, a.message, fleet.ServerPatch{}); err == nil {
-				_, err = r.stopper.Delete(ctx, s.ServerKey)
+				_, err = r.stopper.Delete(ctx, ActorOf, s.ServerKey)
 			}
 		case a.compute > 0:
 			if err = r.shrinker.SetCompute(ctx, s, a.compute, a.limit); err == nil {

@@ -112,7 +112,7 @@ type stopper struct {
 	calls int
 }
 
-func (s *stopper) Delete(ctx context.Context, k fleet.ServerKey) (fleet.Server, error) {
+func (s *stopper) Delete(ctx context.Context, _ audit.Actor, k fleet.ServerKey) (fleet.Server, error) {
 	s.mu.Lock()
 	s.calls++
 	s.mu.Unlock()
@@ -474,9 +474,9 @@ func TestLadderRunsInOrderWithTheConfiguredTimes(t *testing.T) {
 	}
 	wantMsgs := []string{
 		redisstore.RestoreMessage,
-		"idle for 8 min; compute will shrink to 5 % at 15:10 UTC unless extended",
+		"idle for 8 min; compute will shrink to 5 % at 15:10:30 UTC unless extended",
 		"idle for 10 min; compute shrunk to 5 % of the GPU until the server is busy again",
-		"idle for 18 min; will stop at 15:20 UTC unless extended (your files are kept)",
+		"idle for 18 min; will stop at 15:20:30 UTC unless extended (your files are kept)",
 		"idle for 20 min; stopping the server (your files are kept)",
 		"stopping: deleting the pod",
 		"stopped",
@@ -529,7 +529,7 @@ func TestStartAgainGetsAFreshIdleClock(t *testing.T) {
 	}
 	// The user stops and starts the server again: a new spawn.
 	k := fleet.ServerKey{User: "ada", Name: "a"}
-	if _, err := f.stopper.Delete(t.Context(), k); err != nil {
+	if _, err := f.stopper.Delete(t.Context(), reclaim.ActorOf, k); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.store.DeleteServer(t.Context(), k, "spawn-1"); err != nil {

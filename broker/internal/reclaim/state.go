@@ -63,6 +63,10 @@ type IdleState struct {
 	// ShrunkFrom is the guaranteed and burst compute before a shrink (0
 	// when not shrunk).
 	ShrunkFrom, ShrunkLimitFrom int
+	// StoppedAt is when the reclaimer stopped the spawn (zero: it did not,
+	// or only in a dry run); it counts the slice as freed while the server
+	// stays stopped (gpubroker_reclaim_freed_gpus).
+	StoppedAt time.Time
 	// NextAction and NextAt are the next step of the ladder when the
 	// server stays idle (empty when none); set by State, not stored.
 	NextAction Action

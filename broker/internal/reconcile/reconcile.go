@@ -6,8 +6,10 @@
 //   - restores the record and the allocation of every pod whose server is
 //     missing from Redis (Redis lost its data), and the allocation of every
 //     pod whose record is there but whose slice is not;
-//   - replays each current pod's phase into its record (events missed while
-//     no broker ran);
+//   - resumes records that fell behind their pod (pending or placing while
+//     the pod exists: writes lost in a Redis failover after the placement
+//     was confirmed), then replays each current pod's phase into its record
+//     (events missed while no broker ran);
 //   - settles records whose pod is gone (released, stopped or failed) once
 //     the record has been quiet for the grace period, so a pod that the
 //     cache has not seen yet is never taken for a vanished one;
@@ -71,6 +73,14 @@ type Pods interface {
 type Lifecycle interface {
 	HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error
 	Abandon(ctx context.Context, rec fleet.Server, reason string)
+	Resume(ctx context.Context, rec fleet.Server, alloc fleet.Allocation) (bool, error)
+}
+
+// Metrics receives one measurement per pass (implemented by
+// broker/internal/metrics): its duration, the repairs it made by kind
+// (Report.Repairs) and whether it failed. It must not block.
+type Metrics interface {
+	ObserveReconcile(d time.Duration, repairs map[string]int, failed bool)
 }
 
 // Report counts what one pass did.
@@ -79,8 +89,28 @@ type Report struct {
 	RestoredServers, RestoredSlices int
 	ReleasedSlices, DeletedPods     int
 	DeletedSecrets, Settled         int
+	ResumedServers                  int
 	// Complete is true when every pod's slice is recorded.
 	Complete bool
+}
+
+// Repairs returns the report's repairs by kind, as Metrics receives them:
+// restored_server, restored_slice, released_slice, deleted_pod,
+// deleted_secret, settled_server and resumed_server.
+func (r Report) Repairs() map[string]int {
+	return map[string]int{"restored_server": r.RestoredServers, "restored_slice": r.RestoredSlices,
+		"released_slice": r.ReleasedSlices, "deleted_pod": r.DeletedPods, "deleted_secret": r.DeletedSecrets,
+		"settled_server": r.Settled, "resumed_server": r.ResumedServers}
+}
+
+// repaired reports whether the pass changed anything.
+func (r Report) repaired() bool {
+	for _, n := range r.Repairs() {
+		if n > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Reconciler runs reconcile passes. Create it with New; it is safe for
@@ -94,12 +124,16 @@ type Reconciler struct {
 	interval  time.Duration
 	now       func() time.Time
 	trigger   chan struct{}
+	metrics   Metrics    // nil: none
 	mu        sync.Mutex // serialises passes; guards unheldSecrets
 	// unheldSecrets maps "uid/resourceVersion" of each Secret that the
 	// last pass found held by no pod and no unfinished record to when a
 	// pass first found it so.
 	unheldSecrets map[string]time.Time
 }
+
+// SetMetrics sets where each pass's measurements go; call it before Run.
+func (r *Reconciler) SetMetrics(m Metrics) { r.metrics = m }
 
 // New returns a Reconciler. grace is how long a record or pod must have been
 // quiet before it is taken as abandoned (default 2m when ≤ 0); interval is
@@ -137,10 +171,10 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		switch {
 		case err != nil && ctx.Err() == nil:
 			r.log.WarnContext(ctx, "reconcile pass failed", "err", err)
-		case err == nil && (rep.RestoredServers+rep.RestoredSlices+rep.ReleasedSlices+rep.DeletedPods+rep.DeletedSecrets+rep.Settled > 0):
+		case err == nil && rep.repaired():
 			r.log.InfoContext(ctx, "reconciled", "pods", rep.Pods, "restored_servers", rep.RestoredServers,
 				"restored_slices", rep.RestoredSlices, "released_slices", rep.ReleasedSlices,
-				"deleted_pods", rep.DeletedPods, "deleted_secrets", rep.DeletedSecrets, "settled", rep.Settled, "complete", rep.Complete)
+				"deleted_pods", rep.DeletedPods, "deleted_secrets", rep.DeletedSecrets, "settled", rep.Settled, "resumed_servers", rep.ResumedServers, "complete", rep.Complete)
 		}
 		select {
 		case <-ctx.Done():
@@ -156,6 +190,16 @@ func (r *Reconciler) Run(ctx context.Context) error {
 func (r *Reconciler) Once(ctx context.Context) (Report, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	start := time.Now()
+	rep, err := r.pass(ctx)
+	if r.metrics != nil {
+		r.metrics.ObserveReconcile(time.Since(start), rep.Repairs(), err != nil)
+	}
+	return rep, err
+}
+
+// pass is one reconcile pass (Once without the measurement).
+func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 	var rep Report
 	// The epoch first: if Redis loses its data during the pass, the pass
 	// read allocations that are gone and must not mark the rebuild done.
@@ -259,6 +303,15 @@ func (r *Reconciler) Once(ctx context.Context) (Report, error) {
 			}
 			if restored {
 				rep.RestoredServers++
+			}
+		} else if !p.Deleting && (rec.State == v1.StatePending || rec.State == v1.StatePlacing) {
+			resumed, err := r.lifecycle.Resume(ctx, rec, alloc)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("resume server of pod %s: %w", p.Name, err))
+				continue
+			}
+			if resumed {
+				rep.ResumedServers++
 			}
 		}
 		if ok && rec.State == v1.StateStopping && !p.Deleting {
@@ -370,20 +423,27 @@ func (r *Reconciler) Once(ctx context.Context) (Report, error) {
 
 func allocationOf(p spawner.ManagedPod) fleet.Allocation {
 	return fleet.Allocation{SliceID: p.SpawnID, User: p.User, Groups: p.QuotaGroups,
-		Slice: p.Slice, GPUUUID: p.GPUUUID, Node: p.Node}
+		Slice: p.Slice, GPUUUID: p.GPUUUID, Node: p.Node,
+		Sharing: p.Sharing, MIGProfile: p.MIGProfile, Parent: p.ParentUUID}
 }
 
-// recordOf rebuilds a server record from its pod. It starts as starting, and
-// the pod's phase is then replayed into it like any pod event.
+// recordOf rebuilds a server record from its pod: running (with its URL)
+// when the pod runs, else starting, so that the rebuilt event stream starts
+// at the phase the server is in and never steps back from running to
+// starting; the pod's phase is then replayed into it like any pod event.
 func recordOf(p spawner.ManagedPod, a fleet.Allocation, now time.Time) fleet.Server {
-	pod := p.Name
-	return fleet.Server{
+	rec := fleet.Server{
 		ServerKey: fleet.ServerKey{User: p.User, Name: p.Server},
-		Profile:   p.Profile, SpawnID: p.SpawnID, State: v1.StateStarting,
+		Profile:   p.Profile, SpawnID: p.SpawnID, IdempotencyKey: p.IdempotencyKey, State: v1.StateStarting,
 		Message: "restored from its pod after the broker's store lost it",
-		Slice:   p.Slice, Allocation: &a, Pod: pod,
+		Slice:   p.Slice, Allocation: &a, Pod: p.Name,
+		Sharing: p.Sharing, MIGProfile: p.MIGProfile,
 		CreatedAt: p.CreatedAt, UpdatedAt: now,
 	}
+	if p.Phase == spawner.PhaseRunning && p.URL != "" {
+		rec.State, rec.URL = v1.StateRunning, p.URL
+	}
+	return rec
 }
 
 func eventOf(p spawner.ManagedPod) spawner.PodEvent {

@@ -35,7 +35,7 @@ func newReconciler(f *serverstest.Fixture) *reconcile.Reconciler {
 // runningServer creates a server and drives its pod to running.
 func runningServer(t *testing.T, f *serverstest.Fixture, user, name, ip string) fleet.Server {
 	t.Helper()
-	if _, _, err := f.Service.Create(t.Context(), user, nil, name, v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
+	if _, _, err := f.Service.Create(t.Context(), serverstest.By, user, nil, name, v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
 		t.Fatalf("create %s/%s: %v", user, name, err)
 	}
 	f.SetPodRunning(t, user, name, ip)
@@ -51,7 +51,7 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 	if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := f.Service.Create(ctx, "carol", nil, "three", v1.CreateServerRequest{Profile: "small"}, "k")
+	_, _, err := f.Service.Create(ctx, serverstest.By, "carol", nil, "three", v1.CreateServerRequest{Profile: "small"}, "k")
 	if !errors.Is(err, fleet.ErrNotReady) {
 		t.Fatalf("create before the rebuild = %v, want ErrNotReady", err)
 	}
@@ -78,16 +78,27 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 			got.Allocation == nil || got.Allocation.GPUUUID != want.Allocation.GPUUUID {
 			t.Errorf("restored %+v, want spawn %s running at %s on %s", got, want.SpawnID, want.URL, want.Allocation.GPUUUID)
 		}
+		// The rebuilt event stream starts at running and never steps back
+		// to starting (a live page would show a progress bar again).
+		evs, err := f.Service.Events(ctx, want.ServerKey, "", 0)
+		if err != nil || len(evs) == 0 {
+			t.Fatalf("events of %v after the rebuild: %v %v", want.ServerKey, evs, err)
+		}
+		for _, ev := range evs {
+			if ev.State != v1.StateRunning {
+				t.Errorf("event of %v after the rebuild: %s %q, want only running", want.ServerKey, ev.State, ev.Message)
+			}
+		}
 	}
 	f.Verify(t)
 
 	// Placement resumes and counts the restored slices: binpack put both
 	// small slices (10240 MiB each) on gpu-a, so one 30720 MiB slice fits
 	// (on gpu-b) and a second does not.
-	if _, _, err := f.Service.Create(ctx, "u1", []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k"); err != nil {
+	if _, _, err := f.Service.Create(ctx, serverstest.By, "u1", []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k"); err != nil {
 		t.Fatalf("big slice after rebuild: %v", err)
 	}
-	_, _, err = f.Service.Create(ctx, "u2", []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k")
+	_, _, err = f.Service.Create(ctx, serverstest.By, "u2", []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k")
 	if !errors.Is(err, fleet.ErrNoCapacity) || !strings.Contains(err.Error(), "largest free block is 20480 MiB") {
 		t.Errorf("a second big slice = %v, want no capacity with 20480 MiB left on gpu-a", err)
 	}
@@ -254,7 +265,7 @@ func TestFinishesAStopWhosePodDeletionNeverHappened(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
 	key := fleet.ServerKey{User: "hal", Name: "nb"}
-	if _, _, err := f.Service.Create(ctx, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{"TOKEN": "t"}}, "k"); err != nil {
+	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{"TOKEN": "t"}}, "k"); err != nil {
 		t.Fatal(err)
 	}
 	f.SetPodRunning(t, key.User, key.Name, "10.0.0.8")
@@ -281,7 +292,7 @@ func TestDeletesSecretsNoSpawnHoldsAfterGrace(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
 	keep := fleet.ServerKey{User: "ivy", Name: "nb"}
-	if _, _, err := f.Service.Create(ctx, keep.User, nil, keep.Name, v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{"TOKEN": "t"}}, "k"); err != nil {
+	if _, _, err := f.Service.Create(ctx, serverstest.By, keep.User, nil, keep.Name, v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{"TOKEN": "t"}}, "k"); err != nil {
 		t.Fatal(err)
 	}
 	// A Secret whose server Redis no longer has and whose pod is gone, as
@@ -305,5 +316,55 @@ func TestDeletesSecretsNoSpawnHoldsAfterGrace(t *testing.T) {
 	}
 	if _, err := secrets.Get(ctx, spawner.SecretName(keep.User, keep.Name), metav1.GetOptions{}); err != nil {
 		t.Errorf("the live server's secret: %v, want kept", err)
+	}
+}
+
+// recordingMetrics records ObserveReconcile calls.
+type recordingMetrics struct{ passes []map[string]int }
+
+func (m *recordingMetrics) ObserveReconcile(_ time.Duration, repairs map[string]int, _ bool) {
+	m.passes = append(m.passes, repairs)
+}
+
+// TestResumesARecordThatFellBehindItsPod: after a Redis failover lost the
+// writes that followed a confirmed placement, a running server's record
+// is back at placing while its pod runs. A pass moves it on to running
+// again with its slice, and reports the repair.
+func TestResumesARecordThatFellBehindItsPod(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	want := runningServer(t, f, "alice", "one", "10.0.0.1")
+	rdb := f.Redis.Client(t)
+	keys, err := rdb.Keys(ctx, "*}:srv:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("server record keys %v (err %v), want one", keys, err)
+	}
+	if err := rdb.HSet(ctx, keys[0], "state", string(v1.StatePlacing), "alloc", "", "pod", "", "url", "").Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := newReconciler(f)
+	m := &recordingMetrics{}
+	r.SetMetrics(m)
+	rep, err := r.Once(ctx)
+	if err != nil {
+		t.Fatalf("Once: %v", err)
+	}
+	if rep.ResumedServers != 1 {
+		t.Errorf("report %+v, want one resumed server", rep)
+	}
+	got, err := f.Service.Get(ctx, want.ServerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != v1.StateRunning || got.SpawnID != want.SpawnID || got.URL != want.URL ||
+		got.Allocation == nil || got.Allocation.GPUUUID != want.Allocation.GPUUUID {
+		t.Errorf("after the pass %+v, want spawn %s running at %s on %s", got, want.SpawnID, want.URL, want.Allocation.GPUUUID)
+	}
+	if len(m.passes) != 1 || m.passes[0]["resumed_server"] != 1 {
+		t.Errorf("measured passes %v, want one with resumed_server 1", m.passes)
+	}
+	// A second pass has nothing left to do.
+	if rep, err := r.Once(ctx); err != nil || rep.ResumedServers != 0 {
+		t.Errorf("second pass: report %+v, err %v; want nothing resumed", rep, err)
 	}
 }

@@ -132,6 +132,9 @@ func agentEntry(r agentstore.AuditRecord) audit.Entry {
 	e := audit.Entry{ID: r.ID, Time: r.At.UTC(), Source: v1.AuditSourceAgent, Actor: "gpubroker-agent@" + r.Node,
 		ActorKind: v1.ActorAgent, Action: "agent." + r.Action, Reason: r.Reason, Inputs: map[string]string{}}
 	switch {
+	case r.User != "" && r.Server != "":
+		// The server's own target, so that filtering by server finds it.
+		e.Target = audit.ServerTarget(r.User, r.Server)
 	case r.Pod != "":
 		e.Target = "pod:" + r.Namespace + "/" + r.Pod
 	case r.Slice != "":
@@ -146,6 +149,9 @@ func agentEntry(r agentstore.AuditRecord) audit.Entry {
 	}
 	put("policy", r.Policy)
 	put("slice", r.Slice)
+	if r.Pod != "" {
+		put("pod", r.Namespace+"/"+r.Pod)
+	}
 	put("container", r.Container)
 	put("gpu", r.GPU)
 	put("error", r.Error)

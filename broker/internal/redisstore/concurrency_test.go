@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
-	"github.com/gpubroker/gpubroker/broker/redistest"
 )
 
 // TestConcurrentPlaceReleaseNeverOvercommits races many placers and
@@ -19,13 +17,8 @@ import (
 // on atomic snapshots. It then releases everything and expects an empty,
 // consistent fleet.
 func TestConcurrentPlaceReleaseNeverOvercommits(t *testing.T) {
-	srv := redistest.Start(t)
-	prefix := srv.Prefix(t)
-	replicas := []*Store{New(srv.Client(t), prefix), New(srv.Client(t), prefix)}
+	replicas := twoReplicas(t)
 	s := replicas[0]
-	if err := s.MarkReconciled(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	for i := range 4 {
 		register(t, s, fleet.GPU{UUID: fmt.Sprintf("GPU-%d", i), Node: fmt.Sprintf("n%d", i/2), Model: "L4",
 			MemoryMiB: 16384, SMCount: 58, Healthy: true})
@@ -40,67 +33,40 @@ func TestConcurrentPlaceReleaseNeverOvercommits(t *testing.T) {
 	var checks atomic.Int64
 	go func() { checkerDone <- checkContinuously(ctx, s, userQuota, groupQuota, &checks) }()
 
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rnd := rand.New(rand.NewPCG(uint64(w), 42))
-			st := replicas[w%2]
-			var held []string
-			for r := range rounds {
-				if len(held) > 0 && rnd.IntN(3) == 0 {
-					i := rnd.IntN(len(held))
-					if ok, err := st.Release(t.Context(), held[i]); err != nil || !ok {
-						errs <- fmt.Errorf("release %s = %v, %v", held[i], ok, err)
-						return
-					}
-					held = append(held[:i], held[i+1:]...)
-					continue
-				}
-				user := fmt.Sprintf("user%d", rnd.IntN(users))
-				cp := 5 + rnd.IntN(36)
-				req := fleet.PlaceRequest{
-					SliceID:     fmt.Sprintf("w%d-r%d", w, r),
-					User:        user,
-					Slice:       fleet.Slice{MemoryMiB: int64(1024 * (1 + rnd.IntN(8))), ComputePercent: cp, ComputeLimitPercent: cp},
-					Policy:      []fleet.Policy{fleet.PolicyBinpack, fleet.PolicySpread}[rnd.IntN(2)],
-					UserQuota:   userQuota,
-					GroupQuotas: map[string]fleet.Quota{"team" + user[len(user)-1:]: groupQuota, "all": {}},
-				}
-				if rnd.IntN(4) == 0 {
-					req.GroupQuotas = map[string]fleet.Quota{"all": groupQuota}
-				}
-				_, err := st.Place(t.Context(), req)
-				switch {
-				case err == nil:
-					placed.Add(1)
-					held = append(held, req.SliceID)
-				case errors.Is(err, fleet.ErrNoCapacity):
-					capacity.Add(1)
-				case errors.Is(err, fleet.ErrQuotaExceeded):
-					quota.Add(1)
-				default:
-					errs <- fmt.Errorf("place %s: %w", req.SliceID, err)
-					return
-				}
-			}
-			for _, id := range held {
-				if _, err := st.Release(t.Context(), id); err != nil {
-					errs <- fmt.Errorf("release %s: %w", id, err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	errs := raceWorkers(t, replicas, workers, rounds, 42, func(w, r int, rnd *rand.Rand) fleet.PlaceRequest {
+		user := fmt.Sprintf("user%d", rnd.IntN(users))
+		cp := 5 + rnd.IntN(36)
+		req := fleet.PlaceRequest{
+			SliceID:     fmt.Sprintf("w%d-r%d", w, r),
+			User:        user,
+			Slice:       fleet.Slice{MemoryMiB: int64(1024 * (1 + rnd.IntN(8))), ComputePercent: cp, ComputeLimitPercent: cp},
+			Policy:      []fleet.Policy{fleet.PolicyBinpack, fleet.PolicySpread}[rnd.IntN(2)],
+			UserQuota:   userQuota,
+			GroupQuotas: map[string]fleet.Quota{"team" + user[len(user)-1:]: groupQuota, "all": {}},
+		}
+		if rnd.IntN(4) == 0 {
+			req.GroupQuotas = map[string]fleet.Quota{"all": groupQuota}
+		}
+		return req
+	}, func(req fleet.PlaceRequest, _ fleet.Allocation, err error) (bool, error) {
+		switch {
+		case err == nil:
+			placed.Add(1)
+			return true, nil
+		case errors.Is(err, fleet.ErrNoCapacity):
+			capacity.Add(1)
+		case errors.Is(err, fleet.ErrQuotaExceeded):
+			quota.Add(1)
+		default:
+			return false, fmt.Errorf("place %s: %w", req.SliceID, err)
+		}
+		return false, nil
+	})
 	stop()
 	if err := <-checkerDone; err != nil {
 		t.Errorf("invariant violated during the race:\n%v", err)
 	}
-	close(errs)
-	for err := range errs {
+	for _, err := range errs {
 		t.Error(err)
 	}
 	t.Logf("placed %d, refused for capacity %d, for quota %d; %d consistent snapshots checked",

@@ -27,27 +27,31 @@ type GPUUsage struct {
 }
 
 // RegisterGPU adds g to the fleet or updates its inventory (node, model,
-// memory, SM count, health). Existing allocations are kept: if the memory
-// shrinks below what is allocated, the GPU simply has no room until slices
-// are released. An invalid g is refused with an error wrapping
+// memory, SM count, health, MIG instance fields) and the mode it asks for
+// (g.Mode; "" keeps the current mode, sliced for a new GPU). Existing
+// allocations are kept: if the memory shrinks below what is allocated, the
+// GPU simply has no room until slices are released. The mode in force
+// follows, in this order: MIG (g.Mode mig, the hardware's word), the
+// admin's mode (SetGPUMode), g.Mode, the current mode; it changes only
+// while the GPU holds nothing, and until then the wanted mode is pending
+// (GPU.PendingMode). An invalid g is refused with an error wrapping
 // fleet.ErrInvalid.
 func (s *Store) RegisterGPU(ctx context.Context, g fleet.GPU) error {
 	if err := g.Validate(); err != nil {
 		return fmt.Errorf("%w: register gpu %q: %w", fleet.ErrInvalid, g.UUID, err)
 	}
+	if g.Mode == fleet.SharingMIG && !g.Instance() && g.MIGProfile != "" {
+		return fmt.Errorf("%w: register gpu %q: a GPU in MIG mode has no MIG profile; its instances do", fleet.ErrInvalid, g.UUID)
+	}
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	keys := []string{
-		s.k.GPU(g.UUID), s.k.GPUs(),
-		s.k.AllAvail(), s.k.AllFull(),
-		s.k.AvailIndex(g.Model), s.k.FullIndex(g.Model),
-	}
-	ref, err := allocRef(g.UUID, g.Node, g.Model)
+	ref, err := allocRef(g.UUID, g.Node, g.Model, g.MIGProfile, g.Parent)
 	if err != nil {
 		return fmt.Errorf("register gpu %s: %w", g.UUID, err)
 	}
-	res, err := registerScript.Run(ctx, s.rdb, keys,
-		g.UUID, g.Node, g.Model, g.MemoryMiB, g.SMCount, boolArg(g.Healthy), ref).Result()
+	res, err := registerScript.Run(ctx, s.rdb, []string{s.k.GPU(g.UUID), s.k.GPUs()},
+		g.UUID, g.Node, g.Model, g.MemoryMiB, g.SMCount, boolArg(g.Healthy), ref,
+		s.k.IndexPrefix(), s.k.ModePrefix(), string(g.Mode), g.MIGProfile, g.Parent, g.ComputePercent).Result()
 	if err != nil {
 		return fmt.Errorf("register gpu %s: %w", g.UUID, err)
 	}
@@ -63,8 +67,7 @@ func (s *Store) RegisterGPU(ctx context.Context, g fleet.GPU) error {
 func (s *Store) SetGPUHealth(ctx context.Context, uuid string, healthy bool) error {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	keys := []string{s.k.GPU(uuid), s.k.AllAvail(), s.k.AllFull()}
-	res, err := healthScript.Run(ctx, s.rdb, keys, uuid, boolArg(healthy)).Result()
+	res, err := healthScript.Run(ctx, s.rdb, []string{s.k.GPU(uuid)}, uuid, boolArg(healthy)).Result()
 	if err != nil {
 		return fmt.Errorf("set gpu %s health: %w", uuid, err)
 	}
@@ -76,6 +79,58 @@ func (s *Store) SetGPUHealth(ctx context.Context, uuid string, healthy bool) err
 		return fmt.Errorf("%w: gpu %s is not registered", fleet.ErrNotFound, uuid)
 	}
 	return nil
+}
+
+// SetGPUMode sets the sharing mode of the physical GPU uuid as an admin
+// asks: sliced, exclusive or mps, or "" to follow its node's label again
+// (gpubroker.io/sharing, as the node agent reports it). It takes effect at
+// once and returns the GPU as it is now. Errors: fleet.ErrInvalid for
+// another mode (MIG is switched on the GPU itself); fleet.ErrNotFound for
+// an unknown GPU; fleet.ErrConflict for a GPU in MIG mode or a MIG
+// instance, and for a GPU that holds servers (the message says how many):
+// a mode changes only on a GPU that holds none.
+func (s *Store) SetGPUMode(ctx context.Context, uuid string, mode fleet.SharingMode) (fleet.GPU, error) {
+	switch mode {
+	case "", fleet.SharingSliced, fleet.SharingExclusive, fleet.SharingMPS:
+	case fleet.SharingMIG:
+		return fleet.GPU{}, fmt.Errorf("%w: MIG mode is switched on the GPU itself (nvidia-smi -i <gpu> -mig 1, then a GPU reset and MIG instances made with nvidia-smi mig -cgi ... -C); gpubroker follows what the node agent reports", fleet.ErrInvalid)
+	default:
+		return fleet.GPU{}, fmt.Errorf("%w: sharing mode must be sliced, exclusive or mps (or empty to follow the node label), got %q", fleet.ErrInvalid, mode)
+	}
+	opCtx, cancel := s.op(ctx)
+	defer cancel()
+	res, err := setModeScript.Run(opCtx, s.rdb, []string{s.k.GPU(uuid)},
+		uuid, s.k.IndexPrefix(), s.k.ModePrefix(), string(mode)).Result()
+	if err != nil {
+		return fleet.GPU{}, fmt.Errorf("set gpu %s mode: %w", uuid, err)
+	}
+	tag, rest, err := tagged(res)
+	if err != nil {
+		return fleet.GPU{}, fmt.Errorf("set gpu %s mode: %w", uuid, err)
+	}
+	switch tag {
+	case "set":
+	case "nogpu":
+		return fleet.GPU{}, fmt.Errorf("%w: gpu %s is not registered", fleet.ErrNotFound, uuid)
+	case "mig":
+		return fleet.GPU{}, fmt.Errorf("%w: gpu %s is in MIG mode (or is a MIG instance): its sharing is its MIG instances until MIG mode is switched off on the GPU", fleet.ErrConflict, uuid)
+	case "busy":
+		f, err := stringsN(rest, 2)
+		if err != nil {
+			return fleet.GPU{}, fmt.Errorf("set gpu %s mode: %w", uuid, err)
+		}
+		return fleet.GPU{}, fmt.Errorf("%w: gpu %s holds %s server(s) in %s mode; its sharing mode changes only when it holds none (stop them, or wait until they stop)", fleet.ErrConflict, uuid, f[0], f[1])
+	default:
+		return fleet.GPU{}, fmt.Errorf("set gpu %s mode: unexpected script reply %q", uuid, tag)
+	}
+	opCtx2, cancel2 := s.op(ctx)
+	defer cancel2()
+	h, err := s.rdb.HGetAll(opCtx2, s.k.GPU(uuid)).Result()
+	if err != nil {
+		return fleet.GPU{}, fmt.Errorf("read gpu %s: %w", uuid, err)
+	}
+	u, err := decodeGPU(h)
+	return u.GPU, err
 }
 
 // GPUs returns every registered GPU, sorted by node then uuid.
@@ -141,16 +196,23 @@ func decodeGPU(h map[string]string) (GPUUsage, error) {
 	}
 	u := GPUUsage{
 		GPU: fleet.GPU{
-			UUID:      h["uuid"],
-			Node:      h["node"],
-			Model:     h["model"],
-			MemoryMiB: num("mem"),
-			SMCount:   int(num("sm")),
-			Healthy:   h["healthy"] == "1",
+			UUID:        h["uuid"],
+			Node:        h["node"],
+			Model:       h["model"],
+			MemoryMiB:   num("mem"),
+			SMCount:     int(num("sm")),
+			Healthy:     h["healthy"] == "1",
+			Mode:        fleet.ModeOf(fleet.SharingMode(h["mode"])),
+			PendingMode: fleet.SharingMode(h["pmode"]),
+			MIGProfile:  h["migp"],
+			Parent:      h["parent"],
 		},
 		AllocatedMiB:            num("amem"),
 		AllocatedComputePercent: int(num("acp")),
 		Slices:                  int(num("n")),
+	}
+	if u.GPU.Parent != "" {
+		u.GPU.ComputePercent = int(num("cpw"))
 	}
 	return u, errors.Join(errs...)
 }

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -53,7 +54,7 @@ func newStore(t *testing.T, srv *redistest.Server) (*Store, *fakeClock) {
 
 // h200 returns a healthy H200 (143771 MiB, 132 SMs) on node.
 func h200(uuid, node string) fleet.GPU {
-	return fleet.GPU{UUID: uuid, Node: node, Model: "NVIDIA H200", MemoryMiB: 143771, SMCount: 132, Healthy: true}
+	return fleet.GPU{UUID: uuid, Node: node, Model: "NVIDIA H200", MemoryMiB: 143771, SMCount: 132, Healthy: true, Mode: fleet.SharingSliced}
 }
 
 func register(t *testing.T, s *Store, gpus ...fleet.GPU) {
@@ -95,3 +96,72 @@ func nextSlice() string {
 }
 
 func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
+
+// twoReplicas returns two stores on separate clients of one fresh Redis
+// (two broker replicas), marked reconciled so that placement runs.
+func twoReplicas(t *testing.T) []*Store {
+	t.Helper()
+	srv := redistest.Start(t)
+	prefix := srv.Prefix(t)
+	replicas := []*Store{New(srv.Client(t), prefix), New(srv.Client(t), prefix)}
+	if err := replicas[0].MarkReconciled(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return replicas
+}
+
+// raceWorkers runs workers goroutines of rounds each, worker w on
+// replicas[w%2] with its own random source (seeded w, seed): in a round a
+// worker holding slices releases a random one a third of the time, else
+// places next(w, r, rnd) and hands the result to outcome, which says
+// whether the slice is now held or returns an error that ends the worker.
+// At the end each worker releases what it holds. It returns every error.
+func raceWorkers(t *testing.T, replicas []*Store, workers, rounds int, seed uint64,
+	next func(w, r int, rnd *rand.Rand) fleet.PlaceRequest,
+	outcome func(req fleet.PlaceRequest, a fleet.Allocation, err error) (bool, error)) []error {
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rnd := rand.New(rand.NewPCG(uint64(w), seed))
+			st := replicas[w%2]
+			var held []string
+			for r := range rounds {
+				if len(held) > 0 && rnd.IntN(3) == 0 {
+					i := rnd.IntN(len(held))
+					if ok, err := st.Release(t.Context(), held[i]); err != nil || !ok {
+						errs <- fmt.Errorf("release %s = %v, %v", held[i], ok, err)
+						return
+					}
+					held = append(held[:i], held[i+1:]...)
+					continue
+				}
+				req := next(w, r, rnd)
+				a, err := st.Place(t.Context(), req)
+				keep, err := outcome(req, a, err)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if keep {
+					held = append(held, req.SliceID)
+				}
+			}
+			for _, id := range held {
+				if _, err := st.Release(t.Context(), id); err != nil {
+					errs <- fmt.Errorf("release %s: %w", id, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var out []error
+	for err := range errs {
+		out = append(out, err)
+	}
+	return out
+}

@@ -1,7 +1,10 @@
 package redisstore
 
 import (
+	"fmt"
+
 	"github.com/gpubroker/gpubroker/broker/api/redisschema"
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
 
 // Keys. Every key this package touches is built by redisschema.Keys (the
@@ -18,13 +21,23 @@ import (
 // by the reconciler after a flush and never orphaned (counters are deleted at
 // zero).
 
-// scopeIndexes returns the avail and full indexes that a placement
+// scopeIndexes returns the avail and full indexes of pool that a placement
 // constrained to model ("" = any) uses.
-func scopeIndexes(k redisschema.Keys, model string) (avail, full string) {
+func scopeIndexes(k redisschema.Keys, pool, model string) (avail, full string) {
 	if model == "" {
-		return k.AllAvail(), k.AllFull()
+		return k.AllAvail(pool), k.AllFull(pool)
 	}
-	return k.AvailIndex(model), k.FullIndex(model)
+	return k.AvailIndex(pool, model), k.FullIndex(pool, model)
+}
+
+// modeSets returns the GPU set of every sharing mode, in v1.SharingModes
+// order (sliced, exclusive, mig, mps).
+func modeSets(k redisschema.Keys) []string {
+	out := make([]string, len(v1.SharingModes))
+	for i, m := range v1.SharingModes {
+		out[i] = k.ModeGPUs(string(m))
+	}
+	return out
 }
 
 // Field prefixes in the usage hash. A subject has one field,
@@ -39,3 +52,12 @@ const (
 
 func userUsage(user string) string   { return userFieldPrefix + user }
 func groupUsage(group string) string { return groupFieldPrefix + group }
+
+// parseUsage decodes a usage field's value; ok is false unless val is
+// exactly "<servers> <MiB> <compute percent>" as lib.lua writes it.
+func parseUsage(val string) (u usage, ok bool) {
+	if _, err := fmt.Sscanf(val, "%d %d %d", &u.servers, &u.memMiB, &u.computePercent); err != nil {
+		return usage{}, false
+	}
+	return u, val == fmt.Sprintf("%d %d %d", u.servers, u.memMiB, u.computePercent)
+}

@@ -9,28 +9,34 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
 
 // allocRecord is the stored form of a fleet.Allocation, written by
-// alloc_json in scripts/lib.lua: its head (recordHead) and the GPU's ref
-// (allocRef).
+// alloc_json in scripts/lib.lua: its head (recordHead), the slice members,
+// the device's ref (allocRef) and its sharing mode.
 type allocRecord struct {
 	allocHead
-	GPU   string `json:"gpu"`
-	Node  string `json:"node"`
-	Model string `json:"model"`
+	MemoryMiB           int64  `json:"memoryMiB"`
+	ComputePercent      int    `json:"computePercent"`
+	ComputeLimitPercent int    `json:"computeLimitPercent"`
+	GPU                 string `json:"gpu"`
+	Node                string `json:"node"`
+	Model               string `json:"model"`
+	MIGProfile          string `json:"migProfile,omitempty"`
+	Parent              string `json:"parent,omitempty"`
+	Sharing             string `json:"sharing,omitempty"` // absent: before sharing modes (sliced)
 }
 
 // allocHead is the part of an allocRecord that the allocation itself
-// gives.
+// gives; the rest depends on the device placement chose.
 type allocHead struct {
-	SliceID             string   `json:"sliceId"`
-	User                string   `json:"user"`
-	Groups              []string `json:"groups"`
-	MemoryMiB           int64    `json:"memoryMiB"`
-	ComputePercent      int      `json:"computePercent"`
-	ComputeLimitPercent int      `json:"computeLimitPercent"`
+	SliceID string   `json:"sliceId"`
+	User    string   `json:"user"`
+	Groups  []string `json:"groups"`
 }
 
 func decodeAlloc(raw string) (fleet.Allocation, error) {
@@ -46,9 +52,12 @@ func decodeAlloc(raw string) (fleet.Allocation, error) {
 			ComputePercent:      r.ComputePercent,
 			ComputeLimitPercent: r.ComputeLimitPercent,
 		},
-		GPUUUID: r.GPU,
-		Node:    r.Node,
-		Model:   r.Model,
+		GPUUUID:    r.GPU,
+		Node:       r.Node,
+		Model:      r.Model,
+		Sharing:    fleet.ModeOf(fleet.SharingMode(r.Sharing)),
+		MIGProfile: r.MIGProfile,
+		Parent:     r.Parent,
 	}
 	if len(r.Groups) > 0 {
 		a.Groups = r.Groups
@@ -56,33 +65,39 @@ func decodeAlloc(raw string) (fleet.Allocation, error) {
 	return a, nil
 }
 
-// The scripts store an allocation as recordHead(...) + ref + "}", where
-// ref names the GPU and node; together they are the JSON of allocRecord.
-// Splitting it keeps JSON encoding out of Lua: the GPU's ref is built here
-// when it registers and stored in its hash.
+// The scripts store an allocation as recordHead(...) + the slice members
+// (slice_members in lib.lua: whole devices are charged their own size,
+// known only once chosen) + ref + the "sharing" member of the device's mode
+// + "}", where ref names the device; together they are the JSON of
+// allocRecord. Splitting it keeps JSON encoding of free text out of Lua:
+// the device's ref is built here when it registers and stored in its hash;
+// Lua writes only integers and mode names.
 
-// recordHead returns the JSON of a's fields other than the GPU and node,
-// without the closing brace and with a trailing comma.
+// recordHead returns the JSON of a's slice id, user and groups, without
+// the closing brace and with a trailing comma.
 func recordHead(a fleet.Allocation) (string, error) {
 	groups := a.Groups
 	if groups == nil {
 		groups = []string{}
 	}
-	b, err := json.Marshal(allocHead{a.SliceID, a.User, groups, a.Slice.MemoryMiB, a.Slice.ComputePercent, a.Slice.ComputeLimitPercent})
+	b, err := json.Marshal(allocHead{a.SliceID, a.User, groups})
 	if err != nil {
 		return "", fmt.Errorf("encode allocation: %w", err)
 	}
 	return string(b[:len(b)-1]) + ",", nil
 }
 
-// allocRef returns the JSON members "gpu":…,"node":…,"model":… that end a
-// record.
-func allocRef(gpu, node, model string) (string, error) {
+// allocRef returns the JSON members "gpu":…,"node":…,"model":… (and for a
+// MIG instance "migProfile":…,"parent":…) that follow the slice members of
+// a record.
+func allocRef(gpu, node, model, migProfile, parent string) (string, error) {
 	b, err := json.Marshal(struct {
-		GPU   string `json:"gpu"`
-		Node  string `json:"node"`
-		Model string `json:"model"`
-	}{gpu, node, model})
+		GPU        string `json:"gpu"`
+		Node       string `json:"node"`
+		Model      string `json:"model"`
+		MIGProfile string `json:"migProfile,omitempty"`
+		Parent     string `json:"parent,omitempty"`
+	}{gpu, node, model, migProfile, parent})
 	if err != nil {
 		return "", fmt.Errorf("encode gpu ref: %w", err)
 	}
@@ -97,8 +112,22 @@ func validatePlace(req fleet.PlaceRequest) error {
 	if req.User == "" {
 		errs = append(errs, errors.New("user is empty"))
 	}
-	if err := fleet.ValidateSlice(req.Slice); err != nil {
-		errs = append(errs, err)
+	mode := fleet.ModeOf(req.Sharing)
+	switch {
+	case !mode.Valid():
+		errs = append(errs, fmt.Errorf("unknown sharing mode %q", req.Sharing))
+	case mode == fleet.SharingMIG:
+		if err := fleet.ValidateMIGProfile(req.MIGProfile); err != nil {
+			errs = append(errs, err)
+		}
+	case fleet.Whole(mode):
+	default:
+		if err := fleet.ValidateSlice(req.Slice); err != nil {
+			errs = append(errs, err)
+		}
+		if mode == fleet.SharingMPS && req.Slice.ComputeLimitPercent != req.Slice.ComputePercent {
+			errs = append(errs, fmt.Errorf("an MPS slice cannot burst: compute limit %d%% must equal its compute %d%%", req.Slice.ComputeLimitPercent, req.Slice.ComputePercent))
+		}
 	}
 	if req.Policy != "" && !req.Policy.Valid() {
 		errs = append(errs, fmt.Errorf("unknown placement policy %q", req.Policy))
@@ -139,7 +168,7 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	if len(groups) == 0 {
 		groups = nil
 	}
-	head, err := recordHead(fleet.Allocation{SliceID: req.SliceID, User: req.User, Groups: groups, Slice: req.Slice})
+	head, err := recordHead(fleet.Allocation{SliceID: req.SliceID, User: req.User, Groups: groups})
 	if err != nil {
 		return fleet.Allocation{}, err
 	}
@@ -147,11 +176,21 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	if policy == "" {
 		policy = fleet.PolicyBinpack
 	}
-	scopeA, scopeF := scopeIndexes(s.k, req.Model)
-	keys := []string{s.k.Marker(), s.k.Allocs(), scopeA, scopeF, s.k.AllAvail(), s.k.AllFull(), s.k.Usage()}
-	args := make([]any, 0, 13+6*len(groups))
+	mode := fleet.ModeOf(req.Sharing)
+	kind, shape := "share", ""
+	switch {
+	case fleet.Whole(mode):
+		kind = "whole"
+	case mode == fleet.SharingMPS:
+		shape = mpsShape(req.Slice)
+	}
+	scopeA, scopeF := scopeIndexes(s.k, redisschema.Pool(string(mode), req.MIGProfile), req.Model)
+	keys := []string{s.k.Marker(), s.k.Allocs(), scopeA, scopeF, s.k.Usage(), s.k.ModeGPUs(string(mode))}
+	keys = append(keys, modeSets(s.k)...)
+	args := make([]any, 0, 16+6*len(groups))
 	args = append(args, s.k.GPUPrefix(), req.SliceID, head,
-		req.Slice.MemoryMiB, req.Slice.ComputePercent, string(policy), 1+len(groups),
+		req.Slice.MemoryMiB, req.Slice.ComputePercent, req.Slice.ComputeLimitPercent, string(policy),
+		kind, shape, 1+len(groups),
 		"user", req.User, userUsage(req.User),
 		req.UserQuota.Servers, req.UserQuota.MemoryMiB, req.UserQuota.ComputePercent)
 	for _, g := range groups {
@@ -159,9 +198,13 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 		args = append(args, "group", g, groupUsage(g), q.Servers, q.MemoryMiB, q.ComputePercent)
 	}
 
-	ctx, cancel := s.op(ctx)
+	octx, cancel := context.WithTimeout(ctx, s.opTimeout+s.waitTimeout)
 	defer cancel()
-	res, err := placeScript.Run(ctx, s.rdb, keys, args...).Result()
+	want, err := s.replicas.want(octx, s.rdb, s.waitReplicas, false)
+	if err != nil {
+		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
+	}
+	res, acked, err := s.runAcked(octx, placeScript, want, keys, args...)
 	if err != nil {
 		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
 	}
@@ -169,7 +212,53 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	if err != nil {
 		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
 	}
+	if refusal == nil && acked < want {
+		// Fewer replicas than were online acknowledged it. If fewer are
+		// online now (one left, or a failover left the new master alone),
+		// the placement is on every replica a failover could promote.
+		if now, err := s.replicas.want(octx, s.rdb, s.waitReplicas, true); err != nil || acked < now {
+			// Not durable: a failover could lose it while its pod runs.
+			_, rerr := s.Release(context.WithoutCancel(ctx), req.SliceID)
+			return fleet.Allocation{}, errors.Join(fmt.Errorf("%w: the placement was not confirmed by %d Redis replica(s) within %s (%d did), so no GPU was reserved; try again",
+				fleet.ErrUnavailable, want, s.waitTimeout, acked), err, rerr)
+		}
+	}
 	return a, refusal
+}
+
+// runAcked runs script and, when want > 0, WAIT want on the same
+// connection (one pipeline, so the wait covers the script's writes and
+// every earlier one), returning the script's reply and how many replicas
+// acknowledged it. A script the server has not cached (a new master after
+// a failover) is loaded and the pipeline sent once more.
+func (s *Store) runAcked(ctx context.Context, script *redis.Script, want int, keys []string, args ...any) (any, int, error) {
+	if want <= 0 {
+		res, err := script.Run(ctx, s.rdb, keys, args...).Result()
+		return res, 0, err
+	}
+	for attempt := 0; ; attempt++ {
+		var ev, wait *redis.Cmd
+		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			ev = script.EvalSha(ctx, p, keys, args...)
+			wait = p.Do(ctx, "wait", want, s.waitTimeout.Milliseconds())
+			return nil
+		}) // each command's own error is read below
+		res, err := ev.Result()
+		if err != nil && attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			if err := script.Load(ctx, s.rdb).Err(); err != nil {
+				return nil, 0, fmt.Errorf("load script: %w", err)
+			}
+			continue
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		n, err := wait.Int64()
+		if err != nil {
+			return res, 0, fmt.Errorf("wait for %d replica(s): %w", want, err)
+		}
+		return res, int(n), nil
+	}
 }
 
 // placeResult turns place.lua's reply into an allocation, a refusal (a
@@ -197,16 +286,18 @@ func placeResult(req fleet.PlaceRequest, res any) (fleet.Allocation, error, erro
 		}
 		return fleet.Allocation{}, qe, nil
 	case "capacity":
-		f, err := stringsN(rest, 4)
+		f, err := stringsN(rest, 6)
 		if err != nil {
 			return fleet.Allocation{}, nil, err
 		}
-		ce := &fleet.CapacityError{Want: req.Slice, Model: req.Model}
+		ce := &fleet.CapacityError{Want: req.Slice, Model: req.Model, Sharing: fleet.ModeOf(req.Sharing), MIGProfile: req.MIGProfile}
 		n, err := atoi64("candidates", f[0])
-		if err != nil {
+		modeGPUs, err2 := atoi64("mode gpus", f[4])
+		allGPUs, err3 := atoi64("all gpus", f[5])
+		if err := errors.Join(err, err2, err3); err != nil {
 			return fleet.Allocation{}, nil, err
 		}
-		ce.Candidates = int(n)
+		ce.Candidates, ce.ModeGPUs, ce.AllGPUs = int(n), int(modeGPUs), int(allGPUs)
 		if n > 0 {
 			free, err1 := strconv.ParseFloat(f[1], 64) // a Lua number
 			cpFree, err2 := atoi64("free compute", f[2])
@@ -223,13 +314,21 @@ func placeResult(req fleet.PlaceRequest, res any) (fleet.Allocation, error, erro
 	}
 }
 
+// mpsShape is the client size of an MPS slice as the GPU record holds it:
+// every MPS client of a GPU has the same pinned memory limit and active
+// thread percentage, because MPS applies its limits per server, not per
+// client (see limiter/agent, "MPS").
+func mpsShape(s fleet.Slice) string {
+	return strconv.FormatInt(s.MemoryMiB, 10) + "/" + strconv.Itoa(s.ComputePercent)
+}
+
 // Release frees the slice sliceID and un-charges its GPU, user and groups.
 // It is idempotent and reports whether an allocation was freed.
 func (s *Store) Release(ctx context.Context, sliceID string) (bool, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	res, err := releaseScript.Run(ctx, s.rdb,
-		[]string{s.k.Allocs(), s.k.AllAvail(), s.k.AllFull(), s.k.Usage()},
+		[]string{s.k.Allocs(), s.k.Usage()},
 		s.k.GPUPrefix(), userFieldPrefix, groupFieldPrefix, sliceID).Result()
 	if err != nil {
 		return false, fmt.Errorf("release slice %s: %w", sliceID, err)
@@ -263,9 +362,13 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 		errs = append(errs, errors.New("gpu uuid is empty"))
 	}
 	errs = append(errs, fleet.ValidateSlice(a.Slice))
+	if m := fleet.ModeOf(a.Sharing); !m.Valid() {
+		errs = append(errs, fmt.Errorf("unknown sharing mode %q", a.Sharing))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return false, fmt.Errorf("%w: restore slice %q: %w", fleet.ErrInvalid, a.SliceID, err)
 	}
+	mode := fleet.ModeOf(a.Sharing)
 	rec := a
 	rec.Groups = slices.Clone(a.Groups)
 	slices.Sort(rec.Groups)
@@ -279,11 +382,16 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 	}
 	ref := "" // the GPU's own node
 	if a.Node != "" {
-		if ref, err = allocRef(a.GPUUUID, a.Node, a.Model); err != nil {
+		if ref, err = allocRef(a.GPUUUID, a.Node, a.Model, a.MIGProfile, a.Parent); err != nil {
 			return false, err
 		}
 	}
-	args := []any{a.SliceID, a.GPUUUID, a.Slice.MemoryMiB, a.Slice.ComputePercent, head, ref, userUsage(a.User)}
+	shape := ""
+	if mode == fleet.SharingMPS {
+		shape = mpsShape(a.Slice)
+	}
+	args := []any{a.SliceID, a.GPUUUID, a.Slice.MemoryMiB, a.Slice.ComputePercent, a.Slice.ComputeLimitPercent,
+		head, ref, string(mode), shape, userUsage(a.User)}
 	for _, g := range rec.Groups {
 		args = append(args, groupUsage(g))
 	}
@@ -291,7 +399,7 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	res, err := restoreScript.Run(ctx, s.rdb,
-		[]string{s.k.Allocs(), s.k.GPU(a.GPUUUID), s.k.AllAvail(), s.k.AllFull(), s.k.Usage()}, args...).Result()
+		[]string{s.k.Allocs(), s.k.GPU(a.GPUUUID), s.k.Usage()}, args...).Result()
 	if err != nil {
 		return false, fmt.Errorf("restore slice %s: %w", a.SliceID, err)
 	}
@@ -313,7 +421,7 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 		if err != nil {
 			return false, fmt.Errorf("restore slice %s: %w", a.SliceID, err)
 		}
-		if cur.GPUUUID != a.GPUUUID || cur.Slice != a.Slice || cur.User != a.User {
+		if cur.GPUUUID != a.GPUUUID || cur.Slice != a.Slice || cur.User != a.User || cur.Sharing != mode {
 			return false, fmt.Errorf("%w: restore slice %s: stored on gpu %s with %d MiB/%d%% for %s, the pod says gpu %s with %d MiB/%d%% for %s", fleet.ErrConflict, a.SliceID, cur.GPUUUID, cur.Slice.MemoryMiB, cur.Slice.ComputePercent, cur.User,
 				a.GPUUUID, a.Slice.MemoryMiB, a.Slice.ComputePercent, a.User)
 		}
@@ -324,6 +432,12 @@ func (s *Store) Restore(ctx context.Context, a fleet.Allocation) (bool, error) {
 			return true, fmt.Errorf("restore slice %s: %w", a.SliceID, err)
 		}
 		return true, fmt.Errorf("%w: restore slice %s: gpu %s is overcommitted: %s of %s MiB and %s%% compute allocated", fleet.ErrConflict, a.SliceID, a.GPUUUID, f[1], f[2], f[3])
+	case "mixed":
+		f, err := stringsN(rest, 2)
+		if err != nil {
+			return true, fmt.Errorf("restore slice %s: %w", a.SliceID, err)
+		}
+		return true, fmt.Errorf("%w: restore slice %s: the pod holds a %s slice, but gpu %s is in %s now", fleet.ErrConflict, a.SliceID, mode, a.GPUUUID, f[1])
 	default:
 		return false, fmt.Errorf("restore slice %s: unexpected script reply %q", a.SliceID, tag)
 	}

@@ -115,7 +115,7 @@ func TestPlaceReturnsAllocationAndIsIdempotent(t *testing.T) {
 	}
 	want := fleet.Allocation{
 		SliceID: "spawn-1", User: "alice", Groups: []string{"ai", "ml"},
-		Slice: req.Slice, GPUUUID: "GPU-1", Node: "gpu-1", Model: "NVIDIA H200",
+		Slice: req.Slice, GPUUUID: "GPU-1", Node: "gpu-1", Model: "NVIDIA H200", Sharing: fleet.SharingSliced,
 	}
 	got := mustPlace(t, s, req)
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -251,6 +251,8 @@ func TestPlaceCapacityError(t *testing.T) {
 			if !errors.As(err, &ce) || !errors.Is(err, fleet.ErrNoCapacity) {
 				t.Fatalf("Place err = %v, want a *fleet.CapacityError", err)
 			}
+			// Every GPU here is in sliced mode.
+			tc.want.Sharing, tc.want.ModeGPUs, tc.want.AllGPUs = fleet.SharingSliced, len(tc.gpus), len(tc.gpus)
 			if diff := cmp.Diff(tc.want, ce); diff != "" {
 				t.Errorf("CapacityError (-want +got):\n%s", diff)
 			}
@@ -348,7 +350,7 @@ func TestRestore(t *testing.T) {
 	srv := redistest.Start(t)
 	s, _ := newStore(t, srv)
 	register(t, s, fleet.GPU{UUID: "GPU-1", Node: "n1", Model: "L4", MemoryMiB: 16384, SMCount: 58, Healthy: true})
-	a := fleet.Allocation{SliceID: "a", User: "alice", Groups: []string{"ml"}, Slice: slice(12288, 50), GPUUUID: "GPU-1", Node: "n1"}
+	a := fleet.Allocation{SliceID: "a", User: "alice", Groups: []string{"ml"}, Slice: slice(12288, 50), GPUUUID: "GPU-1", Node: "n1", Sharing: fleet.SharingSliced}
 
 	ok, err := s.Restore(t.Context(), a)
 	if err != nil || !ok {
@@ -551,8 +553,8 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 	}{
 		{"gpu counter", func() error { return rdb.HIncrBy(t.Context(), s.k.GPU("GPU-1"), "amem", 1).Err() },
 			func() error { return rdb.HIncrBy(t.Context(), s.k.GPU("GPU-1"), "amem", -1).Err() }, "gpu GPU-1 counters"},
-		{"index score", func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail(), redisZ(1, "GPU-1")).Err() },
-			func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail(), redisZ(143771-1024, "GPU-1")).Err() }, "all-avail index score"},
+		{"index score", func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail("sliced"), redisZ(1, "GPU-1")).Err() },
+			func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail("sliced"), redisZ(143771-1024, "GPU-1")).Err() }, "all-avail index score"},
 		{"user counter", setUsage(userUsage("alice"), "1 1024 15"), setUsage(userUsage("alice"), "1 1024 10"), "user alice counters"},
 		{"group counter", setUsage(groupUsage("ml"), "2 1024 10"), setUsage(groupUsage("ml"), "1 1024 10"), "group ml counters"},
 		{"malformed counter", setUsage(userUsage("alice"), "1 1024"), setUsage(userUsage("alice"), "1 1024 10"), `usage field "u:alice" is "1 1024"`},

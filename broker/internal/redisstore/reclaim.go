@@ -157,6 +157,7 @@ func stateFields(st reclaim.IdleState) []any {
 		"v", string(st.Verdict), "why", st.Reason, "since", msText(st.Since), "first", msText(st.FirstSeen),
 		"checked", msText(st.CheckedAt), "ex", exempt, "rung", st.Rung, "warned", msText(st.WarnedAt),
 		"agewarned", msText(st.AgeWarnedAt), "shrunk", st.ShrunkFrom, "shrunklim", st.ShrunkLimitFrom,
+		"stopped", msText(st.StoppedAt),
 	}
 }
 
@@ -168,7 +169,7 @@ func decodeState(spawnID string, h map[string]string) reclaim.IdleState {
 		FirstSeen: fromMs(h["first"]), CheckedAt: fromMs(h["checked"]), Exempt: h["ex"] == "1",
 		Rung: atoi(h["rung"]), WarnedAt: fromMs(h["warned"]), AgeWarnedAt: fromMs(h["agewarned"]),
 		ExtendedUntil: fromMs(h["extuntil"]), Extended: time.Duration(ext) * time.Millisecond,
-		ShrunkFrom: atoi(h["shrunk"]), ShrunkLimitFrom: atoi(h["shrunklim"]),
+		ShrunkFrom: atoi(h["shrunk"]), ShrunkLimitFrom: atoi(h["shrunklim"]), StoppedAt: fromMs(h["stopped"]),
 	}
 }
 

@@ -232,8 +232,12 @@ func TestAuditMergesTheAgentsRecords(t *testing.T) {
 		}
 	}
 	agent := func(id, action string, pid uint32) {
-		b, err := json.Marshal(agentstore.AuditRecord{At: at, Node: "n1", Action: action, Reason: "over-memory", Policy: "kill tolerance=5% samples=3",
-			Slice: "sp1", Pod: "nb-ada", Namespace: "notebooks", PID: pid, GPU: "GPU-1", MemoryUsedMiB: 9000, MemoryLimitMiB: 8192, Samples: 3})
+		r := agentstore.AuditRecord{At: at, Node: "n1", Action: action, Reason: "over-memory", Policy: "kill tolerance=5% samples=3",
+			Slice: "sp1", Pod: "nb-ada", Namespace: "notebooks", PID: pid, GPU: "GPU-1", MemoryUsedMiB: 9000, MemoryLimitMiB: 8192, Samples: 3}
+		if action != "kill-failed" { // an agent from before records named the server
+			r.User, r.Server = "ada", "a"
+		}
+		b, err := json.Marshal(r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -290,10 +294,20 @@ func TestAuditMergesTheAgentsRecords(t *testing.T) {
 		t.Fatalf("the kill: %v %v", es, err)
 	}
 	want := audit.Entry{ID: "150-0", Time: at, Source: v1.AuditSourceAgent, Actor: "gpubroker-agent@n1", ActorKind: v1.ActorAgent,
-		Action: "agent.kill", Target: "pod:notebooks/nb-ada", Reason: "over-memory", Inputs: map[string]string{
-			"policy": "kill tolerance=5% samples=3", "slice": "sp1", "gpu": "GPU-1", "pid": "7", "memoryUsedMiB": "9000",
+		Action: "agent.kill", Target: "server:ada/a", Reason: "over-memory", Inputs: map[string]string{
+			"policy": "kill tolerance=5% samples=3", "slice": "sp1", "pod": "notebooks/nb-ada", "gpu": "GPU-1", "pid": "7", "memoryUsedMiB": "9000",
 			"memoryLimitMiB": "8192", "samples": "3"}}
 	if diff := cmp.Diff(want, es[0]); diff != "" {
 		t.Errorf("an agent's record as an entry (-want +got):\n%s", diff)
+	}
+	// Filtering by the server finds the broker's and the agents' entries
+	// about it; a record that names only its pod keeps the pod as target.
+	byServer, _ := page(audit.Query{User: "ada", Server: "a"})
+	byUser, _ := page(audit.Query{User: "ada"})
+	if diff := cmp.Diff([][]got{{all[1], all[2], all[3], all[4]}, {all[1], all[2], all[3], all[4]}}, [][]got{byServer, byUser}); diff != "" {
+		t.Errorf("by server and by user (-want +got):\n%s", diff)
+	}
+	if old, _, _ := log.Audit(ctx, audit.Query{Action: "agent.kill-failed"}); len(old) != 1 || old[0].Target != "pod:notebooks/nb-ada" {
+		t.Errorf("a record without the server's names: %+v, want its pod as target", old)
 	}
 }

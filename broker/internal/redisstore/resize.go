@@ -72,8 +72,7 @@ func (s *Store) Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRe
 		q := req.GroupQuotas[g]
 		args = append(args, "group", g, q.MemoryMiB, q.ComputePercent)
 	}
-	keys := []string{s.k.Allocs(), s.k.AllAvail(), s.k.AllFull(), s.k.Usage(),
-		s.k.Server(k.User, k.Name), s.k.Events(k.User, k.Name)}
+	keys := []string{s.k.Allocs(), s.k.Usage(), s.k.Server(k.User, k.Name), s.k.Events(k.User, k.Name)}
 
 	ctx, cancel := s.op(ctx)
 	defer cancel()
@@ -120,6 +119,13 @@ func resizeResult(k fleet.ServerKey, req fleet.PlaceRequest, res any) (fleet.Ser
 			return fleet.Server{}, false, nil, err
 		}
 		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s is %s; only a running server can be resized", fleet.ErrConflict, k.Name, k.User, f[0]), nil
+	case "mode":
+		f, err := stringsN(rest, 1)
+		if err != nil {
+			return fleet.Server{}, false, nil, err
+		}
+		mode := fleet.SharingMode(f[0])
+		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s is a %s: %s", fleet.ErrConflict, k.Name, k.User, mode.Words(), fleet.ResizeRefusal(mode, "")), nil
 	case "noalloc":
 		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s holds no GPU slice", fleet.ErrConflict, k.Name, k.User), nil
 	case "corrupt":
@@ -141,8 +147,7 @@ func resizeResult(k fleet.ServerKey, req fleet.PlaceRequest, res any) (fleet.Ser
 		if err1 != nil || err2 != nil {
 			return fleet.Server{}, false, nil, fmt.Errorf("gpu reply: %w", errors.Join(err1, err2))
 		}
-		return fleet.Server{}, false, fmt.Errorf("%w: GPU %s on node %s has room for at most %d MiB and %d%% compute for this slice; %d MiB and %d%% were asked",
-			fleet.ErrNoCapacity, f[0], f[1], free, cpFree, req.Slice.MemoryMiB, req.Slice.ComputePercent), nil
+		return fleet.Server{}, false, &fleet.RoomError{GPU: f[0], Node: f[1], MaxMiB: free, MaxComputePercent: int(cpFree), Want: req.Slice}, nil
 	case "quota":
 		qe, err := quotaReply(rest)
 		if err != nil {

@@ -106,7 +106,7 @@ func TestResize(t *testing.T) {
 			userQuota: fleet.Quota{MemoryMiB: 6000},
 			resize:    slice(6001, 20),
 			other:     slice(4096, 30),
-			want: want{errIs: fleet.ErrQuotaExceeded, errText: "user alice quota exceeded: 4096 MiB of slice memory in use, 1905 more asked, limit 6000",
+			want: want{errIs: fleet.ErrQuotaExceeded, errText: "user alice quota exceeded: it allows 6000 MiB of slice memory; 4096 MiB are in use and this needs 1905 MiB more",
 				gpuMem: 8192, gpuCP: 50, userMem: 4096},
 		},
 		{
@@ -121,7 +121,7 @@ func TestResize(t *testing.T) {
 			groups: map[string]fleet.Quota{"ml": {ComputePercent: 30}},
 			resize: slice(4096, 31),
 			other:  slice(4096, 30),
-			want: want{errIs: fleet.ErrQuotaExceeded, errText: "group ml quota exceeded: 20% compute in use, 11 more asked, limit 30",
+			want: want{errIs: fleet.ErrQuotaExceeded, errText: "group ml quota exceeded: it allows 30 % compute; 20 % are in use and this needs 11 % more",
 				gpuMem: 8192, gpuCP: 50, userMem: 4096},
 		},
 		{
@@ -280,13 +280,8 @@ func TestResizeOnUnhealthyGPUShrinksOnly(t *testing.T) {
 // stores on separate clients, on 2 small GPUs, while a checker verifies the
 // invariants and the quotas on atomic snapshots.
 func TestConcurrentResizeAndPlaceNeverOvercommit(t *testing.T) {
-	srv := redistest.Start(t)
-	prefix := srv.Prefix(t)
-	replicas := []*Store{New(srv.Client(t), prefix), New(srv.Client(t), prefix)}
+	replicas := twoReplicas(t)
 	s := replicas[0]
-	if err := s.MarkReconciled(t.Context()); err != nil {
-		t.Fatal(err)
-	}
 	for i := range 2 {
 		register(t, s, fleet.GPU{UUID: fmt.Sprintf("GPU-%d", i), Node: "n1", Model: "L4", MemoryMiB: 16384, SMCount: 58, Healthy: true})
 	}

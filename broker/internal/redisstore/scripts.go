@@ -29,6 +29,8 @@ var (
 	registerLua string
 	//go:embed scripts/health.lua
 	healthLua string
+	//go:embed scripts/set_mode.lua
+	setModeLua string
 	//go:embed scripts/verify.lua
 	verifyLua string
 	//go:embed scripts/create_server.lua
@@ -39,6 +41,8 @@ var (
 	transitionLua string
 	//go:embed scripts/delete_server.lua
 	deleteServerLua string
+	//go:embed scripts/discard_server.lua
+	discardServerLua string
 	//go:embed scripts/save_policy.lua
 	savePolicyLua string
 	//go:embed scripts/extend_idle.lua
@@ -55,11 +59,13 @@ var (
 	restoreScript        = redis.NewScript(libLua + restoreLua)
 	registerScript       = redis.NewScript(libLua + registerLua)
 	healthScript         = redis.NewScript(libLua + healthLua)
+	setModeScript        = redis.NewScript(libLua + setModeLua)
 	verifyScript         = redis.NewScript(verifyLua)
 	createServerScript   = redis.NewScript(serversLua + createServerLua)
 	restoreServerScript  = redis.NewScript(serversLua + restoreServerLua)
 	transitionScript     = redis.NewScript(serversLua + transitionLua)
 	deleteServerScript   = redis.NewScript(serversLua + deleteServerLua)
+	discardServerScript  = redis.NewScript(serversLua + discardServerLua)
 	savePolicyScript     = redis.NewScript(savePolicyLua)
 	extendIdleScript     = redis.NewScript(extendIdleLua)
 	releaseLockScript    = redis.NewScript(releaseLockLua)

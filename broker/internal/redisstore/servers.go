@@ -3,12 +3,15 @@ package redisstore
 import (
 	"cmp"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -24,18 +27,28 @@ type Patch = fleet.ServerPatch
 // patchFields returns the record fields p sets, as field/value pairs.
 func patchFields(p Patch) ([]any, error) {
 	var out []any
-	if p.Allocation != nil {
+	if p.DropAllocation {
+		out = append(out, "alloc", "")
+	} else if p.Allocation != nil {
 		b, err := json.Marshal(p.Allocation)
 		if err != nil {
 			return nil, fmt.Errorf("encode allocation: %w", err)
 		}
 		out = append(out, "alloc", string(b))
+		sl, err := json.Marshal(p.Allocation.Slice)
+		if err != nil {
+			return nil, fmt.Errorf("encode slice: %w", err)
+		}
+		out = append(out, "slice", string(sl))
 	}
 	if p.Pod != nil {
 		out = append(out, "pod", *p.Pod)
 	}
 	if p.URL != nil {
 		out = append(out, "url", *p.URL)
+	}
+	if p.ForgetIdempotencyKey {
+		out = append(out, "idem", "")
 	}
 	return out, nil
 }
@@ -61,6 +74,7 @@ func serverFields(s fleet.Server) ([]any, error) {
 		"slice", string(slice), "alloc", alloc,
 		"pod", s.Pod, "url", s.URL,
 		"created", unixNano(s.CreatedAt), "updated", unixNano(s.UpdatedAt),
+		"sharing", string(fleet.ModeOf(s.Sharing)), "migp", s.MIGProfile,
 	}, nil
 }
 
@@ -85,6 +99,8 @@ func decodeServer(h map[string]string) (fleet.Server, error) {
 		Message:        h["msg"],
 		Pod:            h["pod"],
 		URL:            h["url"],
+		Sharing:        fleet.ModeOf(fleet.SharingMode(h["sharing"])),
+		MIGProfile:     h["migp"],
 	}
 	var errs []error
 	if err := json.Unmarshal([]byte(h["slice"]), &s.Slice); err != nil {
@@ -114,6 +130,10 @@ func (s *Store) serverKeys(k fleet.ServerKey) []string {
 	return []string{s.k.Server(k.User, k.Name), s.k.Events(k.User, k.Name), s.k.UserServers(k.User), s.k.AllServers()}
 }
 
+// previousTTL is how long a start keeps the record it replaced (the
+// discard script's window): longer than any create's steps.
+const previousTTL = 10 * time.Minute
+
 // recordTTL is the record TTL argument for a server in state st: the
 // retention for terminal states, "0" (none) otherwise.
 func (s *Store) recordTTL(st fleet.State) int64 {
@@ -125,12 +145,15 @@ func (s *Store) recordTTL(st fleet.State) int64 {
 
 // CreateServer stores a new spawn of server s.ServerKey, whose State must be
 // pending, and appends its "pending" event; CreatedAt and UpdatedAt are set
-// from the store's clock. It returns (the stored record, true).
+// from the store's clock and an empty Sharing becomes sliced. It returns
+// (the stored record, true).
 //
 // If the record holds the same non-empty IdempotencyKey, it returns that
 // record and false (a retried create). If it holds a live spawn (not
-// stopped or failed) under another key, the error wraps fleet.ErrConflict
-// and names the current state. A bad s wraps fleet.ErrInvalid.
+// stopped or failed) under another key, the error is a *ConflictError
+// (fleet.ErrConflict) with the current state. A stopped or failed record
+// it replaces is kept for a while, so that DiscardServer can put it back
+// when the new start is refused. A bad s wraps fleet.ErrInvalid.
 func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Server, bool, error) {
 	var errs []error
 	if srv.User == "" {
@@ -147,16 +170,18 @@ func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Serve
 	}
 	now := s.now()
 	srv.CreatedAt, srv.UpdatedAt = now, now
+	srv.Sharing = fleet.ModeOf(srv.Sharing)
 	fields, err := serverFields(srv)
 	if err != nil {
 		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)
 	}
 	args := append([]any{srv.IdempotencyKey, unixNano(now), eventMaxLen, s.retention.Milliseconds(),
-		srv.Name, srv.SpawnID, srv.Message}, fields...)
+		srv.Name, srv.SpawnID, srv.Message, previousTTL.Milliseconds()}, fields...)
 
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	res, err := createServerScript.Run(ctx, s.rdb, s.serverKeys(srv.ServerKey), args...).Result()
+	keys := append(s.serverKeys(srv.ServerKey), s.k.ServerPrevious(srv.User, srv.Name))
+	res, err := createServerScript.Run(ctx, s.rdb, keys, args...).Result()
 	if err != nil {
 		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)
 	}
@@ -180,7 +205,7 @@ func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Serve
 		if err != nil {
 			return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)
 		}
-		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s is already %s (spawn %s); stop it first", fleet.ErrConflict, srv.Name, srv.User, f[0], f[1])
+		return fleet.Server{}, false, &fleet.StateError{Key: srv.ServerKey, State: fleet.State(f[0]), SpawnID: f[1], Want: v1.StatePending}
 	default:
 		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: unexpected script reply %q", srv.User, srv.Name, tag)
 	}
@@ -316,7 +341,7 @@ func (s *Store) Transition(ctx context.Context, k fleet.ServerKey, spawnID strin
 		if err != nil {
 			return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 		}
-		return fleet.Server{}, fmt.Errorf("%w: server %q of %s cannot move from %s to %s", fleet.ErrConflict, k.Name, k.User, f[0], to)
+		return fleet.Server{}, &fleet.StateError{Key: k, State: fleet.State(f[0]), Want: to}
 	default:
 		return fleet.Server{}, fmt.Errorf("transition server %s/%s: unexpected script reply %q", k.User, k.Name, tag)
 	}
@@ -348,9 +373,44 @@ func (s *Store) DeleteServer(ctx context.Context, k fleet.ServerKey, spawnID str
 		if tag == "spawn" {
 			return fmt.Errorf("%w: server %q of %s: spawn %s is not current (current spawn %s)", fleet.ErrConflict, k.Name, k.User, spawnID, f[0])
 		}
-		return fmt.Errorf("%w: server %q of %s is %s; only a stopped or failed server can be deleted", fleet.ErrConflict, k.Name, k.User, f[0])
+		return &fleet.StateError{Key: k, State: fleet.State(f[0]), Want: ""}
 	default:
 		return fmt.Errorf("delete server %s/%s: unexpected script reply %q", k.User, k.Name, tag)
+	}
+}
+
+// DiscardServer undoes a start of k that was refused before it held a
+// slice or a pod: if the record is spawnID's and still pending, placing or
+// creating, the record and its events go, and the stopped or failed
+// record that the start replaced (CreateServer) comes back, so a refused
+// start leaves nothing behind. It reports whether a record was removed; a
+// missing record is no error. A record of another spawn, or one that got
+// further, is left alone with an error wrapping fleet.ErrConflict.
+func (s *Store) DiscardServer(ctx context.Context, k fleet.ServerKey, spawnID string) (bool, error) {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	keys := append(s.serverKeys(k), s.k.ServerPrevious(k.User, k.Name))
+	res, err := discardServerScript.Run(ctx, s.rdb, keys, spawnID, k.Name, s.retention.Milliseconds()).Result()
+	if err != nil {
+		return false, fmt.Errorf("discard server %s/%s: %w", k.User, k.Name, err)
+	}
+	tag, rest, err := tagged(res)
+	if err != nil {
+		return false, fmt.Errorf("discard server %s/%s: %w", k.User, k.Name, err)
+	}
+	switch tag {
+	case "restored", "deleted":
+		return true, nil
+	case "absent":
+		return false, nil
+	case "spawn", "live":
+		f, err := stringsN(rest, 1)
+		if err != nil {
+			return false, fmt.Errorf("discard server %s/%s: %w", k.User, k.Name, err)
+		}
+		return false, fmt.Errorf("%w: discard server %q of %s: spawn %s is not discardable (%s %s)", fleet.ErrConflict, k.Name, k.User, spawnID, tag, f[0])
+	default:
+		return false, fmt.Errorf("discard server %s/%s: unexpected script reply %q", k.User, k.Name, tag)
 	}
 }
 
@@ -459,4 +519,124 @@ func decodeEvent(m redis.XMessage) (fleet.Event, error) {
 		return fleet.Event{}, fmt.Errorf("event %s: %w", m.ID, err)
 	}
 	return fleet.Event{ID: m.ID, SpawnID: str("spawn"), State: fleet.State(str("state")), Message: str("msg"), Time: t}, nil
+}
+
+// ServersPage returns up to limit servers (1..1000) of user, or of every
+// user when user is "", after the position after ("" = from the start),
+// ordered by user, then name (byte order of the raw names), and the
+// position of the next page ("" on the last). Positions are opaque
+// strings (URL-safe base64 of the last user and name); one that is not a
+// position this method returned wraps fleet.ErrInvalid. Records that
+// expired meanwhile are skipped.
+func (s *Store) ServersPage(ctx context.Context, user, after string, limit int) ([]fleet.Server, string, error) {
+	if limit < 1 || limit > 1000 {
+		return nil, "", fmt.Errorf("%w: page size %d is not 1..1000", fleet.ErrInvalid, limit)
+	}
+	var from fleet.ServerKey
+	if after != "" {
+		b, err := base64.RawURLEncoding.DecodeString(after)
+		u, n, ok := strings.Cut(string(b), "\x00")
+		if err != nil || !ok || u == "" {
+			return nil, "", fmt.Errorf("%w: the cursor %q is not one this list returned", fleet.ErrInvalid, after)
+		}
+		from = fleet.ServerKey{User: u, Name: n}
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	var keys []fleet.ServerKey
+	if user == "" {
+		members, err := s.rdb.SMembers(ctx, s.k.AllServers()).Result()
+		if err != nil {
+			return nil, "", fmt.Errorf("list servers: %w", err)
+		}
+		// Each member is prefix + "srv:" + escaped user + ":" + escaped name.
+		keyPrefix := strings.TrimSuffix(s.k.Server("", ""), ":")
+		for _, m := range members {
+			id, ok := strings.CutPrefix(m, keyPrefix)
+			eu, en, ok2 := strings.Cut(id, ":")
+			u, err1 := url.QueryUnescape(eu)
+			n, err2 := url.QueryUnescape(en)
+			if ok && ok2 && err1 == nil && err2 == nil {
+				keys = append(keys, fleet.ServerKey{User: u, Name: n})
+			}
+		}
+	} else {
+		names, err := s.rdb.SMembers(ctx, s.k.UserServers(user)).Result()
+		if err != nil {
+			return nil, "", fmt.Errorf("list servers of %s: %w", user, err)
+		}
+		for _, n := range names {
+			keys = append(keys, fleet.ServerKey{User: user, Name: n})
+		}
+	}
+	order := func(a, b fleet.ServerKey) int {
+		return cmp.Or(cmp.Compare(a.User, b.User), cmp.Compare(a.Name, b.Name))
+	}
+	if after != "" {
+		keys = slices.DeleteFunc(keys, func(k fleet.ServerKey) bool { return order(k, from) <= 0 })
+	}
+	slices.SortFunc(keys, order)
+	out := make([]fleet.Server, 0, min(limit, len(keys)))
+	for len(keys) > 0 && len(out) < limit {
+		batch := keys[:min(len(keys), limit-len(out))]
+		keys = keys[len(batch):]
+		cmds := make([]*redis.MapStringStringCmd, len(batch))
+		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range batch {
+				cmds[i] = p.HGetAll(ctx, s.k.Server(k.User, k.Name))
+			}
+			return nil
+		}); err != nil {
+			return nil, "", fmt.Errorf("list servers: %w", err)
+		}
+		for i, c := range cmds {
+			if len(c.Val()) == 0 {
+				continue // expired since the set was read
+			}
+			srv, err := decodeServer(c.Val())
+			if err != nil {
+				return nil, "", err
+			}
+			out = append(out, srv)
+			if len(out) == limit && (i < len(cmds)-1 || len(keys) > 0) {
+				last := batch[i]
+				return out, base64.RawURLEncoding.EncodeToString([]byte(last.User + "\x00" + last.Name)), nil
+			}
+		}
+	}
+	return out, "", nil
+}
+
+// QuotaUsed returns what user and each of groups hold now: servers, slice
+// memory (MiB) and guaranteed compute (percent), from the counters that
+// placement, resize and release charge in their scripts. A group nobody
+// holds anything in reads as zero.
+func (s *Store) QuotaUsed(ctx context.Context, user string, groups []string) (fleet.Quota, map[string]fleet.Quota, error) {
+	fields := []string{userUsage(user)}
+	for _, g := range groups {
+		fields = append(fields, groupUsage(g))
+	}
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	vals, err := s.rdb.HMGet(ctx, s.k.Usage(), fields...).Result()
+	if err != nil {
+		return fleet.Quota{}, nil, fmt.Errorf("read quota usage of %s: %w", user, err)
+	}
+	quotas := make([]fleet.Quota, len(fields))
+	for i, v := range vals {
+		str, present := v.(string) // absent fields are nil: zero
+		if !present {
+			continue
+		}
+		u, ok := parseUsage(str)
+		if !ok {
+			return fleet.Quota{}, nil, fmt.Errorf("read quota usage of %s: usage field %q is %q, want \"<servers> <MiB> <compute percent>\"", user, fields[i], str)
+		}
+		quotas[i] = fleet.Quota{Servers: int(u.servers), MemoryMiB: u.memMiB, ComputePercent: int(u.computePercent)}
+	}
+	byGroup := make(map[string]fleet.Quota, len(groups))
+	for i, g := range groups {
+		byGroup[g] = quotas[i+1]
+	}
+	return quotas[0], byGroup, nil
 }

@@ -53,6 +53,7 @@ func TestCreateServer(t *testing.T) {
 
 	want := pendingServer("alice", "nb", "spawn-1", "idem-1")
 	want.CreatedAt, want.UpdatedAt = clk.Now(), clk.Now()
+	want.Sharing = fleet.SharingSliced // a profile without a mode is sliced
 	got, created, err := s.CreateServer(t.Context(), pendingServer("alice", "nb", "spawn-1", "idem-1"))
 	if err != nil || !created {
 		t.Fatalf("CreateServer = %v, %v; want created", created, err)
@@ -79,7 +80,11 @@ func TestCreateServer(t *testing.T) {
 		if !errors.Is(err, fleet.ErrConflict) {
 			t.Fatalf("err = %v, want ErrConflict", err)
 		}
-		if got, want := fleet.Message(err), `server "nb" of alice is already pending (spawn spawn-1); stop it first`; got != want {
+		var se *fleet.StateError
+		if !errors.As(err, &se) || se.State != v1.StatePending || se.SpawnID != "spawn-1" {
+			t.Errorf("err = %#v, want a StateError naming state pending and spawn spawn-1", err)
+		}
+		if got, want := fleet.Message(err), `nb is already starting; wait for it, or stop it first to start it again`; got != want {
 			t.Errorf("message %q, want %q", got, want)
 		}
 	})
@@ -417,7 +422,7 @@ func TestListDeleteRestoreServers(t *testing.T) {
 			t.Fatalf("RestoreServer = %v, %v; want written", ok, err)
 		}
 		want := r
-		want.UpdatedAt = clk.Now()
+		want.UpdatedAt, want.Sharing = clk.Now(), fleet.SharingSliced
 		got, err := s.GetServer(t.Context(), r.ServerKey)
 		if diff := cmp.Diff(want, got); err != nil || diff != "" {
 			t.Errorf("restored record (-want +got), err %v:\n%s", err, diff)

@@ -40,6 +40,11 @@ type Store struct {
 	now       func() time.Time
 	opTimeout time.Duration // DefaultOpTimeout
 	retention time.Duration // DefaultRetention
+	// waitReplicas and waitTimeout: Place's WAIT (WithWaitReplicas);
+	// replicas caches how many replicas are online.
+	waitReplicas int
+	waitTimeout  time.Duration
+	replicas     *replicaCount
 }
 
 // Option configures a Store.
@@ -63,6 +68,28 @@ func WithBlockingClient(c redis.UniversalClient) Option {
 	}
 }
 
+// WithWaitReplicas makes Place wait until min(n, the replicas online)
+// Redis replicas have acknowledged the placement (WAIT, on the connection
+// that ran the script, so every earlier write is covered too), at most
+// timeout. A placement that fewer acknowledged in time (and fewer than are
+// online after the wait) is released again and refused with an error
+// wrapping fleet.ErrUnavailable. So the caller creates a pod only for a
+// placement that every replica a Sentinel failover could promote holds
+// (Sentinel promotes the replica with the most replicated data); with no
+// replica online there is none to promote. The replicas online are read
+// from INFO replication (state=online) at most once a second, and at once
+// after a wait fell short. Default n = 0: no wait (a single Redis). n <= 0
+// or timeout <= 0 turns the wait off.
+func WithWaitReplicas(n int, timeout time.Duration) Option {
+	return func(s *Store) {
+		if n > 0 && timeout > 0 {
+			s.waitReplicas, s.waitTimeout = n, timeout
+		} else {
+			s.waitReplicas, s.waitTimeout = 0, 0
+		}
+	}
+}
+
 // New returns a Store on client with every key under prefix, followed by
 // the hash tag {gpubroker} (redisschema.New). prefix may be ""; it must be the same for every
 // broker replica sharing the fleet and must not contain '{' or '}' (they
@@ -74,6 +101,7 @@ func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 		now:       time.Now,
 		opTimeout: DefaultOpTimeout,
 		retention: DefaultRetention,
+		replicas:  &replicaCount{},
 	}
 	for _, o := range opts {
 		o(s)

@@ -17,7 +17,7 @@ import (
 func runningLab(t *testing.T, f *serverstest.Fixture) (fleet.ServerKey, fleet.Server) {
 	t.Helper()
 	key := fleet.ServerKey{User: "alice", Name: "lab"}
-	rec, _, err := f.Service.Create(t.Context(), "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
+	rec, _, err := f.Service.Create(t.Context(), serverstest.By, "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}

@@ -14,7 +14,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // reservedEnvPrefixes are set by gpubroker on every pod; a request may not
 // override them, or a notebook could lift its own limits.
-var reservedEnvPrefixes = []string{"GPUBROKER_", "NVIDIA_", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", v1.EnvNotebookToken}
+var reservedEnvPrefixes = []string{"GPUBROKER_", "NVIDIA_", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_", "LD_PRELOAD", v1.EnvNotebookToken}
 
 // secretWords mark an env name as a credential: its value goes into the
 // server's Secret even when the caller sent it as plain env (JupyterHub

@@ -50,8 +50,13 @@ func (s *Service) apply(ctx context.Context, rec fleet.Server, ev spawner.PodEve
 	case spawner.PhaseRunning:
 		if rec.State == v1.StateStarting {
 			url, pod := ev.URL, ev.Pod
-			_, err = s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateRunning,
+			var out fleet.Server
+			out, err = s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateRunning,
 				fmt.Sprintf("running at %s", ev.URL), fleet.ServerPatch{URL: &url, Pod: &pod})
+			if err == nil {
+				// Only the replica whose transition won counts the spawn.
+				s.metrics.ObserveSpawn(out.Profile, OutcomeRunning, out.UpdatedAt.Sub(out.CreatedAt))
+			}
 		}
 	case spawner.PhaseFailed:
 		switch rec.State {
@@ -71,6 +76,36 @@ func (s *Service) apply(ctx context.Context, rec fleet.Server, ev spawner.PodEve
 		}
 	}
 	return ignoreConflict(err)
+}
+
+// Resume catches up a server record that fell behind its pod: a record
+// still pending or placing although the pod of its spawn exists. That
+// happens only when writes that came after a confirmed placement were lost
+// (a Redis failover that promoted a replica missing them), since a live
+// spawn creates its pod only after recording creating. The record moves to
+// creating with alloc (the pod's slice, which the caller restored), from
+// where the pod's events carry it on. It reports whether it moved the
+// record; a record in any other state, or that moved on meanwhile, is left
+// alone.
+func (s *Service) Resume(ctx context.Context, rec fleet.Server, alloc fleet.Allocation) (bool, error) {
+	var err error
+	switch rec.State {
+	case v1.StatePending:
+		rec, err = s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StatePlacing, "resumed from its pod after the store lost its progress", fleet.ServerPatch{})
+		if err != nil {
+			return false, ignoreConflict(err)
+		}
+	case v1.StatePlacing:
+	default:
+		return false, nil
+	}
+	msg := fmt.Sprintf("placed %d MiB and %d%% compute on GPU %s (node %s); the pod exists (resumed after the store lost its progress)",
+		alloc.Slice.MemoryMiB, alloc.Slice.ComputePercent, alloc.GPUUUID, alloc.Node)
+	if _, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateCreating, msg, fleet.ServerPatch{Allocation: &alloc}); err != nil {
+		return false, ignoreConflict(err)
+	}
+	s.log.WarnContext(ctx, "server record resumed from its pod", "user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
+	return true, nil
 }
 
 // ignoreConflict drops a refused transition: another replica or request

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
 	"github.com/gpubroker/gpubroker/spawner"
@@ -83,9 +85,9 @@ func WithResize(c ResizeConfig) Option {
 }
 
 // Resize changes the GPU slice of the running server key to want, on the
-// GPU it already holds, while the notebook keeps running. actor is who
-// asks (the user, an admin, "reclaim"); it is named in the event when it
-// is not the server's user.
+// GPU it already holds, while the notebook keeps running. by is who asks
+// (the user, the hub, an admin, the reclaimer); it is named in the event
+// when it is not the server's user, and the resize is audited.
 //
 // The store checks and charges the change atomically (room on the GPU, the
 // user's and groups' quotas for the growth); the pod's annotations are
@@ -101,7 +103,20 @@ func WithResize(c ResizeConfig) Option {
 // Errors: fleet.ErrInvalid (bad names or slice), fleet.ErrNotFound,
 // fleet.ErrConflict (not running; memory in use or unknown), fleet.ErrNoCapacity
 // (the GPU lacks room), *fleet.QuotaError; others are internal.
-func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, actor string) (fleet.ResizeResult, error) {
+func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, by audit.Actor) (fleet.ResizeResult, error) {
+	res, err := s.resizeSlice(ctx, key, want, by)
+	if !errors.Is(err, fleet.ErrInvalid) && !errors.Is(err, fleet.ErrNotFound) {
+		in := map[string]string{"memoryMiB": strconv.FormatInt(want.MemoryMiB, 10), "computePercent": strconv.Itoa(want.ComputePercent),
+			"computeLimitPercent": strconv.Itoa(want.ComputeLimitPercent)}
+		if res.Server.SpawnID != "" {
+			in["spawnId"] = res.Server.SpawnID
+		}
+		s.record(ctx, by, auditResize, key, in, err)
+	}
+	return res, err
+}
+
+func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, want fleet.Slice, by audit.Actor) (fleet.ResizeResult, error) {
 	cfg := s.resize
 	if cfg == nil {
 		return fleet.ResizeResult{}, errors.New("servers: resize is not configured")
@@ -114,7 +129,7 @@ func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Sl
 		return fleet.ResizeResult{}, err
 	}
 	if rec.State != v1.StateRunning || rec.Allocation == nil {
-		return fleet.ResizeResult{}, fmt.Errorf("%w: server %q is %s; only a running server can be resized", fleet.ErrConflict, key.Name, rec.State)
+		return fleet.ResizeResult{}, fmt.Errorf("%w: %s %s; only a running server can be resized", fleet.ErrConflict, key.Name, fleet.Doing(rec.State))
 	}
 	if want.MemoryMiB < rec.Slice.MemoryMiB {
 		if err := s.checkMemoryUse(ctx, cfg.Quotas, rec.SpawnID, want.MemoryMiB); err != nil {
@@ -126,10 +141,8 @@ func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Sl
 	if want.ComputeLimitPercent > want.ComputePercent {
 		msg += fmt.Sprintf(" (up to %d%%)", want.ComputeLimitPercent)
 	}
-	if actor != "" && actor != key.User {
-		msg += " by " + actor
-	}
-	out, err := s.resizeRecorded(ctx, key, rec, want, msg, actor)
+	msg += byText(by, key.User)
+	out, err := s.resizeRecorded(ctx, key, rec, want, msg, by.Name)
 	if err != nil {
 		return fleet.ResizeResult{}, err
 	}
@@ -221,7 +234,7 @@ func (s *Service) checkMemoryUse(ctx context.Context, q LiveQuotas, slice string
 		}
 		return fmt.Errorf("%w: the notebook's current GPU memory use is unknown (%s); memory cannot shrink until it is known", fleet.ErrConflict, why)
 	case *sample.MemoryUsedMiB > wantMiB:
-		return fmt.Errorf("%w: the notebook uses %d MiB now; memory cannot shrink below that", fleet.ErrConflict, *sample.MemoryUsedMiB)
+		return &fleet.InUseError{UsedMiB: *sample.MemoryUsedMiB, WantMiB: wantMiB}
 	}
 	return nil
 }

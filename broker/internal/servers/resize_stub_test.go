@@ -119,7 +119,7 @@ func TestResizeOnStubChangesTheHooksLimit(t *testing.T) {
 	}
 
 	// Grow: 16 GiB, applied; the same process may now hold 12 GiB.
-	res, err := r.svc.Resize(ctx, r.key, fleet.Slice{MemoryMiB: 16384, ComputePercent: 30, ComputeLimitPercent: 60}, "alice")
+	res, err := r.svc.Resize(ctx, r.key, fleet.Slice{MemoryMiB: 16384, ComputePercent: 30, ComputeLimitPercent: 60}, serverstest.By)
 	if err != nil || !res.Applied {
 		t.Fatalf("grow: %+v, %v; want applied", res, err)
 	}
@@ -141,7 +141,7 @@ func TestResizeOnStubChangesTheHooksLimit(t *testing.T) {
 		used = *s.MemoryUsedMiB
 		return true, ""
 	})
-	_, err = r.svc.Resize(ctx, r.key, fleet.Slice{MemoryMiB: 4096, ComputePercent: 30, ComputeLimitPercent: 60}, "alice")
+	_, err = r.svc.Resize(ctx, r.key, fleet.Slice{MemoryMiB: 4096, ComputePercent: 30, ComputeLimitPercent: 60}, serverstest.By)
 	want := fmt.Sprintf("the notebook uses %d MiB now; memory cannot shrink below that", used)
 	if err == nil || fleet.Message(err) != want {
 		t.Fatalf("shrink below use: err = %v, want %q", err, want)
@@ -158,7 +158,7 @@ func TestResizeOnStubChangesTheHooksLimit(t *testing.T) {
 		s, err := r.store.LatestSample(ctx, r.spawn)
 		return err == nil && s.MemoryUsedMiB != nil && !s.Stale(time.Now()) && *s.MemoryUsedMiB < 2048, fmt.Sprintf("%+v %v", s, err)
 	})
-	res, err = r.svc.Resize(ctx, r.key, fleet.Slice{MemoryMiB: 2048, ComputePercent: 10, ComputeLimitPercent: 10}, "alice")
+	res, err = r.svc.Resize(ctx, r.key, fleet.Slice{MemoryMiB: 2048, ComputePercent: 10, ComputeLimitPercent: 10}, serverstest.By)
 	if err != nil || !res.Applied || res.Generation != 2 {
 		t.Fatalf("shrink: %+v, %v; want applied generation 2", res, err)
 	}
@@ -206,7 +206,7 @@ func TestResizeLatencyToHook(t *testing.T) {
 	for i := range rounds {
 		mem := int64(4096 + 4096*(i%2))
 		start := time.Now()
-		res, err := r.svc.Resize(t.Context(), r.key, fleet.Slice{MemoryMiB: mem, ComputePercent: 20, ComputeLimitPercent: 50}, "alice")
+		res, err := r.svc.Resize(t.Context(), r.key, fleet.Slice{MemoryMiB: mem, ComputePercent: 20, ComputeLimitPercent: 50}, serverstest.By)
 		if err != nil {
 			t.Fatalf("round %d: %v", i, err)
 		}

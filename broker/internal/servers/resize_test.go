@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
@@ -32,7 +33,7 @@ func newResizeFixture(t *testing.T, wait time.Duration) *resizeFixture {
 	t.Helper()
 	f := serverstest.New(t)
 	key := fleet.ServerKey{User: "alice", Name: "lab"}
-	s, _, err := f.Service.Create(t.Context(), "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
+	s, _, err := f.Service.Create(t.Context(), serverstest.By, "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
@@ -104,7 +105,7 @@ func TestResizeAppliedWhenTheAgentAcknowledges(t *testing.T) {
 	f := newResizeFixture(t, 5*time.Second)
 	f.runAgent(t)
 	want := fleet.Slice{MemoryMiB: 16384, ComputePercent: 30, ComputeLimitPercent: 60}
-	res, err := f.svc.Resize(t.Context(), f.key, want, "alice")
+	res, err := f.svc.Resize(t.Context(), f.key, want, serverstest.By)
 	if err != nil {
 		t.Fatalf("Resize: %v", err)
 	}
@@ -138,12 +139,12 @@ func TestResizeAppliedWhenTheAgentAcknowledges(t *testing.T) {
 	}
 
 	t.Run("an admin's resize names the admin", func(t *testing.T) {
-		res, err := f.svc.Resize(t.Context(), f.key, fleet.Slice{MemoryMiB: 16384, ComputePercent: 10, ComputeLimitPercent: 10}, "reclaim")
+		res, err := f.svc.Resize(t.Context(), f.key, fleet.Slice{MemoryMiB: 16384, ComputePercent: 10, ComputeLimitPercent: 10}, audit.Actor{Name: "root", Kind: v1.ActorAdmin})
 		if err != nil || !res.Applied || res.Generation != 2 {
 			t.Fatalf("Resize = %+v, %v; want applied generation 2", res, err)
 		}
 		evs, _ := f.svc.Events(t.Context(), f.key, "", 0)
-		if got := evs[len(evs)-1].Message; got != "resized to 16384 MiB and 10% compute by reclaim" {
+		if got := evs[len(evs)-1].Message; got != "resized to 16384 MiB and 10% compute by root (an administrator)" {
 			t.Errorf("event = %q", got)
 		}
 	})
@@ -151,7 +152,7 @@ func TestResizeAppliedWhenTheAgentAcknowledges(t *testing.T) {
 
 func TestResizePendingWithoutAnAgent(t *testing.T) {
 	f := newResizeFixture(t, 50*time.Millisecond)
-	res, err := f.svc.Resize(t.Context(), f.key, fleet.Slice{MemoryMiB: 20480, ComputePercent: 20, ComputeLimitPercent: 50}, "alice")
+	res, err := f.svc.Resize(t.Context(), f.key, fleet.Slice{MemoryMiB: 20480, ComputePercent: 20, ComputeLimitPercent: 50}, serverstest.By)
 	if err != nil {
 		t.Fatalf("Resize: %v", err)
 	}
@@ -159,7 +160,7 @@ func TestResizePendingWithoutAnAgent(t *testing.T) {
 		t.Errorf("result = applied %v gen %d deadline %v; want pending gen 1 deadline %v", res.Applied, res.Generation, res.Deadline, f.Clock.Now().Add(30*time.Second))
 	}
 	t.Run("asking again re-sends the same slice", func(t *testing.T) {
-		res, err := f.svc.Resize(t.Context(), f.key, fleet.Slice{MemoryMiB: 20480, ComputePercent: 20, ComputeLimitPercent: 50}, "alice")
+		res, err := f.svc.Resize(t.Context(), f.key, fleet.Slice{MemoryMiB: 20480, ComputePercent: 20, ComputeLimitPercent: 50}, serverstest.By)
 		if err != nil || res.Generation != 2 || res.Applied {
 			t.Errorf("Resize = %+v, %v; want pending generation 2", res, err)
 		}
@@ -207,7 +208,7 @@ func TestResizeMemoryShrink(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newResizeFixture(t, 20*time.Millisecond)
 			tc.setup(t, f)
-			_, err := f.svc.Resize(t.Context(), f.key, shrink, "alice")
+			_, err := f.svc.Resize(t.Context(), f.key, shrink, serverstest.By)
 			if tc.errIs == nil {
 				if err != nil {
 					t.Fatalf("Resize: %v", err)
@@ -246,7 +247,7 @@ func TestResizeRefusals(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := f.svc.Resize(t.Context(), tc.key, tc.slice, "alice")
+			_, err := f.svc.Resize(t.Context(), tc.key, tc.slice, serverstest.By)
 			if tc.errIs == nil {
 				if err != nil {
 					t.Errorf("Resize: %v", err)
@@ -259,15 +260,15 @@ func TestResizeRefusals(t *testing.T) {
 		})
 	}
 	t.Run("a second server cannot grow past the user's quota", func(t *testing.T) {
-		if _, _, err := f.Service.Create(t.Context(), "alice", nil, "two", v1.CreateServerRequest{Profile: "small"}, "k2"); !errors.Is(err, fleet.ErrQuotaExceeded) {
+		if _, _, err := f.Service.Create(t.Context(), serverstest.By, "alice", nil, "two", v1.CreateServerRequest{Profile: "small"}, "k2"); !errors.Is(err, fleet.ErrQuotaExceeded) {
 			t.Fatalf("Create with the quota used up = %v, want ErrQuotaExceeded", err)
 		}
 	})
 	t.Run("a server that is not running", func(t *testing.T) {
-		if _, err := f.Service.Delete(t.Context(), f.key); err != nil {
+		if _, err := f.Service.Delete(t.Context(), serverstest.By, f.key); err != nil {
 			t.Fatal(err)
 		}
-		_, err := f.svc.Resize(t.Context(), f.key, fleet.Slice{MemoryMiB: 2048, ComputePercent: 10, ComputeLimitPercent: 10}, "alice")
+		_, err := f.svc.Resize(t.Context(), f.key, fleet.Slice{MemoryMiB: 2048, ComputePercent: 10, ComputeLimitPercent: 10}, serverstest.By)
 		if !errors.Is(err, fleet.ErrConflict) || !strings.Contains(err.Error(), "only a running server can be resized") {
 			t.Errorf("err = %v, want a conflict", err)
 		}
@@ -279,7 +280,7 @@ func TestResizeRefusals(t *testing.T) {
 
 func TestResizeNotConfigured(t *testing.T) {
 	f := serverstest.New(t)
-	if _, err := f.Service.Resize(t.Context(), fleet.ServerKey{User: "a", Name: "b"}, fleet.Slice{MemoryMiB: 1, ComputePercent: 1, ComputeLimitPercent: 1}, "a"); err == nil || errors.Is(err, fleet.ErrInvalid) {
+	if _, err := f.Service.Resize(t.Context(), fleet.ServerKey{User: "a", Name: "b"}, fleet.Slice{MemoryMiB: 1, ComputePercent: 1, ComputeLimitPercent: 1}, serverstest.By); err == nil || errors.Is(err, fleet.ErrInvalid) {
 		t.Errorf("err = %v, want an internal error", err)
 	}
 }

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/spawner"
 )
@@ -21,10 +23,20 @@ type Store interface {
 	Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Allocation, error)
 	Release(ctx context.Context, sliceID string) (bool, error)
 	CreateServer(ctx context.Context, s fleet.Server) (fleet.Server, bool, error)
+	DiscardServer(ctx context.Context, k fleet.ServerKey, spawnID string) (bool, error)
+	DeleteServer(ctx context.Context, k fleet.ServerKey, spawnID string) error
 	GetServer(ctx context.Context, k fleet.ServerKey) (fleet.Server, error)
 	ListServers(ctx context.Context, user string) ([]fleet.Server, error)
+	ServersPage(ctx context.Context, user, after string, limit int) ([]fleet.Server, string, error)
+	QuotaUsed(ctx context.Context, user string, groups []string) (fleet.Quota, map[string]fleet.Quota, error)
 	Transition(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, error)
 	Events(ctx context.Context, k fleet.ServerKey, afterID string, block time.Duration) ([]fleet.Event, error)
+}
+
+// AuditLog receives the audit entry of every lifecycle action (implemented
+// by redisstore.AuditLog).
+type AuditLog interface {
+	AppendAudit(ctx context.Context, e audit.Entry) error
 }
 
 // Pods creates and deletes notebook pods (implemented by spawner.Client).
@@ -52,7 +64,66 @@ type Service struct {
 	newID   func() string
 	kick    func()
 	resize  *ResizeConfig // nil: Resize is not configured (WithResize)
+	metrics Metrics
+	audit   AuditLog // nil: actions are not audited (WithAudit)
 }
+
+// Metrics receives the lifecycle's measurements (implemented by
+// broker/internal/metrics). Its methods must be safe for concurrent use
+// and must not block.
+type Metrics interface {
+	// ObservePlacement records one placement's duration and, for a
+	// refusal, its reason (Refusal's values); "" for a placement.
+	ObservePlacement(d time.Duration, refusal string)
+	// ObserveSpawn records a spawn that ended: its profile, its outcome
+	// (OutcomeRunning, OutcomeFailed, OutcomeRefused) and the time since
+	// the server's create.
+	ObserveSpawn(profile, outcome string, d time.Duration)
+}
+
+// The outcomes of a spawn, as Metrics receives them.
+const (
+	OutcomeRunning = "running"
+	OutcomeFailed  = "failed"
+	OutcomeRefused = "refused"
+)
+
+// Refusal names a placement refusal for Metrics: capacity, quota,
+// not_ready (allocations being rebuilt), not_durable (the store could not
+// confirm it) or error.
+func Refusal(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, fleet.ErrNoCapacity):
+		return "capacity"
+	case errors.Is(err, fleet.ErrQuotaExceeded):
+		return "quota"
+	case errors.Is(err, fleet.ErrNotReady):
+		return "not_ready"
+	case errors.Is(err, fleet.ErrUnavailable):
+		return "not_durable"
+	default:
+		return "error"
+	}
+}
+
+// outcome names how a spawn that did not reach running ended: refused for
+// the caller's own limits and the broker's refusals, failed otherwise.
+func outcome(cause error) string {
+	for _, refused := range []error{fleet.ErrNoCapacity, fleet.ErrQuotaExceeded, fleet.ErrInvalid, fleet.ErrForbidden, fleet.ErrNotReady, fleet.ErrUnavailable} {
+		if errors.Is(cause, refused) {
+			return OutcomeRefused
+		}
+	}
+	return OutcomeFailed
+}
+
+// noMetrics discards measurements.
+type noMetrics struct{}
+
+func (noMetrics) ObservePlacement(time.Duration, string)     {}
+func (noMetrics) ObserveSpawn(string, string, time.Duration) {}
 
 // Option configures a Service.
 type Option func(*Service)
@@ -66,9 +137,23 @@ func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = 
 // WithSpawnIDs sets the spawn id generator; default 16 random hex digits.
 func WithSpawnIDs(f func() string) Option { return func(s *Service) { s.newID = f } }
 
+// WithMetrics sets where measurements go; default nowhere.
+func WithMetrics(m Metrics) Option {
+	return func(s *Service) {
+		if m != nil {
+			s.metrics = m
+		}
+	}
+}
+
 // WithReconcileTrigger sets a function called when placement is refused
 // because allocations are being rebuilt, so the reconciler runs at once.
 func WithReconcileTrigger(f func()) Option { return func(s *Service) { s.kick = f } }
+
+// WithAudit records every lifecycle action (create, stop, remove, resize)
+// in log, with who did it and the inputs (ARCHITECTURE.md invariant 6).
+// Without it nothing is audited (tests).
+func WithAudit(log AuditLog) Option { return func(s *Service) { s.audit = log } }
 
 // New returns a Service over its dependencies.
 func New(store Store, pods Pods, catalog Catalog, log *slog.Logger, opts ...Option) *Service {
@@ -79,6 +164,7 @@ func New(store Store, pods Pods, catalog Catalog, log *slog.Logger, opts ...Opti
 		now:     time.Now,
 		newID:   randomID,
 		kick:    func() {},
+		metrics: noMetrics{},
 	}
 	for _, o := range opts {
 		o(s)
@@ -94,11 +180,21 @@ func randomID() string {
 
 // Create starts server name for user with the given profile, or returns the
 // server that a create with the same idempotency key already started
-// (created is then false). Refusals come back as errors matching
+// (created is then false). by is who asks (the user, the hub acting for
+// them, an admin); the action is audited.
+//
+// A start that is refused leaves nothing behind: errors matching
 // fleet.ErrInvalid, fleet.ErrForbidden, fleet.ErrConflict, fleet.ErrNoCapacity,
-// fleet.ErrQuotaExceeded or fleet.ErrNotReady; the server is then recorded
-// as failed with the same readable message.
-func (s *Service) Create(ctx context.Context, user string, groups []string, name string, req v1.CreateServerRequest, idempotencyKey string) (fleet.Server, bool, error) {
+// fleet.ErrQuotaExceeded or fleet.ErrNotReady come back with no server
+// recorded (a stopped or failed record that the start replaced is put
+// back). An error is never stored as the key's outcome: a retry with the
+// same key after an error runs again. When Redis or the Kubernetes API
+// server stops answering midway, the error is a *fleet.UnavailableError
+// saying that the server may have started, and the record stays as far as
+// it got: the same-key retry carries the start on from there (every step is
+// idempotent), and without one the pod's own events or the reconciler
+// settle it.
+func (s *Service) Create(ctx context.Context, by audit.Actor, user string, groups []string, name string, req v1.CreateServerRequest, idempotencyKey string) (fleet.Server, bool, error) {
 	if err := errors.Join(fleet.ValidateName("user", user), fleet.ValidateName("server", name)); err != nil {
 		return fleet.Server{}, false, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}
@@ -121,106 +217,248 @@ func (s *Service) Create(ctx context.Context, user string, groups []string, name
 		// so it must not match a finished spawn's (also empty) key.
 		idempotencyKey = "auto-" + s.newID()
 	}
+	key := fleet.ServerKey{User: user, Name: name}
 	now := s.now()
 	rec, created, err := s.store.CreateServer(ctx, fleet.Server{
-		ServerKey:      fleet.ServerKey{User: user, Name: name},
+		ServerKey:      key,
 		Profile:        prof.Name,
 		SpawnID:        s.newID(),
 		IdempotencyKey: idempotencyKey,
 		State:          v1.StatePending,
-		Message:        fmt.Sprintf("server requested with profile %s", prof.DisplayName),
+		Message:        fmt.Sprintf("server requested with profile %s (%s)", prof.DisplayName, prof.Words()),
 		Slice:          prof.Slice,
+		Sharing:        fleet.ModeOf(prof.Sharing),
+		MIGProfile:     prof.MIGProfile,
 		CreatedAt:      now,
 		UpdatedAt:      now,
 	})
 	if err != nil {
-		return rec, false, err
+		return fleet.Server{}, false, unknown(err, name+" may or may not have started")
 	}
-	if !created {
-		if rec.Profile != prof.Name {
-			return rec, false, fmt.Errorf("%w: Idempotency-Key %q was already used for a create with profile %q; use a new key for another request",
-				fleet.ErrConflict, idempotencyKey, rec.Profile)
-		}
-		return rec, false, nil
+	if !created && rec.Profile != prof.Name {
+		return rec, false, fmt.Errorf("%w: Idempotency-Key %q was already used for a create with profile %q; use a new key for another request",
+			fleet.ErrConflict, idempotencyKey, rec.Profile)
 	}
 	// From here on the server exists: finish on a context the caller cannot
 	// cancel, so a hung-up client leaves no half-created server.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
+	if !created && !starting(rec.State) {
+		return rec, false, nil // a retry of a create that got past its steps
+	}
 	// Every spawn gets its own notebook token, in its Secret only; the
 	// proxy adds it to the requests it forwards (ARCHITECTURE.md invariant 7).
+	// A same-key retry makes a new one: only the attempt that creates the
+	// pod writes its Secret.
 	secret[v1.EnvNotebookToken] = newNotebookToken()
 	command, args := req.Command, req.Args
 	if command == nil && args == nil {
 		command, args = prof.Command, prof.Args
 	}
-	rec, err = s.spawn(ctx, rec, prof, groups, plain, secret, command, args)
-	return rec, true, err
+	// A new start, or the same-key retry of one that did not finish its
+	// steps (still running, or cut off by an outage): carry it on.
+	out, err := s.spawn(ctx, rec, prof, groups, plain, secret, command, args)
+	if !created && errors.Is(err, errUndone) {
+		// The first attempt was refused and undone while this retry
+		// joined it: the retry runs again, as a start of its own.
+		return s.Create(ctx, by, user, groups, name, req, idempotencyKey)
+	}
+	if created {
+		s.record(ctx, by, auditCreate, key, createInputs(rec, prof, req, err), err)
+	}
+	return out, created, err
 }
 
-// spawn places the slice and creates the pod for a pending record.
+// errUndone means that the start a step belonged to was undone (refused
+// and discarded, or removed) meanwhile.
+var errUndone = fmt.Errorf("%w: the start was undone meanwhile", fleet.ErrConflict)
+
+// refusal reports whether a placement error refuses the start for a reason
+// the caller can read (and nothing was placed), as opposed to an outage.
+func refusal(err error) bool {
+	for _, s := range []error{fleet.ErrInvalid, fleet.ErrNotReady, fleet.ErrQuotaExceeded, fleet.ErrNoCapacity, fleet.ErrForbidden} {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// starting reports whether s is a step of a start before its pod exists.
+func starting(s fleet.State) bool {
+	return s == v1.StatePending || s == v1.StatePlacing || s == v1.StateCreating
+}
+
+// spawn carries a start on from the state rec is in: it places the slice,
+// creates the pod and records each step. Every step is idempotent, so two
+// calls for one spawn (a retry while the first still runs) do no harm. A
+// refusal undoes the start (refuse); an outage leaves it as far as it got.
 func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profile, groups []string, plain, secret map[string]string, command, args []string) (fleet.Server, error) {
 	log := s.log.With("user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
-	rec, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StatePlacing, "looking for a GPU with room for the slice", fleet.ServerPatch{})
-	if err != nil {
-		return rec, fmt.Errorf("server %s/%s: %w", rec.User, rec.Name, err)
-	}
-	userQuota, groupQuotas := s.catalog.Quotas().ForUser(rec.User, groups)
-	alloc, err := s.store.Place(ctx, fleet.PlaceRequest{
-		SliceID: rec.SpawnID, User: rec.User, Slice: prof.Slice, Model: prof.Model,
-		Policy: s.policy, UserQuota: userQuota, GroupQuotas: groupQuotas,
-	})
-	if err != nil {
-		if errors.Is(err, fleet.ErrNotReady) {
-			s.kick()
+	for {
+		var err error
+		switch rec.State {
+		case v1.StatePending:
+			rec, err = s.step(ctx, rec, v1.StatePlacing, placingMessage(prof), fleet.ServerPatch{})
+		case v1.StatePlacing:
+			userQuota, groupQuotas := s.catalog.Quotas().ForUser(rec.User, groups)
+			placeStart := time.Now()
+			alloc, perr := s.store.Place(ctx, fleet.PlaceRequest{
+				SliceID: rec.SpawnID, User: rec.User, Slice: prof.Slice, Model: prof.Model,
+				Sharing: fleet.ModeOf(prof.Sharing), MIGProfile: prof.MIGProfile,
+				Policy: s.policy, UserQuota: userQuota, GroupQuotas: groupQuotas,
+			})
+			s.metrics.ObservePlacement(time.Since(placeStart), Refusal(perr))
+			if perr != nil {
+				if errors.Is(perr, fleet.ErrNotReady) {
+					s.kick()
+				}
+				if refusal(perr) {
+					return s.refuse(ctx, rec, perr)
+				}
+				// An outage, or a reply lost: the slice may be placed. The
+				// same-key retry places again (the same slice id finds it),
+				// or the reconciler settles the record.
+				return rec, unknown(perr, rec.Name+" may or may not have started")
+			}
+			log.InfoContext(ctx, "slice placed", "gpu_uuid", alloc.GPUUUID, "node", alloc.Node, "mem_mib", alloc.Slice.MemoryMiB, "sm_percent", alloc.Slice.ComputePercent)
+			rec, err = s.step(ctx, rec, v1.StateCreating, placedMessage(alloc), fleet.ServerPatch{Allocation: &alloc})
+		case v1.StateCreating:
+			if rec.Allocation == nil {
+				return rec, fmt.Errorf("server %s/%s: creating without an allocation", rec.User, rec.Name)
+			}
+			alloc := *rec.Allocation
+			spec := spawner.Spec{
+				User: rec.User, Server: rec.Name, SpawnID: rec.SpawnID, Profile: prof.Name,
+				Image: prof.Image, CPU: prof.CPU, Memory: prof.Memory, Slice: alloc.Slice,
+				Sharing:     alloc.Sharing,
+				GPU:         v1.GPURef{UUID: alloc.GPUUUID, Node: alloc.Node, MIGProfile: alloc.MIGProfile, ParentUUID: alloc.Parent},
+				QuotaGroups: alloc.Groups, Env: plain, SecretEnv: len(secret) > 0,
+				Command: slices.Clone(command), Args: slices.Clone(args), IdempotencyKey: rec.IdempotencyKey,
+			}
+			if perr := s.pods.Create(ctx, spec, secret); perr != nil {
+				switch {
+				case errors.Is(perr, spawner.ErrUnavailable):
+					return rec, &fleet.UnavailableError{Part: fleet.PartKubernetes, Unknown: rec.Name + " may or may not have started", Err: perr}
+				case errors.Is(perr, spawner.ErrRejected):
+					// A refusal for good (ResourceQuota, admission, validation)
+					// is the caller's to read, not an internal failure.
+					return s.refuse(ctx, rec, fmt.Errorf("%w: the cluster refused the notebook pod: %s", fleet.ErrConflict, innermost(perr)))
+				case errors.Is(perr, spawner.ErrPodExists):
+					return s.refuse(ctx, rec, fmt.Errorf("%w: the notebook pod of an earlier start of %s is still shutting down; start it again in a few seconds", fleet.ErrConflict, rec.Name))
+				case errors.Is(perr, spawner.ErrInvalid), errors.Is(perr, spawner.ErrNotOwned):
+					return s.refuse(ctx, rec, fmt.Errorf("%w: %s", fleet.ErrConflict, innermost(perr)))
+				}
+				return s.fail(ctx, rec, perr, true), perr
+			}
+			pod := spawner.PodName(rec.User, rec.Name)
+			rec, err = s.step(ctx, rec, v1.StateStarting, "pod created; waiting for it to start", fleet.ServerPatch{Pod: &pod})
+		default:
+			return rec, nil
 		}
-		return s.fail(ctx, rec, err, false), err
-	}
-	log.InfoContext(ctx, "slice placed", "gpu_uuid", alloc.GPUUUID, "node", alloc.Node, "mem_mib", alloc.Slice.MemoryMiB, "sm_percent", alloc.Slice.ComputePercent)
-	msg := fmt.Sprintf("placed %d MiB and %d%% compute on GPU %s (node %s); creating the pod", alloc.Slice.MemoryMiB, alloc.Slice.ComputePercent, alloc.GPUUUID, alloc.Node)
-	rec, err = s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateCreating, msg, fleet.ServerPatch{Allocation: &alloc})
-	if err != nil {
-		// Another actor (a delete, the reconciler) moved the server on; it
-		// now owns the slice's release.
-		return rec, fmt.Errorf("server %s/%s: %w", rec.User, rec.Name, err)
-	}
-	spec := spawner.Spec{
-		User: rec.User, Server: rec.Name, SpawnID: rec.SpawnID, Profile: prof.Name,
-		Image: prof.Image, CPU: prof.CPU, Memory: prof.Memory, Slice: alloc.Slice,
-		GPU:         v1.GPURef{UUID: alloc.GPUUUID, Node: alloc.Node},
-		QuotaGroups: alloc.Groups, Env: plain, SecretEnv: len(secret) > 0,
-		Command: slices.Clone(command), Args: slices.Clone(args),
-	}
-	if err := s.pods.Create(ctx, spec, secret); err != nil {
-		switch {
-		case errors.Is(err, spawner.ErrRejected):
-			// A refusal for good (ResourceQuota, admission, validation) is
-			// the caller's to read, not an internal failure.
-			err = fmt.Errorf("%w: the cluster refused the notebook pod: %s", fleet.ErrConflict, innermost(err))
-		case errors.Is(err, spawner.ErrUnavailable):
-			// The API server gave only transient answers (restarting,
-			// overloaded) for as long as the spawner retried: nothing was
-			// refused, so say so; the user can start the server again.
-			log.WarnContext(ctx, "create pod", "err", err)
-			err = fmt.Errorf("%w: the Kubernetes API did not take the notebook pod (it may be restarting); start the server again", fleet.ErrUnavailable)
-		}
-		return s.fail(ctx, rec, err, true), err
-	}
-	pod := spawner.PodName(rec.User, rec.Name)
-	out, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStarting, "pod created; waiting for it to start", fleet.ServerPatch{Pod: &pod})
-	if errors.Is(err, fleet.ErrConflict) {
-		// The pod's own events (starting, running) got there first: the
-		// spawn went on, so the create succeeded; answer with where it is.
-		if cur, gerr := s.store.GetServer(ctx, rec.ServerKey); gerr == nil && cur.SpawnID == rec.SpawnID {
-			return cur, nil
+		if err != nil {
+			return rec, err
 		}
 	}
-	return out, err
+}
+
+// step records one step of rec's start. When something else moved the
+// server meanwhile (the pod's own events, a same-key retry, a stop), it
+// returns the record as it is now, for spawn to go on from; a stop that
+// overtook the start is an error that says so.
+func (s *Service) step(ctx context.Context, rec fleet.Server, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, error) {
+	out, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, to, message, patch)
+	if err == nil {
+		return out, nil
+	}
+	if !errors.Is(err, fleet.ErrConflict) && !errors.Is(err, fleet.ErrNotFound) {
+		return rec, unknown(err, rec.Name+" may or may not have started")
+	}
+	cur, gerr := s.store.GetServer(ctx, rec.ServerKey)
+	switch {
+	case errors.Is(gerr, fleet.ErrNotFound):
+		return rec, fmt.Errorf("%w: the start of %s was refused or removed meanwhile; start it again", errUndone, rec.Name)
+	case gerr != nil:
+		return rec, unknown(gerr, rec.Name+" may or may not have started")
+	case cur.SpawnID != rec.SpawnID:
+		return cur, fmt.Errorf("%w: %s was started again meanwhile", fleet.ErrConflict, rec.Name)
+	case cur.State == v1.StateStopping || cur.State == v1.StateStopped:
+		return cur, fmt.Errorf("%w: %s was stopped while it was starting", fleet.ErrConflict, rec.Name)
+	case cur.State == v1.StateFailed:
+		return cur, fmt.Errorf("%w: %s failed while it was starting: %s", fleet.ErrConflict, rec.Name, cur.Message)
+	}
+	// Overtaken by a step of the same start: go on from where it is.
+	if cur.State == rec.State {
+		return cur, fmt.Errorf("%w: %s", fleet.ErrConflict, err.Error())
+	}
+	return cur, nil
+}
+
+// unknown marks an outage (a *fleet.UnavailableError) in the middle of an
+// action as one whose outcome is not known, saying what may have happened;
+// other errors pass unchanged.
+func unknown(err error, what string) error {
+	var ue *fleet.UnavailableError
+	if !errors.As(err, &ue) || ue.Unknown != "" {
+		return err
+	}
+	c := *ue
+	c.Unknown = what
+	return &c
+}
+
+// refuse undoes a start that was refused before its pod existed: the slice
+// (if placed) is released and the record discarded, so nothing is left and
+// the key is not spent; the record the start replaced comes back. It
+// returns cause. When undoing fails (Redis went away), the record is
+// failed instead when possible; what is left the reconciler settles.
+func (s *Service) refuse(ctx context.Context, rec fleet.Server, cause error) (fleet.Server, error) {
+	log := s.log.With("user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
+	if _, err := s.store.DiscardServer(ctx, rec.ServerKey, rec.SpawnID); err != nil {
+		log.WarnContext(ctx, "undo a refused start", "err", err)
+		return s.fail(ctx, rec, cause, false), cause
+	}
+	if rec.Allocation != nil || rec.State == v1.StateCreating {
+		// Discarded first: an allocation without its record is released by
+		// the reconciler, should this fail.
+		if _, err := s.store.Release(ctx, rec.SpawnID); err != nil {
+			log.WarnContext(ctx, "release the slice of a refused start; the reconciler will", "err", err)
+		}
+	}
+	return fleet.Server{}, cause
+}
+
+// placingMessage is the event of the placing step, in the profile's terms.
+func placingMessage(p fleet.Profile) string {
+	switch fleet.ModeOf(p.Sharing) {
+	case fleet.SharingExclusive:
+		return "looking for a whole GPU that is free"
+	case fleet.SharingMIG:
+		return "looking for a free MIG instance of profile " + p.MIGProfile
+	case fleet.SharingMPS:
+		return "looking for a GPU in MPS mode with room for the client"
+	}
+	return "looking for a GPU with room for the slice"
+}
+
+// placedMessage is the event that follows placement.
+func placedMessage(a fleet.Allocation) string {
+	switch a.Sharing {
+	case fleet.SharingExclusive:
+		return fmt.Sprintf("placed on the whole GPU %s (node %s, %d MiB); creating the pod", a.GPUUUID, a.Node, a.Slice.MemoryMiB)
+	case fleet.SharingMIG:
+		return fmt.Sprintf("placed on MIG instance %s (%s, %d MiB) of GPU %s (node %s); creating the pod", a.GPUUUID, a.MIGProfile, a.Slice.MemoryMiB, a.Parent, a.Node)
+	case fleet.SharingMPS:
+		return fmt.Sprintf("placed an MPS client of %d MiB and %d%% of the SMs on GPU %s (node %s); creating the pod", a.Slice.MemoryMiB, a.Slice.ComputePercent, a.GPUUUID, a.Node)
+	}
+	return fmt.Sprintf("placed %d MiB and %d%% compute on GPU %s (node %s); creating the pod", a.Slice.MemoryMiB, a.Slice.ComputePercent, a.GPUUUID, a.Node)
 }
 
 // fail records a failed spawn and releases what it held. It returns the
 // record as last seen; errors are logged, since the caller already has the
-// failure to report.
+// failure to report. A spawn that fails before its pod was made (its
+// create never answered success) forgets its idempotency key, so that a
+// retry of that create runs again.
 func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, podMayExist bool) fleet.Server {
 	log := s.log.With("user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
 	if podMayExist {
@@ -231,11 +469,13 @@ func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, podMa
 	if _, err := s.store.Release(ctx, rec.SpawnID); err != nil {
 		log.WarnContext(ctx, "release slice of failed spawn", "err", err)
 	}
-	out, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateFailed, fleet.Message(cause), fleet.ServerPatch{})
+	patch := fleet.ServerPatch{DropAllocation: true, ForgetIdempotencyKey: starting(rec.State)}
+	out, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateFailed, fleet.Message(cause), patch)
 	if err != nil {
 		log.WarnContext(ctx, "record failed spawn", "err", err)
 		return rec
 	}
+	s.metrics.ObserveSpawn(out.Profile, outcome(cause), out.UpdatedAt.Sub(out.CreatedAt))
 	return out
 }
 
@@ -249,6 +489,31 @@ func (s *Service) List(ctx context.Context, user string) ([]fleet.Server, error)
 	return s.store.ListServers(ctx, user)
 }
 
+// ListPage returns up to limit (1..1000) servers of user, or of every user
+// when user is "", ordered by user and name, after the cursor after (""
+// = from the start), and the next page's cursor ("" on the last). A
+// cursor this list did not return wraps fleet.ErrInvalid.
+func (s *Service) ListPage(ctx context.Context, user, after string, limit int) ([]fleet.Server, string, error) {
+	return s.store.ServersPage(ctx, user, after, limit)
+}
+
+// Quota returns the caps that apply to user in groups, each with what is
+// in use under it: the user's own first, then each group that has a cap,
+// by name.
+func (s *Service) Quota(ctx context.Context, user string, groups []string) ([]fleet.QuotaUse, error) {
+	uq, gq := s.catalog.Quotas().ForUser(user, groups)
+	names := fleet.SortedGroups(gq)
+	used, byGroup, err := s.store.QuotaUsed(ctx, user, names)
+	if err != nil {
+		return nil, err
+	}
+	out := []fleet.QuotaUse{{Scope: "user", Name: user, Limit: uq, Used: used}}
+	for _, g := range names {
+		out = append(out, fleet.QuotaUse{Scope: "group", Name: g, Limit: gq[g], Used: byGroup[g]})
+	}
+	return out, nil
+}
+
 // Events returns the server's events after afterID, waiting up to block
 // for one when there are none yet.
 func (s *Service) Events(ctx context.Context, key fleet.ServerKey, afterID string, block time.Duration) ([]fleet.Event, error) {
@@ -258,38 +523,70 @@ func (s *Service) Events(ctx context.Context, key fleet.ServerKey, afterID strin
 	return s.store.Events(ctx, key, afterID, block)
 }
 
-// Delete stops a server: it deletes the pod (never the user's volumes) and
-// releases the slice once the pod is gone. It is idempotent and works on
-// half-created servers and on pods that vanished; fleet.ErrNotFound only if
-// the server never existed. When the Kubernetes API does not take the pod's
-// deletion (spawner.ErrUnavailable) the server stays stopping and the
-// reconciler deletes the pod later (reconcile.Reconciler.Once).
-func (s *Service) Delete(ctx context.Context, key fleet.ServerKey) (fleet.Server, error) {
+// Delete stops a server for by: it deletes the pod (never the user's
+// volumes) and releases the slice once the pod is gone. It is idempotent
+// and works on half-created servers and on pods that vanished; a stopped
+// or failed server is returned as it is (a failed one keeps its reason
+// until the next start). fleet.ErrNotFound only if the server never
+// existed. A stop that does something is audited.
+func (s *Service) Delete(ctx context.Context, by audit.Actor, key fleet.ServerKey) (fleet.Server, error) {
 	rec, err := s.store.GetServer(ctx, key)
-	if err != nil || rec.State == v1.StateStopped {
+	if err != nil || fleet.Terminal(rec.State) {
 		return rec, err
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
+	from := rec.State
+	out, err := s.stop(ctx, by, rec)
+	s.record(ctx, by, auditStop, key, map[string]string{"spawnId": rec.SpawnID, "state": string(from)}, err)
+	return out, err
+}
+
+// stop takes a live record to stopping, deletes its pod and, once the pod
+// is gone, releases the slice.
+func (s *Service) stop(ctx context.Context, by audit.Actor, rec fleet.Server) (fleet.Server, error) {
+	key := rec.ServerKey
+	var err error
 	if rec.State != v1.StateStopping {
-		rec, err = s.store.Transition(ctx, key, rec.SpawnID, v1.StateStopping, msgStopping, fleet.ServerPatch{})
+		rec, err = s.store.Transition(ctx, key, rec.SpawnID, v1.StateStopping, msgStopping+byText(by, key.User), fleet.ServerPatch{})
 		if err != nil {
-			return rec, fmt.Errorf("server %s/%s: %w", key.User, key.Name, err)
+			return rec, unknown(err, key.Name+" may or may not be stopping")
 		}
 	}
 	if err := s.pods.Delete(ctx, key.User, key.Name, rec.SpawnID); err != nil {
 		if errors.Is(err, spawner.ErrUnavailable) {
-			// The stop is recorded (stopping): the reconciler deletes the
-			// pod once the API server answers, so the stop is accepted.
-			s.log.WarnContext(ctx, "delete pod of a stopping server; the reconciler retries", "user", key.User, "server", key.Name, "spawn_id", rec.SpawnID, "err", err)
-			return rec, nil
+			// Stopping is recorded: the reconciler deletes the pod of a
+			// stopping server once the API server answers again.
+			err = &fleet.UnavailableError{Part: fleet.PartKubernetes, Unknown: key.Name + " is stopping, but its pod may not be deleted yet", Err: err}
 		}
-		return rec, fmt.Errorf("server %s/%s: delete pod: %w", key.User, key.Name, err)
+		return rec, err
 	}
 	if s.podPresent(rec) {
 		return rec, nil // released when the pod is gone (pod event or reconciler)
 	}
-	return s.finishStop(ctx, rec, "stopped")
+	out, err := s.finishStop(ctx, rec, "stopped")
+	if err != nil {
+		// The pod is gone; what is left, the reconciler finishes.
+		return rec, unknown(err, key.Name+" is stopping, but may not be recorded as stopped yet")
+	}
+	return out, nil
+}
+
+// Remove deletes a stopped or failed server's record and its events, for
+// by; nothing else is touched (a stopped server holds no pod or slice, and
+// user data is never in the record). A live server is a *fleet.StateError
+// (stop it first); fleet.ErrNotFound if there is no such server. Audited.
+func (s *Service) Remove(ctx context.Context, by audit.Actor, key fleet.ServerKey) error {
+	rec, err := s.store.GetServer(ctx, key)
+	if err != nil {
+		return err
+	}
+	if !fleet.Terminal(rec.State) {
+		return &fleet.StateError{Key: key, State: rec.State, SpawnID: rec.SpawnID}
+	}
+	err = s.store.DeleteServer(ctx, key, rec.SpawnID)
+	s.record(ctx, by, auditRemove, key, map[string]string{"spawnId": rec.SpawnID, "state": string(rec.State), "profile": rec.Profile}, err)
+	return err
 }
 
 // podPresent reports whether the spawner's cache still holds rec's pod. An
@@ -307,25 +604,27 @@ func (s *Service) podPresent(rec fleet.Server) bool {
 	return false
 }
 
-// msgStopping is the message of a stop that was asked for.
+// msgStopping starts the message of a stop that was asked for (who asked
+// follows: byText).
 const msgStopping = "stopping: deleting the pod"
 
 // stoppedMessage is the final message of a stopping server: "stopped" for
 // a stop that was asked for, else the reason it is stopping (the notebook
 // ended by itself), so the stopped server still says why.
 func stoppedMessage(rec fleet.Server) string {
-	if rec.Message == "" || rec.Message == msgStopping {
+	if rec.Message == "" || strings.HasPrefix(rec.Message, msgStopping) {
 		return "stopped"
 	}
 	return rec.Message
 }
 
-// finishStop releases a stopping server's slice and records it stopped.
+// finishStop releases a stopping server's slice and records it stopped,
+// holding no GPU.
 func (s *Service) finishStop(ctx context.Context, rec fleet.Server, message string) (fleet.Server, error) {
 	if _, err := s.store.Release(ctx, rec.SpawnID); err != nil {
 		return rec, fmt.Errorf("server %s/%s: release slice: %w", rec.User, rec.Name, err)
 	}
-	return s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStopped, message, fleet.ServerPatch{URL: new(string)})
+	return s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStopped, message, fleet.ServerPatch{URL: new(string), DropAllocation: true})
 }
 
 // Abandon fails a spawn that was interrupted before its pod existed (a

@@ -34,7 +34,7 @@ func TestCreateRunsToRunningAndDeleteFreesTheSlice(t *testing.T) {
 	ctx := t.Context()
 	key := fleet.ServerKey{User: "alice", Name: "lab"}
 
-	s, created, err := f.Service.Create(ctx, "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
+	s, created, err := f.Service.Create(ctx, serverstest.By, "alice", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
 	if err != nil || !created {
 		t.Fatalf("Create = %v, created %v", err, created)
 	}
@@ -66,7 +66,7 @@ func TestCreateRunsToRunningAndDeleteFreesTheSlice(t *testing.T) {
 		t.Errorf("event states (-want +got):\n%s", diff)
 	}
 
-	s, err = f.Service.Delete(ctx, key)
+	s, err = f.Service.Delete(ctx, serverstest.By, key)
 	if err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
@@ -80,10 +80,10 @@ func TestCreateRunsToRunningAndDeleteFreesTheSlice(t *testing.T) {
 	if err != nil || len(allocs) != 0 {
 		t.Errorf("allocations after stop = %v (err %v), want none", allocs, err)
 	}
-	if _, err := f.Service.Delete(ctx, key); err != nil {
+	if _, err := f.Service.Delete(ctx, serverstest.By, key); err != nil {
 		t.Errorf("second Delete = %v, want nil (idempotent)", err)
 	}
-	if _, err := f.Service.Delete(ctx, fleet.ServerKey{User: "alice", Name: "never"}); !errors.Is(err, fleet.ErrNotFound) {
+	if _, err := f.Service.Delete(ctx, serverstest.By, fleet.ServerKey{User: "alice", Name: "never"}); !errors.Is(err, fleet.ErrNotFound) {
 		t.Errorf("Delete of a server that never existed = %v, want ErrNotFound", err)
 	}
 	f.Verify(t)
@@ -92,19 +92,19 @@ func TestCreateRunsToRunningAndDeleteFreesTheSlice(t *testing.T) {
 func TestCreateIsIdempotentPerKey(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
-	first, _, err := f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "same")
+	first, _, err := f.Service.Create(ctx, serverstest.By, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "same")
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, created, err := f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "same")
+	again, created, err := f.Service.Create(ctx, serverstest.By, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "same")
 	if err != nil || created || again.SpawnID != first.SpawnID {
 		t.Errorf("retry with the same key: spawn %s created %v err %v, want spawn %s, not created", again.SpawnID, created, err, first.SpawnID)
 	}
-	_, _, err = f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "other")
+	_, _, err = f.Service.Create(ctx, serverstest.By, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "other")
 	if !errors.Is(err, fleet.ErrConflict) {
 		t.Errorf("create with another key while starting = %v, want ErrConflict", err)
 	}
-	_, _, err = f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "")
+	_, _, err = f.Service.Create(ctx, serverstest.By, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "")
 	if !errors.Is(err, fleet.ErrConflict) {
 		t.Errorf("create without a key while starting = %v, want ErrConflict", err)
 	}
@@ -118,15 +118,15 @@ func TestKeylessCreateStartsAgainAfterStop(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
 	key := fleet.ServerKey{User: "bob", Name: "nb"}
-	first, _, err := f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "")
+	first, _, err := f.Service.Create(ctx, serverstest.By, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Service.Delete(ctx, key); err != nil {
+	if _, err := f.Service.Delete(ctx, serverstest.By, key); err != nil {
 		t.Fatal(err)
 	}
 	f.WaitState(t, key, v1.StateStopped)
-	second, created, err := f.Service.Create(ctx, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "")
+	second, created, err := f.Service.Create(ctx, serverstest.By, "bob", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "")
 	if err != nil || !created || second.SpawnID == first.SpawnID {
 		t.Fatalf("keyless create after stop: spawn %s created %v err %v, want a new spawn", second.SpawnID, created, err)
 	}
@@ -138,7 +138,7 @@ func TestRefusals(t *testing.T) {
 	// Fill both GPUs' memory: 3 × 10240 + 1 × 30720 would be needed; alice's
 	// quota is 2 servers and 40960 MiB, so use other users.
 	for i, u := range []string{"u1", "u2"} {
-		if _, _, err := f.Service.Create(ctx, u, []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k"); err != nil {
+		if _, _, err := f.Service.Create(ctx, serverstest.By, u, []string{"ml"}, "big", v1.CreateServerRequest{Profile: "big"}, "k"); err != nil {
 			t.Fatalf("fill %d: %v", i, err)
 		}
 	}
@@ -164,7 +164,7 @@ func TestRefusals(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, _, err := f.Service.Create(ctx, tc.user, tc.groups, tc.server, tc.req, "k-"+tc.name)
+			_, _, err := f.Service.Create(ctx, serverstest.By, tc.user, tc.groups, tc.server, tc.req, "k-"+tc.name)
 			if !errors.Is(err, tc.wantErr) {
 				t.Fatalf("err = %v, want %v", err, tc.wantErr)
 			}
@@ -173,10 +173,9 @@ func TestRefusals(t *testing.T) {
 			}
 		})
 	}
-	// The refused placement is recorded as failed, with the same sentence.
-	s, err := f.Service.Get(ctx, fleet.ServerKey{User: "carol", Name: "a"})
-	if err != nil || s.State != v1.StateFailed || !strings.Contains(s.Message, "no GPU has 30720 MiB free") {
-		t.Errorf("refused server: %+v (err %v), want failed with the capacity message", s, err)
+	// A refused start leaves nothing behind.
+	if s, err := f.Service.Get(ctx, fleet.ServerKey{User: "carol", Name: "a"}); !errors.Is(err, fleet.ErrNotFound) {
+		t.Errorf("refused server: %+v (err %v), want none", s, err)
 	}
 	f.Verify(t)
 }
@@ -185,11 +184,11 @@ func TestUserQuota(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
 	for _, name := range []string{"one", "two"} {
-		if _, _, err := f.Service.Create(ctx, "alice", nil, name, v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
+		if _, _, err := f.Service.Create(ctx, serverstest.By, "alice", nil, name, v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
 			t.Fatalf("create %s: %v", name, err)
 		}
 	}
-	_, _, err := f.Service.Create(ctx, "alice", nil, "three", v1.CreateServerRequest{Profile: "small"}, "k")
+	_, _, err := f.Service.Create(ctx, serverstest.By, "alice", nil, "three", v1.CreateServerRequest{Profile: "small"}, "k")
 	var qe *fleet.QuotaError
 	if !errors.As(err, &qe) || qe.Scope != "user" || qe.Name != "alice" || qe.Resource != "servers" {
 		t.Fatalf("third server: %v, want alice's servers quota", err)
@@ -208,7 +207,7 @@ func TestSecretEnvNeverInPodSpec(t *testing.T) {
 		Env:       map[string]string{"JUPYTERHUB_API_TOKEN": "hub-secret-1", "JUPYTERHUB_USER": "dora"},
 		SecretEnv: map[string]string{"WANDB": "wandb-secret-2"},
 	}
-	if _, _, err := f.Service.Create(ctx, "dora", nil, "nb", req, "k"); err != nil {
+	if _, _, err := f.Service.Create(ctx, serverstest.By, "dora", nil, "nb", req, "k"); err != nil {
 		t.Fatal(err)
 	}
 	pod := f.Pod(t, "dora", "nb")
@@ -260,21 +259,21 @@ func TestNotebookTokenIsFreshPerSpawn(t *testing.T) {
 		}
 		return string(sec.Data[v1.EnvNotebookToken])
 	}
-	if _, _, err := f.Service.Create(ctx, "gus", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
+	if _, _, err := f.Service.Create(ctx, serverstest.By, "gus", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
 		t.Fatal(err)
 	}
 	first := token()
-	if _, err := f.Service.Delete(ctx, key); err != nil {
+	if _, err := f.Service.Delete(ctx, serverstest.By, key); err != nil {
 		t.Fatal(err)
 	}
 	f.WaitState(t, key, v1.StateStopped)
-	if _, _, err := f.Service.Create(ctx, "gus", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k2"); err != nil {
+	if _, _, err := f.Service.Create(ctx, serverstest.By, "gus", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k2"); err != nil {
 		t.Fatal(err)
 	}
 	if second := token(); second == first || second == "" {
 		t.Errorf("second spawn's token %q, first %q: want a new one", second, first)
 	}
-	_, _, err := f.Service.Create(ctx, "gus", nil, "other", v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{v1.EnvNotebookToken: "mine"}}, "k3")
+	_, _, err := f.Service.Create(ctx, serverstest.By, "gus", nil, "other", v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{v1.EnvNotebookToken: "mine"}}, "k3")
 	if !errors.Is(err, fleet.ErrInvalid) || !strings.Contains(err.Error(), v1.EnvNotebookToken) {
 		t.Errorf("create with its own %s: %v, want ErrInvalid naming it", v1.EnvNotebookToken, err)
 	}
@@ -287,10 +286,10 @@ func TestCommandAndArgsReachThePod(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
 	hub := v1.CreateServerRequest{Profile: "small", Args: []string{"jupyterhub-singleuser", "--debug"}}
-	if _, _, err := f.Service.Create(ctx, "erin", nil, "hub", hub, "k1"); err != nil {
+	if _, _, err := f.Service.Create(ctx, serverstest.By, "erin", nil, "hub", hub, "k1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := f.Service.Create(ctx, "erin", nil, "plain", v1.CreateServerRequest{Profile: "small"}, "k2"); err != nil {
+	if _, _, err := f.Service.Create(ctx, serverstest.By, "erin", nil, "plain", v1.CreateServerRequest{Profile: "small"}, "k2"); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -315,7 +314,7 @@ func TestCrashLoopFailsTheSpawnAndReleases(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
 	key := fleet.ServerKey{User: "erin", Name: "nb"}
-	if _, _, err := f.Service.Create(ctx, "erin", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
+	if _, _, err := f.Service.Create(ctx, serverstest.By, "erin", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
 		t.Fatal(err)
 	}
 	f.SetPodWaiting(t, "erin", "nb", "CrashLoopBackOff", "back-off restarting failed container")
@@ -334,15 +333,15 @@ func TestLateEventOfOldSpawnIsIgnored(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
 	key := fleet.ServerKey{User: "finn", Name: "nb"}
-	old, _, err := f.Service.Create(ctx, "finn", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k1")
+	old, _, err := f.Service.Create(ctx, serverstest.By, "finn", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Service.Delete(ctx, key); err != nil {
+	if _, err := f.Service.Delete(ctx, serverstest.By, key); err != nil {
 		t.Fatal(err)
 	}
 	f.WaitState(t, key, v1.StateStopped)
-	cur, _, err := f.Service.Create(ctx, "finn", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k2")
+	cur, _, err := f.Service.Create(ctx, serverstest.By, "finn", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +363,7 @@ func TestPodRefusedByTheClusterIsAReadableConflict(t *testing.T) {
 		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "nb-gina--nb",
 			errors.New("exceeded quota: no-pods, requested: pods=1, used: pods=0, limited: pods=0"))
 	})
-	_, _, err := f.Service.Create(ctx, "gina", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
+	_, _, err := f.Service.Create(ctx, serverstest.By, "gina", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
 	if !errors.Is(err, fleet.ErrConflict) {
 		t.Fatalf("Create = %v, want ErrConflict", err)
 	}
@@ -372,9 +371,8 @@ func TestPodRefusedByTheClusterIsAReadableConflict(t *testing.T) {
 	if msg := fleet.Message(err); !strings.HasPrefix(msg, want) {
 		t.Errorf("message %q, want it to start with %q", msg, want)
 	}
-	s, _ := f.Service.Get(ctx, fleet.ServerKey{User: "gina", Name: "nb"})
-	if s.State != v1.StateFailed || !strings.HasPrefix(s.Message, want) {
-		t.Errorf("server %s %q, want failed with the same message", s.State, s.Message)
+	if s, err := f.Service.Get(ctx, fleet.ServerKey{User: "gina", Name: "nb"}); !errors.Is(err, fleet.ErrNotFound) {
+		t.Errorf("server %s %q (%v), want none: a refused start leaves nothing behind", s.State, s.Message, err)
 	}
 	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 0 {
 		t.Errorf("allocations %v, want the slice released", allocs)
@@ -407,7 +405,7 @@ func TestCreateSucceedsWhenPodEventsOvertakeIt(t *testing.T) {
 	pods := &eagerPods{inner: f.Pods}
 	svc := servers.New(f.Store, pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
 	pods.svc = svc
-	s, created, err := svc.Create(t.Context(), "hana", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
+	s, created, err := svc.Create(t.Context(), serverstest.By, "hana", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
 	if err != nil || !created {
 		t.Fatalf("Create = %v (created %v), want success although the pod ran first", err, created)
 	}
@@ -419,10 +417,10 @@ func TestCreateSucceedsWhenPodEventsOvertakeIt(t *testing.T) {
 func TestIdempotencyKeyReusedForAnotherProfileIsAConflict(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
-	if _, _, err := f.Service.Create(ctx, "ivy", []string{"ml"}, "nb", v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
+	if _, _, err := f.Service.Create(ctx, serverstest.By, "ivy", []string{"ml"}, "nb", v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := f.Service.Create(ctx, "ivy", []string{"ml"}, "nb", v1.CreateServerRequest{Profile: "big"}, "k1")
+	_, _, err := f.Service.Create(ctx, serverstest.By, "ivy", []string{"ml"}, "nb", v1.CreateServerRequest{Profile: "big"}, "k1")
 	if !errors.Is(err, fleet.ErrConflict) || !strings.Contains(fleet.Message(err), `already used for a create with profile "small"`) {
 		t.Errorf("reuse with another profile = %v, want a conflict naming the first profile", err)
 	}
@@ -435,13 +433,13 @@ func TestStoppedServerKeepsWhyItEnded(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
 	for _, name := range []string{"asked", "crashed"} {
-		if _, _, err := f.Service.Create(ctx, "ivy", nil, name, v1.CreateServerRequest{Profile: "small"}, "k-"+name); err != nil {
+		if _, _, err := f.Service.Create(ctx, serverstest.By, "ivy", nil, name, v1.CreateServerRequest{Profile: "small"}, "k-"+name); err != nil {
 			t.Fatal(err)
 		}
 		f.SetPodRunning(t, "ivy", name, "10.0.0.9")
 		f.WaitState(t, fleet.ServerKey{User: "ivy", Name: name}, v1.StateRunning)
 	}
-	if _, err := f.Service.Delete(ctx, fleet.ServerKey{User: "ivy", Name: "asked"}); err != nil {
+	if _, err := f.Service.Delete(ctx, serverstest.By, fleet.ServerKey{User: "ivy", Name: "asked"}); err != nil {
 		t.Fatal(err)
 	}
 	if s := f.WaitState(t, fleet.ServerKey{User: "ivy", Name: "asked"}, v1.StateStopped); s.Message != "stopped" {

@@ -3,6 +3,9 @@ package render
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -530,6 +533,18 @@ func checkMonitoring(t *testing.T, r *Result, v values) {
 		if len(matched) != 1 || !strings.HasSuffix(matched[0], "-metrics") {
 			t.Errorf("ServiceMonitor %s selects Services %v, want one metrics Service", sm.GetName(), matched)
 		}
+		// The job is the one the alert rules and the dashboard select on.
+		sel2 := sel["app.kubernetes.io/component"]
+		want := map[string]string{"broker-metrics": "gpubroker", "agent-metrics": "gpubroker-agent"}[sel2]
+		for _, ep := range eps {
+			rl, _ := ep.(map[string]any)["relabelings"].([]any)
+			if !slices.ContainsFunc(rl, func(r any) bool {
+				m, _ := r.(map[string]any)
+				return m["targetLabel"] == "job" && m["replacement"] == want && m["sourceLabels"] == nil
+			}) {
+				t.Errorf("ServiceMonitor %s (%s) does not set job=%q, the job the alert rules and the dashboard name", sm.GetName(), sel2, want)
+			}
+		}
 	}
 	if got := len(r.OfKind("PrometheusRule")) == 1; got != v.b("monitoring.prometheusRule.enabled") {
 		t.Errorf("PrometheusRule rendered %v, enabled %v", got, v.b("monitoring.prometheusRule.enabled"))
@@ -597,4 +612,26 @@ func envOf(c corev1.Container) map[string]string {
 func selects(sel *metav1.LabelSelector, lbls map[string]string) bool {
 	s, err := metav1.LabelSelectorAsSelector(sel)
 	return err == nil && !s.Empty() && s.Matches(labels.Set(lbls))
+}
+
+// TestMonitoringFilesNameTheScrapeJobs: the alert rules and the dashboard
+// select the broker's and the agents' series by job, and every job they
+// name is one the chart's ServiceMonitors set (gpubroker, gpubroker-agent).
+func TestMonitoringFilesNameTheScrapeJobs(t *testing.T) {
+	jobs := regexp.MustCompile(`job\s*=~?\s*\\?"([^"\\]*)\\?"`)
+	for _, f := range []string{"rules/gpubroker.rules.yaml", "dashboards/gpubroker.json"} {
+		b, err := os.ReadFile(filepath.Join(Dir(), f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := jobs.FindAllSubmatch(b, -1)
+		if len(found) == 0 {
+			t.Errorf("%s names no job", f)
+		}
+		for _, m := range found {
+			if j := string(m[1]); j != "gpubroker" && j != "gpubroker-agent" {
+				t.Errorf("%s selects job %q, which no ServiceMonitor of the chart sets", f, j)
+			}
+		}
+	}
 }

@@ -45,6 +45,12 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 		{"profile compute over 100", `profiles: [{name: big, image: i, slice: {memoryMiB: 1024, computePercent: 150}}]`,
 			[]string{"/profiles/0/slice/computePercent", "maximum"}},
 		{"profile without slice", `profiles: [{name: big, image: i}]`, []string{"/profiles/0", "missing property 'slice'"}},
+		{"profile sharing mode", `profiles: [{name: big, image: i, sharing: timeshare, slice: {memoryMiB: 1, computePercent: 1}}]`,
+			[]string{"/profiles/0/sharing", "'sliced'", "'mps'"}},
+		{"mig profile name", `profiles: [{name: m, image: i, sharing: mig, migProfile: 3g}]`, []string{"/profiles/0/migProfile", "does not match pattern"}},
+		{"whole device with a slice", `profiles: [{name: x, image: i, sharing: exclusive, slice: {memoryMiB: 1, computePercent: 1}}]`,
+			[]string{"/profiles/0", "not"}},
+		{"mps without a slice", `profiles: [{name: m, image: i, sharing: mps}]`, []string{"/profiles/0", "missing property 'slice'"}},
 		{"profile with an unknown field", `profiles: [{name: big, image: i, slice: {memoryMiB: 1, computePercent: 1}, gpus: 2}]`,
 			[]string{"/profiles/0", "additional properties 'gpus' not allowed"}},
 		{"no profiles", `profiles: []`, []string{"/profiles", "minItems"}},
@@ -70,6 +76,19 @@ func TestSchemaRefusesBadValues(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSchemaTakesEverySharingMode: profiles of each sharing mode render,
+// the whole-device ones without a slice.
+func TestSchemaTakesEverySharingMode(t *testing.T) {
+	values := `profiles:
+  - {name: s, image: i, slice: {memoryMiB: 8192, computePercent: 10}}
+  - {name: x, image: i, sharing: exclusive}
+  - {name: m, image: i, sharing: mig, migProfile: 3g.71gb}
+  - {name: p, image: i, sharing: mps, slice: {memoryMiB: 16384, computePercent: 25}}`
+	if _, err := RenderExample("minimal", values); err != nil {
+		t.Errorf("profiles of every sharing mode: %v", err)
 	}
 }
 

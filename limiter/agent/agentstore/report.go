@@ -27,14 +27,24 @@ type NodeReport struct {
 	GPUs     []GPUReport `json:"gpus"`
 }
 
-// GPUReport is one GPU of a node report: its inventory (v1.GPU, Healthy
-// included) and why it is unhealthy.
+// GPUReport is one device of a node report: its inventory (v1.GPU,
+// Healthy included) and why it is unhealthy. A GPU in MIG mode is reported
+// with Mode mig and each of its MIG instances as a device of its own
+// (ParentUUID, MIGProfile and ComputePercent set), after their GPU.
+// Otherwise Mode is the mode the node's label asks for ("" without one).
 type GPUReport struct {
 	v1.GPU
-	// MIGEnabled is true when MIG mode is on; such a GPU is reported
-	// unhealthy because slices are whole-GPU shares. False when off or not
-	// supported.
+	// MIGEnabled is true when MIG mode is on (the GPU is then placed
+	// through its instances); false when off or not supported.
 	MIGEnabled bool `json:"migEnabled"`
+	// GPUInstanceID and ComputeInstanceID name a MIG instance within its
+	// GPU, as NVML does (nvidia-smi's GI and CI); 0 for a GPU.
+	GPUInstanceID     int `json:"gpuInstanceId,omitempty"`
+	ComputeInstanceID int `json:"computeInstanceId,omitempty"`
+	// Guarantee is how often the GPU's sliced and MPS tenants got their
+	// guaranteed compute when they asked for it, over the agent's window
+	// (an hour); nil when no tenant asked, or for MIG instances.
+	Guarantee *v1.Guarantee `json:"guarantee,omitempty"`
 	// Reason says why the GPU is unhealthy ("xid 79", "gpu lost: memory
 	// info: GPU is lost", ...); "" when healthy.
 	Reason string `json:"reason,omitempty"`
@@ -147,4 +157,56 @@ func (st *Store) Inventory(ctx context.Context, now time.Time) (Inventory, error
 		inv.GPUs = append(inv.GPUs, n.Report.GPUs...)
 	}
 	return inv, err
+}
+
+// ModesTTL is how long the broker's record of a node's GPU modes lives
+// after its last write; the broker rewrites it at every inventory sync.
+const ModesTTL = time.Minute
+
+// SetModes records, for node's agent, the sharing mode in force on each of
+// the node's GPUs (gpu uuid → mode), replacing what was there. The broker
+// calls it from SyncInventory.
+func (st *Store) SetModes(ctx context.Context, node string, modes map[string]v1.SharingMode) error {
+	ctx, cancel := st.op(ctx)
+	defer cancel()
+	key := st.k.AgentModes(node)
+	_, err := st.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, key)
+		if len(modes) > 0 {
+			args := make([]any, 0, 2*len(modes))
+			for uuid, m := range modes {
+				args = append(args, uuid, string(m))
+			}
+			p.HSet(ctx, key, args...)
+			p.Expire(ctx, key, ModesTTL)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("set gpu modes of node %s: %w", node, err)
+	}
+	return nil
+}
+
+// Modes returns the sharing modes in force on node's GPUs as the broker
+// last recorded them (SetModes); an empty map when it recorded none (a
+// broker that is down: the agent keeps what it had). Values that are not
+// a sharing mode are an error wrapping ErrCorrupt, the rest still returned.
+func (st *Store) Modes(ctx context.Context, node string) (map[string]v1.SharingMode, error) {
+	ctx, cancel := st.op(ctx)
+	defer cancel()
+	h, err := st.rdb.HGetAll(ctx, st.k.AgentModes(node)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read gpu modes of node %s: %w", node, err)
+	}
+	out := make(map[string]v1.SharingMode, len(h))
+	var errs []error
+	for uuid, m := range h {
+		if mode := v1.SharingMode(m); mode.Valid() {
+			out[uuid] = mode
+		} else {
+			errs = append(errs, fmt.Errorf("%w: gpu %s mode %q", ErrCorrupt, uuid, m))
+		}
+	}
+	return out, errors.Join(errs...)
 }

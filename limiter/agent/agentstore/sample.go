@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
 
 // Sample is one NVML reading for one slice (ARCHITECTURE.md "Sample"). Optional
@@ -39,6 +41,9 @@ type Sample struct {
 	// Missing names why fields are missing ("" when none are), e.g.
 	// "gpu lost" or "process utilization: Not Supported".
 	Missing string
+	// Guarantee is promised vs delivered over the agent's window, for
+	// sliced and MPS slices; nil for the others (MIG, whole GPUs).
+	Guarantee *v1.Guarantee
 }
 
 // Stale reports whether the sample is older than StaleAfter intervals at
@@ -67,6 +72,8 @@ const (
 	fProcs    = "np"
 	fKernel   = "lk" // Unix ms; 0 = none recorded
 	fMissing  = "miss"
+	// fGuarantee is "<percent>/<window s>/<wanted s>/<met s>"; "" = none.
+	fGuarantee = "g"
 )
 
 func sampleValues(s Sample) []any {
@@ -99,7 +106,26 @@ func sampleValues(s Sample) []any {
 		fProcs, optInt(s.Processes),
 		fKernel, kernel,
 		fMissing, s.Missing,
+		fGuarantee, guaranteeValue(s.Guarantee),
 	}
+}
+
+func guaranteeValue(g *v1.Guarantee) string {
+	if g == nil {
+		return ""
+	}
+	return fmt.Sprintf("%d/%d/%d/%d", g.Percent, g.WindowSeconds, g.WantedSeconds, g.MetSeconds)
+}
+
+func parseGuarantee(v string) (*v1.Guarantee, error) {
+	if v == "" {
+		return nil, nil
+	}
+	var g v1.Guarantee
+	if n, err := fmt.Sscanf(v, "%d/%d/%d/%d", &g.Percent, &g.WindowSeconds, &g.WantedSeconds, &g.MetSeconds); err != nil || n != 4 {
+		return nil, fmt.Errorf("field %s %q: want percent/window/wanted/met", fGuarantee, v)
+	}
+	return &g, nil
 }
 
 // XAddArgs returns the XADD arguments AddSamples uses for s, for callers
@@ -265,6 +291,12 @@ func decodeSample(slice string, m redis.XMessage) (Sample, error) {
 			t = time.UnixMilli(v).UTC()
 		}
 		s.LastKernel = &t
+	}
+	// Entries written before the field existed lack it: no guarantee.
+	if v, ok := m.Values[fGuarantee].(string); ok {
+		g, err := parseGuarantee(v)
+		errs = append(errs, err)
+		s.Guarantee = g
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Sample{}, fmt.Errorf("%w: %w", ErrCorrupt, err)

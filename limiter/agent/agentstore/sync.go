@@ -26,7 +26,12 @@ type Registry interface {
 //     one with Healthy false; its reason stays in the report);
 //   - a registered, healthy GPU whose node is stale, or whose node's fresh
 //     report no longer lists it, is marked unhealthy: unknown is never
-//     healthy (ARCHITECTURE.md invariant 4), and its allocations stay.
+//     healthy (ARCHITECTURE.md invariant 4), and its allocations stay;
+//   - a reported mode ("" = no opinion) that is not the mode in force, or
+//     a mode still pending, is registered again at every call, so it takes
+//     effect once the GPU is empty (the registry decides);
+//   - each fresh node's agent is told the modes in force on its GPUs
+//     (SetModes), so it runs MPS daemons where they are needed.
 //
 // Registered GPUs of nodes that never reported (registered by hand or by
 // dev mode) are left alone. Unchanged GPUs are not rewritten. It is
@@ -61,7 +66,7 @@ func (st *Store) SyncInventory(ctx context.Context, now time.Time, reg Registry)
 		fresh[n.Node] = map[string]bool{}
 		for _, g := range n.Report.GPUs {
 			fresh[n.Node][g.UUID] = true
-			if cur, ok := have[g.UUID]; ok && cur == g.GPU {
+			if cur, ok := have[g.UUID]; ok && sameInventory(cur, g.GPU) {
 				continue // unchanged: no write
 			}
 			if err := reg.RegisterGPU(ctx, g.GPU); err != nil {
@@ -69,7 +74,14 @@ func (st *Store) SyncInventory(ctx context.Context, now time.Time, reg Registry)
 			}
 		}
 	}
+	modes := map[string]map[string]v1.SharingMode{}
 	for _, g := range registered {
+		if fresh[g.Node] != nil && g.Mode != "" {
+			if modes[g.Node] == nil {
+				modes[g.Node] = map[string]v1.SharingMode{}
+			}
+			modes[g.Node][g.UUID] = g.Mode
+		}
 		gone := fresh[g.Node] != nil && !fresh[g.Node][g.UUID]
 		if g.Healthy && (stale[g.Node] || gone) {
 			if err := reg.SetGPUHealth(ctx, g.UUID, false); err != nil {
@@ -77,5 +89,22 @@ func (st *Store) SyncInventory(ctx context.Context, now time.Time, reg Registry)
 			}
 		}
 	}
+	for node := range fresh {
+		if err := st.SetModes(ctx, node, modes[node]); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// sameInventory reports whether the registered GPU reg already is what
+// the report rep says: the same inventory, and either no mode asked for or
+// the asked mode in force with none pending.
+func sameInventory(reg, rep v1.GPU) bool {
+	mode, pending := reg.Mode, reg.PendingMode
+	reg.Mode, reg.PendingMode = rep.Mode, ""
+	if reg != rep {
+		return false
+	}
+	return pending == "" && (rep.Mode == "" || rep.Mode == mode)
 }

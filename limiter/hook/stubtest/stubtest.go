@@ -181,9 +181,28 @@ func start(tb testing.TB, cmd *exec.Cmd, env []string) *Prog {
 // answer or the reply does not parse.
 func (p *Prog) Do(command string) (int, []uint64) {
 	p.tb.Helper()
+	return p.Send(command)()
+}
+
+// Send sends one command without waiting for its reply, so that several
+// programs can work at once (a long "saturate" each); the function it
+// returns waits for the reply and returns it as Do does. Call both from
+// the test's goroutine, and the reply function exactly once before the
+// next command.
+func (p *Prog) Send(command string) func() (int, []uint64) {
+	p.tb.Helper()
 	if _, err := io.WriteString(p.in, command+"\n"); err != nil {
 		p.tb.Fatalf("cudaprog %q: %v; stderr: %s", command, err, p.stderr.String())
 	}
+	return func() (int, []uint64) {
+		p.tb.Helper()
+		return p.reply(command)
+	}
+}
+
+// reply reads the reply to command.
+func (p *Prog) reply(command string) (int, []uint64) {
+	p.tb.Helper()
 	if !p.out.Scan() {
 		p.tb.Fatalf("cudaprog %q: no reply (%v); stderr: %s", command, p.out.Err(), p.stderr.String())
 	}

@@ -19,7 +19,10 @@ Contract with the hub (JupyterHub 3.0 to 5.x):
   for.
 - ``poll()``: None while starting or running, 0 when stopped, stopping or
   gone, 1 when failed, None when the broker cannot be asked (unknown is
-  not stopped).
+  not stopped). Polled for a server the hub has a record of but no saved
+  spawn (the hub died inside ``start()`` and restarted), it stops what the
+  broker runs under that name and answers 0: no pod or slice outlives
+  the lost start.
 - ``stop()``: idempotent; returns once the broker says stopped.
 - ``progress()``: the broker's events of this spawn only, on its own HTTP
   session; never raises.
@@ -585,6 +588,8 @@ class GPUBrokerSpawner(Spawner):
         if self._broker_starting or (cleanup is not None and not cleanup.done()):
             return None
         if not self._broker_spawn_id:
+            if self.server is not None:
+                await self._stop_unsaved()
             return 0
         try:
             async with self._broker() as b:
@@ -600,6 +605,25 @@ class GPUBrokerSpawner(Spawner):
         if state in (STOPPING, STOPPED):
             return 0
         return None
+
+    async def _stop_unsaved(self) -> None:
+        """The hub has a record of this server but no saved spawn: the hub
+        died inside start() (state reaches its database only after start()
+        returns) and now, restarted, polls the record before it drops it.
+        What the broker runs under this name came from that lost start,
+        with credentials the hub has revoked: stop it, so that no pod or
+        slice outlives the hub's record. Never raises (poll() must answer);
+        a broker that cannot be asked now leaves the server to the next
+        start, which stops it (the 409 path)."""
+        try:
+            self._broker_server = self.broker_server_name()
+            self.log.warning(
+                "%s: the hub has no saved state of this server (it stopped inside start()); stopping whatever gpubroker runs as %r",
+                self._log_name, self._broker_server,
+            )
+            await self._stop_spawn("")
+        except Exception as e:
+            self.log.error("%s: could not stop gpubroker's server %r left by a lost start: %s", self._log_name, self._broker_server, e)
 
     async def progress(self):  # type: ignore[override]
         """The broker's events of this spawn as the hub's progress events

@@ -242,8 +242,7 @@ class FakeBroker:
         sid = rec.spawn_id
         live = [r for r in self.live(rec.user) if r is not rec]
         if len(live) + 1 > self.servers_per_user:
-            msg = "user %s quota exceeded: %d servers in use, 1 more asked, limit %d servers" % (rec.user, len(live), self.servers_per_user)
-            await self._transition(rec, "failed", msg, sid)
+            msg = "user %s quota exceeded: it allows %d servers at once, and %d are in use" % (rec.user, self.servers_per_user, len(live))
             return _error(403, "quota_exceeded", msg)
         if not await self._step(rec, "placing", "looking for a GPU with room for the slice", sid):
             return None
@@ -251,7 +250,6 @@ class FakeBroker:
         free = self.gpu_memory_mib - used
         if rec.memory_mib > free:
             msg = "no GPU has %d MiB free; the largest free block is %d MiB on node gpu-1" % (rec.memory_mib, free)
-            await self._transition(rec, "failed", msg, sid)
             return _error(409, "no_capacity", msg)
         if not await self._step(rec, "creating", "placed %d MiB and 10%% compute on GPU GPU-1 (node gpu-1); creating the pod" % rec.memory_mib, sid):
             return None
@@ -352,6 +350,14 @@ class FakeBroker:
         self._notify()
         refused = await self._spawn_until_starting(rec)
         if refused is not None:
+            # As the broker: a refused start leaves nothing behind; the
+            # record it replaced (if any) and its events come back.
+            s.events[:] = [e for e in s.events if e["spawnId"] != rec.spawn_id]
+            if old is not None:
+                self.records[k] = old
+            else:
+                del self.records[k]
+            self._notify()
             return refused
         if rec.state == "failed":
             return _error(409, "conflict", rec.message)

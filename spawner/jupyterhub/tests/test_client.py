@@ -58,8 +58,8 @@ def test_malformed_state_event_is_a_bad_answer():
 
 
 def test_error_answers_keep_the_brokers_message_or_say_what_came():
-    e = _error_from(403, '{"code":"quota_exceeded","message":"user a quota exceeded: 2 servers in use, 1 more asked, limit 2 servers"}')
-    assert (e.status, e.code, e.message) == (403, "quota_exceeded", "user a quota exceeded: 2 servers in use, 1 more asked, limit 2 servers")
+    e = _error_from(403, '{"code":"quota_exceeded","message":"user a quota exceeded: it allows 2 servers at once, and 2 are in use"}')
+    assert (e.status, e.code, e.message) == (403, "quota_exceeded", "user a quota exceeded: it allows 2 servers at once, and 2 are in use")
     e = _error_from(502, "<html><body>\n  Bad   Gateway </body></html>")
     assert (e.code, e.message) == ("http_502", "gpubroker answered HTTP 502: <html><body> Bad Gateway </body></html>")
     assert _error_from(500, "").message == "gpubroker answered HTTP 500"

@@ -127,11 +127,11 @@ async def test_quota_refusal_is_a_clean_user_error(broker, make_spawner, user_na
     with pytest.raises(BrokerSpawnError) as e:
         await third.start()
     assert e.value.status_code == 403
-    assert "quota exceeded: 2 servers in use, 1 more asked, limit 2 servers" in str(e.value)
+    assert "quota exceeded: it allows 2 servers at once, and 2 are in use" in str(e.value)
     assert e.value.jupyterhub_message == str(e.value)
     assert await third.poll() == 0  # nothing half-made for the hub to stop
     rec = await broker_server(broker, user, "c")
-    assert rec is None or rec["state"] == "failed"
+    assert rec is None  # a refused start leaves no server
     for sp in running:
         await sp.stop()
 
@@ -182,6 +182,26 @@ async def test_leftover_server_of_an_earlier_hub_session_is_stopped_and_recreate
     assert (rec["spawnId"], rec["state"]) == (new_spawn, "running")
     assert await old.poll() == 0  # the old spawn is gone
     await fresh.stop()
+
+
+@contract
+async def test_a_hub_restarted_after_dying_inside_start_stops_the_lost_spawn(broker, make_spawner, user_name):
+    user = user_name("hugo")
+    lost = small(make_spawner, broker.url, user)
+    await lost.start()  # as far as the broker goes; the hub dies before saving
+
+    # The restarted hub has the server's record, no state, and polls it.
+    restarted = make_spawner(broker.url, user)
+    restarted.load_state({})
+    assert await restarted.poll() == 0
+    rec = await broker_server(broker, user, "(default)")
+    assert rec["state"] == "stopped"
+    assert await restarted.poll() == 0  # nothing left: a no-op
+
+    # Without a record of the server (never started), poll asks nothing.
+    never = make_spawner(broker.url, user_name("ines"))
+    never.orm_spawner.server = None
+    assert await never.poll() == 0
 
 
 @contract

@@ -147,7 +147,11 @@ func build(ctx context.Context, c Config, log *slog.Logger, ln net.Listener, std
 	if err != nil {
 		return fail(err)
 	}
-	in.Bearer, in.Hub = bearer, auth.NewHubToken("")
+	hub, err := cfg.HubToken()
+	if err != nil {
+		return fail(err)
+	}
+	in.Bearer, in.Hub = bearer, auth.NewHubToken(hub.Reveal())
 
 	if cfg.Kube.Kubeconfig == "" {
 		cl := devcluster.New([]string{devNode}, log.With("part", "devcluster"), devcluster.WithNamespace(cfg.Namespace))
@@ -187,7 +191,11 @@ func build(ctx context.Context, c Config, log *slog.Logger, ln net.Listener, std
 		web = in.Web.PublicURL
 	}
 	profiles := in.Catalog.Profiles()
-	in.Started = func() { printBanner(stdout, listenURL(ln), web, token, profiles) }
+	hubTokenFile := ""
+	if hub.Reveal() != "" {
+		hubTokenFile = cfg.HubTokenFile
+	}
+	in.Started = func() { printBanner(stdout, listenURL(ln), web, token, hubTokenFile, profiles) }
 	return in, nil
 }
 
@@ -239,7 +247,7 @@ func registerSimulatedGPUs(ctx context.Context, store *redisstore.Store, node st
 }
 
 // printBanner tells a newcomer what runs and gives commands to paste.
-func printBanner(w io.Writer, base, web, token string, profiles []fleet.Profile) {
+func printBanner(w io.Writer, base, web, token, hubTokenFile string, profiles []fleet.Profile) {
 	profile := "small"
 	if len(profiles) > 0 {
 		profile = profiles[0].Name
@@ -261,6 +269,10 @@ func printBanner(w io.Writer, base, web, token string, profiles []fleet.Profile)
 			fmt.Fprintf(&b, "\nOpen the notebook in a browser (the broker's proxy; signed in as %s):\n  %s/user/%s/demo/\n", devUser, web, devUser)
 		}
 		fmt.Fprintf(&b, "\nThe token is valid for %s.\n", devTokenTTL)
+	}
+	if hubTokenFile != "" {
+		fmt.Fprintf(&b, "\nJupyterHub (the gpubroker-jupyterhub spawner class) acts for its users with the token in %s:\n", hubTokenFile)
+		fmt.Fprintf(&b, "  c.JupyterHub.spawner_class = \"gpubroker\"\n  c.GPUBrokerSpawner.broker_url = %q\n  c.GPUBrokerSpawner.hub_token_file = %q\n", base, hubTokenFile)
 	}
 	fmt.Fprintf(&b, "Stop with Ctrl-C.\n\n")
 	fmt.Fprint(w, b.String())

@@ -12,9 +12,13 @@
 //     the default), spawner/runner runs each notebook pod as a real local
 //     Jupyter server on a loopback pod IP: the profiles' default command,
 //     the docker-stacks start-notebook.sh, is a small script standing in
-//     for the image that runs the local classic notebook; without Jupyter
-//     the pods are moved to Running without a process, and the log says
-//     how to install it;
+//     for the image that runs the local classic notebook, and so does a
+//     jupyterhub-singleuser script (JupyterHub's command) when JupyterHub
+//     is installed; without Jupyter the pods are moved to Running without
+//     a process, and the log says how to install it;
+//   - JupyterHub: --hub-token-file works as in gpubroker serve, so a local
+//     hub with the spawner class (spawner/jupyterhub) can act for its
+//     users; the banner prints the hub's settings;
 //   - the GPUs: --dev-gpus NVIDIA H200s from go-nvml's mock/dgxh200,
 //     discovered through the node agent's own code and registered with
 //     fixed UUIDs (so a run against a real Redis reuses them);

@@ -66,6 +66,19 @@ exec %q -m notebook --no-browser --allow-root --ip="$GPUBROKER_POD_IP" --port=88
   --NotebookApp.allow_remote_access=True "$@"
 `
 
+// singleuserScript stands in for a notebook image's jupyterhub-singleuser,
+// the command JupyterHub's spawner class asks for: it runs the installed
+// one (%[1]s) on the pod's IP, since the local pods share this machine's
+// network and the hub's 0.0.0.0:8888 would be one port for all, with the
+// classic notebook UI (jupyterhub-singleuser 3.0 would wrap jupyter_server
+// when installed, which has no UI here) unless the hub sets the app.
+const singleuserScript = `#!/bin/sh
+# gpubroker-dev: a local stand-in for an image's jupyterhub-singleuser.
+: "${JUPYTERHUB_SINGLEUSER_APP:=notebook.notebookapp.NotebookApp}"
+export JUPYTERHUB_SINGLEUSER_APP
+exec %[1]q "$@" --ip="$GPUBROKER_POD_IP" --port=8888 --allow-root --NotebookApp.allow_remote_access=True
+`
+
 // localNotebooks prepares the pod runner that makes dev mode's notebook
 // pods real local Jupyter servers: a directory for the runner (removed by
 // the returned cleanup), the start script standing in for every profile's
@@ -96,6 +109,13 @@ func localNotebooks(ctx context.Context, log *slog.Logger, kube kubernetes.Inter
 	}
 	if err := os.WriteFile(filepath.Join(bin, "start-notebook.sh"), fmt.Appendf(nil, startNotebookScript, py), 0o755); err != nil {
 		return fail(err)
+	}
+	// A hub's spawns run jupyterhub-singleuser; without JupyterHub here
+	// they fail with the runner's "not found", in the program's words.
+	if su, err := exec.LookPath("jupyterhub-singleuser"); err == nil {
+		if err := os.WriteFile(filepath.Join(bin, "jupyterhub-singleuser"), fmt.Appendf(nil, singleuserScript, su), 0o755); err != nil {
+			return fail(err)
+		}
 	}
 	node := filepath.Join(dir, "node")
 	hook := filepath.Join(node, hostRoot, v1.HostHookSubdir)

@@ -1,12 +1,14 @@
 -- create_server.lua stores a new spawn of a server unless a live one exists.
 --
 -- KEYS[1] server record, KEYS[2] its event stream,
--- KEYS[3] the user's server-name set, KEYS[4] the all-servers set
+-- KEYS[3] the user's server-name set, KEYS[4] the all-servers set,
+-- KEYS[5] where the replaced (stopped or failed) record is kept
 -- ARGV[1] idempotency key ("" never matches)
 -- ARGV[2] now (Unix ns), ARGV[3] event MAXLEN, ARGV[4] event TTL ms
 -- ARGV[5] server name (member of KEYS[3])
 -- ARGV[6] spawn id, ARGV[7] message of the pending event
--- ARGV[8..] field/value pairs of the new record (state pending)
+-- ARGV[8] TTL ms of the kept previous record
+-- ARGV[9..] field/value pairs of the new record (state pending)
 -- Returns one of
 --   {"created", HGETALL of the record}
 --   {"exists", HGETALL}   a record with the same idempotency key
@@ -20,10 +22,13 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   if cur[2] ~= 'stopped' and cur[2] ~= 'failed' then
     return {'conflict', cur[2], cur[3]}
   end
-  redis.call('DEL', KEYS[1])
+  -- Kept until the new start is past its refusable steps: a refused
+  -- start puts it back (discard_server.lua).
+  redis.call('RENAME', KEYS[1], KEYS[5])
+  redis.call('PEXPIRE', KEYS[5], ARGV[8])
 end
 local fields = {}
-for i = 8, #ARGV do
+for i = 9, #ARGV do
   fields[#fields + 1] = ARGV[i]
 end
 redis.call('HSET', KEYS[1], unpack(fields))

@@ -1,36 +1,60 @@
--- lib.lua is prepended to every script that changes GPU usage.
+-- lib.lua is prepended to every script that changes GPU usage or modes.
 --
--- A GPU hash (gpu:<uuid>) has the fields
+-- A device hash (gpu:<uuid>: a physical GPU, or a MIG instance "MIG-…") has
+-- the fields
 --   uuid node model sm   inventory, strings
 --   mem                  allocatable memory, MiB
 --   healthy              "1" or "0"
---   amem acp n           allocated MiB, allocated guaranteed compute percent,
---                        number of slices
---   aidx fidx            the keys of its model's avail and full indexes
---   ref                  the JSON members "gpu":…,"node":…,"model":… that end an
---                        allocation record on this GPU (built in Go)
+--   amem acp n           allocated MiB, allocated compute percent, number of
+--                        allocations
+--   mode                 sharing mode in force: sliced, exclusive, mig, mps
+--   lmode amode pmode    the mode the reporter (node label) asks for, the
+--                        admin's ("" for none), and a wanted mode that waits
+--                        for the device to hold nothing (absent when none)
+--   pool                 placement pool: the mode, "mig:<profile>" for a MIG
+--                        instance, "" for a GPU in MIG mode (its instances
+--                        are placed, not it)
+--   whole                "1": held whole by one server (exclusive GPUs, MIG
+--                        instances); "0": shared (sliced, mps)
+--   cpw                  compute percent charged when held whole: 100, or
+--                        a MIG instance's share of its GPU's SMs
+--   parent migp          a MIG instance's GPU and MIG profile
+--   shape                an MPS GPU's client size "<MiB>/<percent>" while it
+--                        holds clients (all MPS clients of a GPU are alike)
+--   alla allf aidx fidx  the keys of its pool's all-model and model indexes
+--                        (absent when pool is "")
+--   ref                  the JSON members "gpu":…,"node":…,"model":…[,…]
+--                        that follow the slice members of an allocation
+--                        record on this device (built in Go)
 --
--- Every healthy GPU is in exactly one class, with score = free MiB
--- (mem - amem, < 0 when overcommitted), in its model's index and the
--- all-GPU index of that class:
---   avail ("a"): acp < 100, placement walks these
---   full  ("f"): acp >= 100, only counted for capacity errors
--- An unhealthy GPU is in no index.
+-- Every healthy device with a pool is in exactly one class of its pool,
+-- with score = free MiB (mem - amem, < 0 when overcommitted), in its model
+-- index and the all-model index of that class:
+--   avail ("a"): shared with acp < 100, or whole and empty (n = 0)
+--   full  ("f"): the rest, only counted for capacity errors
+-- An unhealthy device, and a GPU in MIG mode, is in no index. Each physical
+-- GPU is in the set mode:<mode> of its mode; MIG instances are in none.
 
--- gpu_load reads the fields placement needs; nil if the GPU is unknown.
+-- gpu_load reads the fields placement needs; nil if the device is unknown.
 local function gpu_load(gkey)
-  local f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'healthy', 'aidx', 'fidx', 'ref')
+  local f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'healthy', 'aidx', 'fidx', 'ref',
+    'alla', 'allf', 'whole', 'mode', 'cpw', 'model')
   if not f[1] then
     return nil
   end
   return {mem = tonumber(f[1]), amem = tonumber(f[2]), acp = tonumber(f[3]), n = tonumber(f[4]),
-    healthy = f[5] == '1', aidx = f[6], fidx = f[7], ref = f[8]}
+    healthy = f[5] == '1', aidx = f[6], fidx = f[7], ref = f[8], alla = f[9], allf = f[10],
+    whole = f[11] == '1', mode = f[12] or 'sliced', cpw = tonumber(f[13] or '100'), model = f[14] or ''}
 end
 
--- gpu_class is the index class of a loaded GPU: 'a', 'f' or nil.
+-- gpu_class is the index class of a loaded device: 'a', 'f' or nil.
 local function gpu_class(g)
-  if not g.healthy then
+  if not g.healthy or not g.alla then
     return nil
+  end
+  if g.whole then
+    if g.n == 0 then return 'a' end
+    return 'f'
   end
   if g.acp < 100 then
     return 'a'
@@ -38,41 +62,85 @@ local function gpu_class(g)
   return 'f'
 end
 
--- gpu_index moves GPU uuid into the indexes of its class with its current
--- free memory. was is its previous class, or 'any' when unknown (then it is
--- removed from every index of the other class). alla and allf are the
--- all-GPU avail and full indexes.
-local function gpu_index(g, uuid, was, alla, allf)
+-- gpu_index moves device uuid into the indexes of its class with its
+-- current free memory. was is its previous class, or 'any' when unknown
+-- (then it is removed from the indexes of the other class).
+local function gpu_index(g, uuid, was)
   local cls = gpu_class(g)
-  if was ~= cls then
+  if g.alla and was ~= cls then
     if was == 'a' or (was == 'any' and cls ~= 'a') then
-      redis.call('ZREM', alla, uuid)
+      redis.call('ZREM', g.alla, uuid)
       redis.call('ZREM', g.aidx, uuid)
     end
     if was == 'f' or (was == 'any' and cls ~= 'f') then
-      redis.call('ZREM', allf, uuid)
+      redis.call('ZREM', g.allf, uuid)
       redis.call('ZREM', g.fidx, uuid)
     end
   end
   local free = g.mem - g.amem
   if cls == 'a' then
-    redis.call('ZADD', alla, free, uuid)
+    redis.call('ZADD', g.alla, free, uuid)
     redis.call('ZADD', g.aidx, free, uuid)
   elseif cls == 'f' then
-    redis.call('ZADD', allf, free, uuid)
+    redis.call('ZADD', g.allf, free, uuid)
     redis.call('ZADD', g.fidx, free, uuid)
   end
 end
 
--- gpu_charge adds sign * (mem MiB, cp percent, one slice) to a loaded GPU,
--- stores the counters and reindexes it.
-local function gpu_charge(gkey, g, uuid, mem, cp, sign, alla, allf)
+-- gpu_charge adds sign * (mem MiB, cp percent, one allocation) to a loaded
+-- device, stores the counters and reindexes it. An MPS GPU that holds
+-- nothing any more forgets its client size.
+local function gpu_charge(gkey, g, uuid, mem, cp, sign)
   local was = gpu_class(g)
   g.amem = g.amem + sign * mem
   g.acp = g.acp + sign * cp
   g.n = g.n + sign
   redis.call('HSET', gkey, 'amem', g.amem, 'acp', g.acp, 'n', g.n)
-  gpu_index(g, uuid, was, alla, allf)
+  if g.n <= 0 then
+    redis.call('HDEL', gkey, 'shape')
+  end
+  gpu_index(g, uuid, was)
+end
+
+-- gpu_set_pool puts a loaded device into mode (and pool, "" for none) with
+-- the index keys of that pool and its model, built from the index prefix
+-- ip (redisschema.Keys.IndexPrefix) as Go builds them; it leaves the
+-- indexes and mode set it was in. mp is the mode-set prefix; physical is
+-- false for a MIG instance (in no mode set). whole says how the device is
+-- held. It reindexes the device.
+local function gpu_set_pool(gkey, g, uuid, ip, mp, physical, mode, pool, whole)
+  local old = {g.alla, g.allf, g.aidx, g.fidx}
+  local new = {false, false, false, false}
+  if pool ~= '' then
+    new = {ip .. pool .. ':a:all', ip .. pool .. ':f:all', ip .. pool .. ':a:m:' .. g.model,
+      ip .. pool .. ':f:m:' .. g.model}
+  end
+  for i = 1, 4 do
+    if old[i] and old[i] ~= new[i] then
+      redis.call('ZREM', old[i], uuid)
+    end
+  end
+  if physical and g.mode ~= mode then
+    redis.call('SREM', mp .. g.mode, uuid)
+  end
+  if physical then
+    redis.call('SADD', mp .. mode, uuid)
+  end
+  g.mode, g.whole = mode, whole
+  g.alla, g.allf, g.aidx, g.fidx = new[1], new[2], new[3], new[4]
+  redis.call('HSET', gkey, 'mode', mode, 'pool', pool, 'whole', whole and '1' or '0')
+  if pool ~= '' then
+    redis.call('HSET', gkey, 'alla', new[1], 'allf', new[2], 'aidx', new[3], 'fidx', new[4])
+  else
+    redis.call('HDEL', gkey, 'alla', 'allf', 'aidx', 'fidx')
+  end
+  gpu_index(g, uuid, 'any')
+end
+
+-- slice_members is the JSON of an allocation's slice, with the trailing
+-- comma before the device's ref.
+local function slice_members(mem, cp, cl)
+  return string.format('"memoryMiB":%d,"computePercent":%d,"computeLimitPercent":%d,', mem, cp, cl)
 end
 
 -- usage_load reads the counters of subjects (users and groups) from the

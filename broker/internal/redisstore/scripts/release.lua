@@ -1,9 +1,8 @@
--- release.lua frees one slice and un-charges its GPU, user and groups.
+-- release.lua frees one slice and un-charges its device, user and groups.
 --
 -- KEYS[1] allocs (hash slice id → allocation JSON)
--- KEYS[2] all avail index, KEYS[3] all full index
--- KEYS[4] usage (hash of user and group counters)
--- ARGV[1] gpu key prefix
+-- KEYS[2] usage (hash of user and group counters)
+-- ARGV[1] device key prefix
 -- ARGV[2] user and ARGV[3] group usage field prefixes ("u:", "g:"); a
 --         subject's field is <prefix><name> (lib.lua)
 -- ARGV[4] slice id
@@ -18,14 +17,14 @@ local fields = {ARGV[2] .. a.user}
 for _, grp in ipairs(a.groups) do
   fields[#fields + 1] = ARGV[3] .. grp
 end
-local used = usage_load(KEYS[4], fields)
+local used = usage_load(KEYS[2], fields)
 local gkey = ARGV[1] .. a.gpu
--- A GPU record never disappears today; the check keeps a hand-deleted one
--- from being recreated as a half hash.
+-- A device record never disappears today; the check keeps a hand-deleted
+-- one from being recreated as a half hash.
 local g = gpu_load(gkey)
 if g then
-  gpu_charge(gkey, g, a.gpu, a.memoryMiB, a.computePercent, -1, KEYS[2], KEYS[3])
+  gpu_charge(gkey, g, a.gpu, a.memoryMiB, a.computePercent, -1)
 end
-usage_charge(KEYS[4], fields, used, a.memoryMiB, a.computePercent, -1)
+usage_charge(KEYS[2], fields, used, a.memoryMiB, a.computePercent, -1)
 redis.call('HDEL', KEYS[1], ARGV[4])
 return 1

@@ -4,9 +4,8 @@
 -- an event, in one atomic step.
 --
 -- KEYS[1] allocs (hash slice id → allocation JSON)
--- KEYS[2] all avail index, KEYS[3] all full index
--- KEYS[4] usage (hash of user and group counters)
--- KEYS[5] server record, KEYS[6] its event stream
+-- KEYS[2] usage (hash of user and group counters)
+-- KEYS[3] server record, KEYS[4] its event stream
 -- ARGV[1] gpu key prefix
 -- ARGV[2] spawn id (= slice id) the caller acts for
 -- ARGV[3] new memory MiB, ARGV[4] new compute percent, ARGV[5] new compute
@@ -26,16 +25,18 @@
 --   {"state", current}     the server is not running
 --   {"noalloc"}            the spawn holds no allocation
 --   {"corrupt", why}       the stored allocation cannot be rewritten
+--   {"mode", mode}         the device is not time-sliced: a slice of this
+--                          mode cannot change in place
 --   {"gpu", uuid, node, free MiB, free compute, healthy "1"/"0"}
 --                          the GPU lacks room for the growth (free counts
 --                          exclude this slice)
 --   {"quota", scope, name, resource, limit, used, want}
 
-if redis.call('EXISTS', KEYS[5]) == 0 then
+if redis.call('EXISTS', KEYS[3]) == 0 then
   return {'notfound'}
 end
 local spawn = ARGV[2]
-local cur = redis.call('HMGET', KEYS[5], 'spawn', 'state')
+local cur = redis.call('HMGET', KEYS[3], 'spawn', 'state')
 if cur[1] ~= spawn then
   return {'spawn', cur[1]}
 end
@@ -49,7 +50,7 @@ end
 local a = cjson.decode(rec)
 local mem, cp, cl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 if a.memoryMiB == mem and a.computePercent == cp and a.computeLimitPercent == cl then
-  return {'same', redis.call('HGETALL', KEYS[5])}
+  return {'same', redis.call('HGETALL', KEYS[3])}
 end
 local dm = mem - a.memoryMiB
 local dc = cp - a.computePercent
@@ -59,6 +60,9 @@ local gkey = ARGV[1] .. a.gpu
 local g = gpu_load(gkey)
 if not g then
   return {'corrupt', 'gpu ' .. a.gpu .. ' is not registered'}
+end
+if g.mode ~= 'sliced' or (a.sharing and a.sharing ~= 'sliced') then
+  return {'mode', a.sharing or g.mode}
 end
 local grows = dm > 0 or dc > 0
 if grows and (not g.healthy or g.amem + dm > g.mem or g.acp + dc > 100) then
@@ -80,7 +84,7 @@ for _, grp in ipairs(a.groups) do
   prefixes[#prefixes + 1] = ARGV[13] .. grp
   subjects[#subjects + 1] = {'group', grp}
 end
-local used = usage_load(KEYS[4], prefixes)
+local used = usage_load(KEYS[2], prefixes)
 for i, sub in ipairs(subjects) do
   local c = caps[sub[1] .. ':' .. sub[2]]
   if c then
@@ -108,14 +112,14 @@ local was = gpu_class(g)
 g.amem = g.amem + dm
 g.acp = g.acp + dc
 redis.call('HSET', gkey, 'amem', g.amem, 'acp', g.acp)
-gpu_index(g, a.gpu, was, KEYS[2], KEYS[3])
+gpu_index(g, a.gpu, was)
 for _, u in ipairs(used) do
   u[2] = u[2] + dm
   u[3] = u[3] + dc
 end
-usage_store(KEYS[4], prefixes, used)
+usage_store(KEYS[2], prefixes, used)
 redis.call('HSET', KEYS[1], spawn, nrec)
 
-redis.call('HSET', KEYS[5], 'slice', ARGV[6], 'alloc', ARGV[7], 'msg', ARGV[8], 'updated', ARGV[9])
-append_event(KEYS[6], spawn, 'running', ARGV[8], ARGV[9], ARGV[10], ARGV[11])
-return {'resized', redis.call('HGETALL', KEYS[5])}
+redis.call('HSET', KEYS[3], 'slice', ARGV[6], 'alloc', ARGV[7], 'msg', ARGV[8], 'updated', ARGV[9])
+append_event(KEYS[4], spawn, 'running', ARGV[8], ARGV[9], ARGV[10], ARGV[11])
+return {'resized', redis.call('HGETALL', KEYS[3])}

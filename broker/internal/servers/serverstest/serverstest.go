@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/catalog"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
@@ -72,10 +74,19 @@ func (c *Clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now
 // Advance moves the clock forward by d.
 func (c *Clock) Advance(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
 
+// By is the actor of the fixture's tests' lifecycle calls: a user acting
+// on their own servers.
+var By = audit.Actor{Name: "tester", Kind: v1.ActorUser}
+
 // Fixture is one test's broker lifecycle.
 type Fixture struct {
-	Redis   *redistest.Server
-	Store   *redisstore.Store
+	Redis *redistest.Server
+	Store *redisstore.Store
+	// Audit is the audit log the service writes its actions to.
+	Audit *redisstore.AuditLog
+	// Prefix is the store's key prefix (redisschema.New(Prefix) names the
+	// keys).
+	Prefix  string
 	Kube    *fake.Clientset
 	Pods    *spawner.Client
 	Service *servers.Service
@@ -86,14 +97,19 @@ type Fixture struct {
 
 // New starts a fixture with two 40960 MiB GPUs, gpu-a on node n1 and gpu-b
 // on node n2, and the allocations marked as rebuilt. Pod events reach the
-// service as in the broker; everything stops in t.Cleanup.
-func New(t *testing.T) *Fixture {
+// service as in the broker; everything stops in t.Cleanup. opts go to the
+// service after the fixture's own (clock, spawn ids, audit).
+func New(t *testing.T, opts ...servers.Option) *Fixture {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	rs := redistest.Start(t)
 	clock := &Clock{now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
 	log := slog.New(slog.DiscardHandler)
-	store := redisstore.New(rs.Client(t), rs.Prefix(t), redisstore.WithClock(clock.Now))
+	client := rs.Client(t)
+	client.AddHook(redisstore.OutageHook{})
+	prefix := rs.Prefix(t)
+	store := redisstore.New(client, prefix, redisstore.WithClock(clock.Now))
+	auditLog := redisstore.NewAuditLog(client, prefix, nil)
 	cat, err := catalog.Parse([]byte(Catalog))
 	if err != nil {
 		t.Fatalf("catalog: %v", err)
@@ -113,13 +129,13 @@ func New(t *testing.T) *Fixture {
 	pods := spawner.New(kube, spawner.Config{Namespace: Namespace}.WithDefaults(), log, spawner.WithClock(clock.Now))
 	ids := 0
 	var idsMu sync.Mutex
-	svc := servers.New(store, pods, cat, log, servers.WithClock(clock.Now), servers.WithSpawnIDs(func() string {
+	svc := servers.New(store, pods, cat, log, append([]servers.Option{servers.WithClock(clock.Now), servers.WithSpawnIDs(func() string {
 		idsMu.Lock()
 		defer idsMu.Unlock()
 		ids++
 		return fmt.Sprintf("spawn%03d", ids)
-	}))
-	f := &Fixture{Redis: rs, Store: store, Kube: kube, Pods: pods, Service: svc, Catalog: cat, Clock: clock, Log: log}
+	}), servers.WithAudit(auditLog)}, opts...)...)
+	f := &Fixture{Redis: rs, Store: store, Audit: auditLog, Prefix: prefix, Kube: kube, Pods: pods, Service: svc, Catalog: cat, Clock: clock, Log: log}
 
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = pods.Run(ctx) })

@@ -1,0 +1,687 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/e2e/harness"
+	"github.com/gpubroker/gpubroker/e2e/testdeps"
+	"github.com/gpubroker/gpubroker/spawner/jupyterhub/pytest"
+	"github.com/gpubroker/gpubroker/spawner/runner"
+)
+
+// hubImage is the image of the hub's profiles. The pod runner plays it
+// with hubImageRun.
+const hubImage = "example.invalid/jupyterhub-singleuser:1"
+
+// hubEntrypoint stands in for a notebook image's entrypoint (as
+// docker-stacks' start.sh) and runs the command it is given on the pod's
+// IP, since the runner's pods share this machine's network and 0.0.0.0:8888
+// would be one port for all: the hub's jupyterhub-singleuser as it is; the
+// broker's default command for a profile without one (start-notebook.sh
+// --ServerApp.base_url=…, as a user of the broker's own API gets) as the
+// classic notebook server with the options translated, taking its token
+// from the server's Secret (JUPYTER_TOKEN).
+const hubEntrypoint = `common="--ip=$GPUBROKER_POD_IP --port=8888 --allow-root --NotebookApp.port_retries=0"
+if [ "$1" != start-notebook.sh ]; then exec "$@" $common; fi
+shift
+n=$#
+while [ "$n" -gt 0 ]; do
+  a=$1; shift; n=$((n - 1))
+  case $a in --ServerApp.*) a="--NotebookApp.${a#--ServerApp.}" ;; esac
+  set -- "$@" "$a"
+done
+exec /usr/bin/python3 -m notebook --no-browser $common --NotebookApp.allow_remote_access=True "$@"`
+
+// hubImageRun is hubImage as the pod runner runs it. The classic notebook
+// UI: jupyterhub-singleuser 3.0 wraps jupyter_server when it is installed,
+// which has no UI here (JUPYTERHUB-RIG.md §3).
+var hubImageRun = runner.Image{
+	Entrypoint: []string{"/bin/sh", "-c", hubEntrypoint, "entrypoint"},
+	Env:        []string{"JUPYTERHUB_SINGLEUSER_APP=notebook.notebookapp.NotebookApp"},
+}
+
+// hubSlices are the hub profiles' slices.
+var hubSlices = map[string]v1.Slice{
+	"small":  {MemoryMiB: 8192, ComputePercent: 10, ComputeLimitPercent: 50},
+	"medium": {MemoryMiB: 24576, ComputePercent: 25, ComputeLimitPercent: 75},
+}
+
+// hubProfiles is the broker's catalog behind the hub: small and medium,
+// two servers per user, and carol's GPU memory capped at 8 GiB (medium is
+// refused to her).
+var hubProfiles = `
+profiles:
+  - name: small
+    displayName: Small
+    image: ` + hubImage + `
+    cpu: "1"
+    memory: 1Gi
+    slice: {memoryMiB: 8192, computePercent: 10, computeLimitPercent: 50}
+  - name: medium
+    displayName: Medium
+    image: ` + hubImage + `
+    cpu: "1"
+    memory: 1Gi
+    slice: {memoryMiB: 24576, computePercent: 25, computeLimitPercent: 75}
+quotas:
+  defaultUser: {servers: 2}
+  users:
+    carol: {memoryMiB: 8192}
+`
+
+// hubUsers are the hub's users (all in group ml); u0…u9 spawn at once,
+// bench spawns in BenchmarkHubSpawn.
+var hubUsers = append([]string{"alice", "bob", "carol", "dave", "bench"}, manyUsers()...)
+
+func manyUsers() []string {
+	out := make([]string, 10)
+	for i := range out {
+		out[i] = "u" + strconv.Itoa(i)
+	}
+	return out
+}
+
+// hubDefaultServer is the broker's name of a user's default hub server
+// (GPUBrokerSpawner.default_server_name).
+const hubDefaultServer = "(default)"
+
+// hubEnv is an env with a real JupyterHub in front of its broker: Debian's
+// jupyterhub 3.0 and configurable-http-proxy, GPUBrokerSpawner from the
+// source tree, DummyAuthenticator, and a service token with admin scopes
+// for the test's REST calls.
+type hubEnv struct {
+	*env
+	hub *harness.Hub
+	// service is the hub API token of the test's own service.
+	service string
+}
+
+// newHubEnv starts the broker (its nodes under a pod runner, so notebooks
+// are real jupyterhub-singleuser processes) and the hub in front of it;
+// the hub stops first when t ends.
+func newHubEnv(t testing.TB, o envOptions) *hubEnv {
+	t.Helper()
+	o.notebooks, o.profiles = true, hubProfiles
+	e := newEnv(t, o)
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "broker-hub-token")
+	if err := os.WriteFile(tokenFile, []byte(e.hubToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := &hubEnv{env: e}
+	h.hub, h.service = startHub(t, e.broker.URL, tokenFile)
+	return h
+}
+
+// startHub starts Debian's JupyterHub with GPUBrokerSpawner (from the
+// source tree) in front of the broker at brokerURL, which accepts the
+// token in tokenFile, with DummyAuthenticator, the users hubUsers in group
+// ml, and a service whose returned token has admin scopes. The hub stops
+// when t ends, printing its log if t failed.
+func startHub(t testing.TB, brokerURL, tokenFile string) (*harness.Hub, string) {
+	t.Helper()
+	pytest.Python(t) // Debian's jupyterhub, aiohttp
+	testdeps.Need(t, "/usr/bin/configurable-http-proxy")
+	testdeps.Need(t, "/usr/bin/jupyterhub-singleuser")
+	service := "svc-" + harness.UniqueName("token")
+	py := func(v any) string { b, _ := json.Marshal(v); return string(b) }
+	cfg := fmt.Sprintf(`
+c.JupyterHub.authenticator_class = "jupyterhub.auth.DummyAuthenticator"
+c.JupyterHub.spawner_class = "gpubroker_jupyterhub.GPUBrokerSpawner"
+c.GPUBrokerSpawner.broker_url = %s
+c.GPUBrokerSpawner.hub_token_file = %s
+c.JupyterHub.allow_named_servers = True
+# 3.0 counts every failed spawn, refusals included (deploy/jupyterhub).
+c.JupyterHub.consecutive_failure_limit = 0
+# Two shared cores, ten notebooks starting at once, the race detector.
+c.Spawner.start_timeout = 300
+c.Spawner.http_timeout = 120
+c.JupyterHub.load_groups = {"ml": %s}
+c.JupyterHub.services = [{"name": "e2e", "api_token": %s}]
+c.JupyterHub.load_roles = [{"name": "e2e", "services": ["e2e"],
+    "scopes": ["admin:users", "admin:servers", "access:servers", "read:users"]}]
+`, py(brokerURL), py(tokenFile), py(hubUsers), py(service))
+	hub, err := harness.StartHub(t.Context(), harness.HubOptions{
+		Dir: filepath.Join(t.TempDir(), "hub"), Config: cfg,
+		Env: []string{"PYTHONPATH=" + pytest.Dir()},
+	})
+	if err != nil {
+		t.Fatalf("start the hub: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := hub.Stop(); err != nil {
+			t.Errorf("stop the hub: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("--- %s, last 120 lines:\n%s", hub.LogPath, hub.LogTail(120))
+			keepLog(t, hub.LogPath)
+		}
+	})
+	return hub, service
+}
+
+// hubAPI calls the hub's REST API with the service token; it returns the
+// status and the body.
+func (h *hubEnv) hubAPI(ctx context.Context, method, path string, body any) (int, []byte, error) {
+	return h.hubCall(ctx, method, "/hub/api"+path, body)
+}
+
+// hubGet GETs path (for example /user/bob/api/status) through the hub's
+// proxy with the service token.
+func (h *hubEnv) hubGet(ctx context.Context, path string) (int, []byte, error) {
+	return h.hubCall(ctx, http.MethodGet, path, nil)
+}
+
+// hubCall sends a request to the hub's public URL with the service token.
+func (h *hubEnv) hubCall(ctx context.Context, method, path string, body any) (int, []byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return 0, nil, err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, h.hub.URL+path, rd)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Authorization", "token "+h.service)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := hubHTTP.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, b, err
+}
+
+// hubHTTP has a transport of its own (see newBrowserEnvWith) and a timeout
+// above the hub's slow_spawn_timeout (10 s), which a POST of a server
+// waits for.
+var hubHTTP = &http.Client{Timeout: 60 * time.Second, Transport: http.DefaultTransport.(*http.Transport).Clone()}
+
+// hubServer is the part of the hub's model of a server the tests read.
+type hubServer struct {
+	Ready   bool   `json:"ready"`
+	Pending string `json:"pending"`
+	URL     string `json:"url"`
+}
+
+// hubServers returns user's servers as the hub sees them.
+func (h *hubEnv) hubServers(ctx context.Context, user string) (map[string]hubServer, error) {
+	status, b, err := h.hubAPI(ctx, http.MethodGet, "/users/"+user, nil)
+	if err != nil {
+		return nil, err
+	}
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("GET /hub/api/users/%s: %d %s", user, status, b)
+	}
+	var u struct {
+		Servers map[string]hubServer `json:"servers"`
+	}
+	if err := json.Unmarshal(b, &u); err != nil {
+		return nil, fmt.Errorf("GET /hub/api/users/%s: %w: %s", user, err, b)
+	}
+	return u.Servers, nil
+}
+
+// spawn asks the hub for user's default server with profile; it returns
+// the hub's status: 201 when it got ready within the hub's
+// slow_spawn_timeout, 202 when it is still starting.
+func (h *hubEnv) spawn(ctx context.Context, user, profile string) (int, error) {
+	status, b, err := h.hubAPI(ctx, http.MethodPost, "/users/"+user+"/server", map[string]string{"profile": profile})
+	if err != nil {
+		return 0, fmt.Errorf("POST /hub/api/users/%s/server: %w", user, err)
+	}
+	if status != http.StatusCreated && status != http.StatusAccepted {
+		return status, fmt.Errorf("POST /hub/api/users/%s/server: %d %s", user, status, b)
+	}
+	return status, nil
+}
+
+// waitHubReady waits until the hub reports user's default server ready.
+func (h *hubEnv) waitHubReady(ctx context.Context, user string, timeout time.Duration) error {
+	return harness.Poll(ctx, 50*time.Millisecond, timeout, func(ctx context.Context) (bool, string, error) {
+		s, err := h.hubServers(ctx, user)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		d, ok := s[""]
+		return ok && d.Ready, fmt.Sprintf("%+v", s), nil
+	})
+}
+
+// stopHub stops user's default server through the hub's REST API and
+// waits until the hub has no server for user and no pod of user's is left.
+func (h *hubEnv) stopHub(t testing.TB, user string) {
+	t.Helper()
+	h.stopAtHub(t, user)
+	h.waitNoPods(t, user)
+}
+
+// stopAtHub stops user's default server through the hub's REST API and
+// waits until the hub has no server for user.
+func (h *hubEnv) stopAtHub(t testing.TB, user string) {
+	t.Helper()
+	ctx := t.Context()
+	status, b, err := h.hubAPI(ctx, http.MethodDelete, "/users/"+user+"/server", nil)
+	if err != nil || (status != http.StatusNoContent && status != http.StatusAccepted) {
+		t.Fatalf("DELETE /hub/api/users/%s/server: %d %s %v", user, status, b, err)
+	}
+	err = harness.Poll(ctx, 100*time.Millisecond, 60*time.Second, func(ctx context.Context) (bool, string, error) {
+		s, err := h.hubServers(ctx, user)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return len(s) == 0, fmt.Sprintf("%+v", s), nil
+	})
+	if err != nil {
+		t.Fatalf("the hub still has %s's server: %v", user, err)
+	}
+}
+
+// userPods lists the notebook pods of user.
+func (e *env) userPods(ctx context.Context, user string) ([]corev1.Pod, error) {
+	l, err := e.cluster.Client.CoreV1().Pods(e.ns).List(ctx, metav1.ListOptions{
+		LabelSelector: v1.LabelManagedBy + "=" + v1.ManagedByValue + "," + v1.LabelUser + "=" + user,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return l.Items, nil
+}
+
+// waitNoPods waits until user has no notebook pod.
+func (e *env) waitNoPods(t testing.TB, user string) {
+	t.Helper()
+	err := harness.Poll(t.Context(), 100*time.Millisecond, 60*time.Second, func(ctx context.Context) (bool, string, error) {
+		pods, err := e.userPods(ctx, user)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return len(pods) == 0, fmt.Sprintf("%d pods", len(pods)), nil
+	})
+	if err != nil {
+		t.Fatalf("%s's pods are still there: %v", user, err)
+	}
+}
+
+// brokerServer is user's default hub server as the broker reports it, read
+// with the hub's token acting for user; ok is false when there is none.
+func (h *hubEnv) brokerServer(ctx context.Context, user string) (v1.Server, bool, error) {
+	s, err := h.client(user, "ml").GetServer(ctx, user, hubDefaultServer)
+	var ae *harness.APIError
+	if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+		return v1.Server{}, false, nil
+	}
+	return s, err == nil, err
+}
+
+// TestJupyterHub runs Debian's JupyterHub 3.0 with GPUBrokerSpawner in
+// front of a real broker whose pods are real jupyterhub-singleuser
+// processes; one hub and one broker serve every sub-test in turn.
+func TestJupyterHub(t *testing.T) {
+	t.Parallel()
+	h := newHubEnv(t, envOptions{nodes: 2, gpusPerNode: 2})
+	t.Run("a user in the browser: sign in, pick a profile, progress, a cell, stop", h.browserJourney)
+	t.Run("a quota refusal shows the broker's words on the spawn page", h.quotaRefusal)
+	t.Run("the hub restarted while a server runs finds it again", h.restartWhileRunning)
+	t.Run("the hub killed during a spawn leaves nothing behind", h.killDuringSpawn)
+	t.Run("10 users spawning at once through the hub's REST API", h.manyAtOnce)
+}
+
+// signIn signs user in on the hub's login page (DummyAuthenticator takes
+// any password).
+func (h *hubEnv) signIn(b *tab, user string) {
+	b.t.Helper()
+	b.open(h.hub.URL + "/hub/login")
+	b.set("#username_input", user)
+	b.set("#password_input", "any")
+	b.click("#login_submit")
+	b.waitFor("signed in at the hub", `location.pathname.startsWith('/hub/') && !location.pathname.startsWith('/hub/login')`)
+}
+
+// browserJourney: alice signs in at the hub, picks medium on the hub's
+// spawn page, the hub's progress page shows the broker's words while her
+// pod waits for the node, she lands in the notebook through the hub's
+// proxy and runs print(6*7); she stops the server on the hub's home page:
+// her pod is gone and the slice freed.
+func (h *hubEnv) browserJourney(t *testing.T) {
+	ctx := t.Context()
+	b := newTab(t)
+	h.signIn(b, "alice")
+	b.open(h.hub.URL + "/hub/spawn")
+	b.waitFor("the spawn page with the broker's profiles", `document.querySelectorAll('#spawn_form input[name=profile]').length === 2`)
+	if text := eval[string](b, `document.getElementById('spawn_form').innerText`); !strings.Contains(text, "24 GiB GPU memory") {
+		t.Errorf("the spawn page does not describe medium's slice:\n%s", text)
+	}
+	b.shot("hub-spawn-form")
+	// Until the node's hook is back the pod waits: the progress page shows
+	// for sure.
+	if err := h.hook.remove(); err != nil {
+		t.Fatal(err)
+	}
+	b.click(`#spawn_form input[name=profile][value=medium]`)
+	b.click(`#spawn_form input[type=submit]`)
+	b.waitFor("the hub's progress page", `location.pathname.startsWith('/hub/spawn-pending/alice') && document.getElementById('progress-bar') !== null`)
+
+	var waiting v1.Server
+	err := harness.Poll(ctx, 100*time.Millisecond, pageTimeout, func(ctx context.Context) (bool, string, error) {
+		s, ok, err := h.brokerServer(ctx, "alice")
+		if err != nil || !ok {
+			return false, fmt.Sprint(ok, err), nil
+		}
+		waiting = s
+		return (s.State == v1.StateCreating || s.State == v1.StateStarting) && s.Message != "", fmt.Sprintf("%s %q", s.State, s.Message), nil
+	})
+	if err != nil {
+		t.Fatalf("the broker's server of alice's spawn: %v", err)
+	}
+	b.waitFor("the broker's words in the hub's event log", `Array.from(document.querySelectorAll('#progress-log .progress-log-event')).some(e => e.textContent === `+jsString(waiting.Message)+`)`)
+	if p := eval[int](b, `Number(document.getElementById('progress-bar').getAttribute('aria-valuenow'))`); p <= 0 || p >= 100 {
+		t.Errorf("the progress bar stands at %d %% while the pod waits, want between 0 and 100", p)
+	}
+	b.shot("hub-progress")
+	if err := h.hook.install(); err != nil {
+		t.Fatal(err)
+	}
+	b.waitFor("the notebook's own file list, through the hub's proxy", `location.pathname.startsWith('/user/alice/tree') && document.querySelector('#notebook_list') !== null`)
+	if origin := eval[string](b, `location.origin`); origin != h.hub.URL {
+		t.Errorf("the notebook is served at %s, want the hub's proxy %s", origin, h.hub.URL)
+	}
+	b.shot("hub-notebook-tree")
+
+	created := eval[int](b, `fetch('/user/alice/api/contents/e2e.ipynb', {method: 'PUT',
+		headers: {'Content-Type': 'application/json', 'X-XSRFToken': (document.cookie.match(/_xsrf=([^;]+)/) || [])[1] || ''},
+		body: JSON.stringify({type: 'notebook', content: {cells: [{cell_type: 'code', source: '', metadata: {}, outputs: [], execution_count: null}],
+		metadata: {kernelspec: {name: 'python3', display_name: 'Python 3', language: 'python'}}, nbformat: 4, nbformat_minor: 5}})}).then(r => r.status)`)
+	if created != 201 && created != 200 {
+		t.Fatalf("create the notebook file through the hub's proxy: HTTP %d", created)
+	}
+	b.open(h.hub.URL + "/user/alice/notebooks/e2e.ipynb")
+	b.waitFor("the kernel connected", `window.Jupyter && Jupyter.notebook && Jupyter.notebook.kernel && Jupyter.notebook.kernel.is_connected() && Jupyter.notebook.get_cell(0) !== null`)
+	b.do("run print(6*7)", chromedp.Evaluate[chromedp.Void](`(function () { var c = Jupyter.notebook.get_cell(0); c.set_text('print(6*7)'); c.execute(); })()`))
+	b.waitFor("42 on the page", `Array.from(document.querySelectorAll('.output_subarea')).some(e => e.innerText.trim() === '42')`)
+	b.shot("hub-notebook-42")
+
+	running, ok, err := h.brokerServer(ctx, "alice")
+	if err != nil || !ok || running.State != v1.StateRunning || running.Profile != "medium" {
+		t.Fatalf("alice's server at the broker: %+v %v %v, want running with medium", running, ok, err)
+	}
+	b.open(h.hub.URL + "/hub/home")
+	// The button works once the page's script has bound it (require.js
+	// loads it after the page).
+	b.waitFor("the home page's script", `window.jQuery && (jQuery._data(document.getElementById('stop'), 'events') || {}).click`)
+	b.click("#stop")
+	b.waitFor("the home page offering a start again", `document.getElementById('stop') === null || document.getElementById('stop').offsetParent === null`)
+	b.shot("hub-home-stopped")
+	h.waitNoPods(t, "alice")
+	h.waitNoAllocations(t, ctx)
+	if s, _, err := h.brokerServer(ctx, "alice"); err != nil || s.State != v1.StateStopped {
+		t.Errorf("alice's server at the broker after the stop: %s, %v", s.State, err)
+	}
+}
+
+// quotaRefusal: carol may hold 8 GiB of GPU memory and picks medium (24
+// GiB): the spawn page shows the broker's refusal in its words; nothing
+// is left at the broker, in the cluster or in the hub.
+func (h *hubEnv) quotaRefusal(t *testing.T) {
+	ctx := t.Context()
+	// The broker's own words for this refusal, asked the way the class
+	// asks (the hub's token, for carol).
+	_, _, err := h.client("carol", "ml").CreateServer(ctx, "carol", "probe", "k-probe", v1.CreateServerRequest{Profile: "medium"})
+	var ae *harness.APIError
+	if !errors.As(err, &ae) || ae.Status != http.StatusForbidden || ae.Body.Message == "" {
+		t.Fatalf("the broker's answer to carol asking for medium: %v, want a 403 refusal", err)
+	}
+	want := ae.Body.Message
+
+	b := newTab(t)
+	h.signIn(b, "carol")
+	b.open(h.hub.URL + "/hub/spawn")
+	b.click(`#spawn_form input[name=profile][value=medium]`)
+	b.click(`#spawn_form input[type=submit]`)
+	b.waitFor("the refusal on the page", `document.body.innerText.includes(`+jsString(want)+`)`)
+	b.shot("hub-quota-refused")
+	if text := b.text(); strings.Contains(text, "Traceback") || strings.Contains(text, "Internal Server Error") {
+		t.Errorf("the refusal page reads like a crash:\n%s", text)
+	}
+
+	if s, ok, err := h.brokerServer(ctx, "carol"); err != nil || (ok && s.State != v1.StateFailed && s.State != v1.StateStopped) {
+		t.Errorf("carol's server at the broker after the refusal: %+v (exists %v), %v", s, ok, err)
+	}
+	pods, err := h.userPods(ctx, "carol")
+	if err != nil || len(pods) != 0 {
+		t.Errorf("carol's pods after the refusal: %d, %v", len(pods), err)
+	}
+	if use := h.allocated(t); len(use) != 0 {
+		t.Errorf("slices allocated after the refusal: %+v", use)
+	}
+	srv, err := h.hubServers(ctx, "carol")
+	if err != nil || len(srv) != 0 {
+		t.Errorf("the hub's servers of carol after the refusal: %+v, %v; want none", srv, err)
+	}
+	// And she can start what her quota allows.
+	if _, err := h.spawn(ctx, "carol", "small"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.waitHubReady(ctx, "carol", 2*time.Minute); err != nil {
+		t.Fatalf("carol's small server: %v", err)
+	}
+	h.stopHub(t, "carol")
+}
+
+// restartWhileRunning: bob's server runs; the hub stops and starts again:
+// its poll() finds the server, the hub routes /user/bob/ to it again, and
+// there is still one pod, of the same spawn.
+func (h *hubEnv) restartWhileRunning(t *testing.T) {
+	ctx := t.Context()
+	if _, err := h.spawn(ctx, "bob", "small"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.waitHubReady(ctx, "bob", 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	before, ok, err := h.brokerServer(ctx, "bob")
+	if err != nil || !ok || before.State != v1.StateRunning {
+		t.Fatalf("bob's server at the broker: %+v %v %v", before, ok, err)
+	}
+	if err := h.hub.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.hub.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.waitHubReady(ctx, "bob", time.Minute); err != nil {
+		t.Fatalf("after the restart: %v", err)
+	}
+	// Through the new proxy, once the hub has put bob's route back: the
+	// notebook's own API with a token allowed to access servers.
+	err = harness.Poll(ctx, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, string, error) {
+		status, body, err := h.hubGet(ctx, "/user/bob/api/status")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return status == http.StatusOK && strings.Contains(string(body), "kernels"), fmt.Sprintf("%d %.200s", status, body), nil
+	})
+	if err != nil {
+		t.Fatalf("bob's notebook through the restarted hub's proxy: %v", err)
+	}
+	pods, err := h.userPods(ctx, "bob")
+	if err != nil || len(pods) != 1 || pods[0].Labels[v1.LabelSpawnID] != before.SpawnID {
+		t.Fatalf("bob's pods after the restart: %d (%v), want one, of spawn %s", len(pods), err, before.SpawnID)
+	}
+	if after, _, err := h.brokerServer(ctx, "bob"); err != nil || after.SpawnID != before.SpawnID || after.State != v1.StateRunning {
+		t.Errorf("bob's server after the restart: %+v %v, want spawn %s running", after, err, before.SpawnID)
+	}
+	h.stopHub(t, "bob")
+}
+
+// killDuringSpawn: the hub is killed (SIGKILL, its proxy with it) while
+// dave's pod waits for the node; the restarted hub finds a server it never
+// saved: it stops it at the broker, so no pod or slice is left, and dave's
+// next start works.
+func (h *hubEnv) killDuringSpawn(t *testing.T) {
+	ctx := t.Context()
+	if err := h.hook.remove(); err != nil {
+		t.Fatal(err)
+	}
+	installed := false
+	defer func() {
+		if !installed {
+			_ = h.hook.install()
+		}
+	}()
+	// The POST waits for the spawn (slow_spawn_timeout); the kill ends it.
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, _ = h.spawn(ctx, "dave", "small")
+	}()
+	err := harness.Poll(ctx, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, string, error) {
+		pods, err := h.userPods(ctx, "dave")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return len(pods) == 1, fmt.Sprintf("%d pods", len(pods)), nil
+	})
+	if err != nil {
+		t.Fatalf("dave's pod: %v", err)
+	}
+	if err := h.hub.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if err := h.hub.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.waitNoPods(t, "dave")
+	h.waitNoAllocations(t, ctx)
+	if s, ok, err := h.brokerServer(ctx, "dave"); err != nil || (ok && s.State != v1.StateStopped) {
+		t.Errorf("dave's server at the broker after the restart: %+v (exists %v), %v; want stopped", s, ok, err)
+	}
+	if srv, err := h.hubServers(ctx, "dave"); err != nil || len(srv) != 0 {
+		t.Errorf("the restarted hub's servers of dave: %+v, %v; want none", srv, err)
+	}
+
+	if err := h.hook.install(); err != nil {
+		t.Fatal(err)
+	}
+	installed = true
+	if _, err := h.spawn(ctx, "dave", "small"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.waitHubReady(ctx, "dave", 2*time.Minute); err != nil {
+		t.Fatalf("dave's next start: %v", err)
+	}
+	if pods, err := h.userPods(ctx, "dave"); err != nil || len(pods) != 1 {
+		t.Errorf("dave's pods after the next start: %d, %v; want one", len(pods), err)
+	}
+	h.stopHub(t, "dave")
+	h.waitNoAllocations(t, ctx)
+}
+
+// manyAtOnce: u0…u9 ask the hub for a server at the same moment, small
+// and medium in turn; all get ready, each pod carries its profile's slice,
+// and no GPU holds more memory or compute than it has.
+func (h *hubEnv) manyAtOnce(t *testing.T) {
+	ctx := t.Context()
+	users := manyUsers()
+	profile := func(i int) string { return []string{"small", "medium"}[i%2] }
+	start := time.Now()
+	errs := make([]error, len(users))
+	var wg sync.WaitGroup
+	for i, u := range users {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := h.spawn(ctx, u, profile(i)); err != nil {
+				errs[i] = err
+				return
+			}
+			errs[i] = h.waitHubReady(ctx, u, 5*time.Minute)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("spawns: %v", err)
+	}
+	t.Logf("10 hub spawns ready in %s", time.Since(start).Round(time.Millisecond))
+	defer func() {
+		for _, u := range users {
+			h.stopHub(t, u)
+		}
+		h.waitNoAllocations(t, ctx)
+	}()
+
+	pods, err := h.pods(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods) != len(users) {
+		t.Fatalf("%d notebook pods, want %d", len(pods), len(users))
+	}
+	type use struct {
+		mem     int64
+		compute int
+	}
+	perGPU := map[string]use{}
+	for i, u := range users {
+		var pod *corev1.Pod
+		for j := range pods {
+			if pods[j].Labels[v1.LabelUser] == u {
+				pod = &pods[j]
+			}
+		}
+		if pod == nil {
+			t.Errorf("%s has no pod", u)
+			continue
+		}
+		want := hubSlices[profile(i)]
+		a := pod.Annotations
+		got := fmt.Sprintf("%s %s/%s/%s", a[v1.AnnotationProfile], a[v1.AnnotationMemoryMiB], a[v1.AnnotationComputePercent], a[v1.AnnotationComputeLimitPercent])
+		if w := fmt.Sprintf("%s %d/%d/%d", profile(i), want.MemoryMiB, want.ComputePercent, want.ComputeLimitPercent); got != w {
+			t.Errorf("%s's pod carries %q, want %q", u, got, w)
+		}
+		g := perGPU[a[v1.AnnotationGPUUUID]]
+		g.mem += want.MemoryMiB
+		g.compute += want.ComputePercent
+		perGPU[a[v1.AnnotationGPUUUID]] = g
+	}
+	alloc := h.allocated(t)
+	for uuid, g := range perGPU {
+		if _, ok := h.gpuByUUID(uuid); !ok {
+			t.Errorf("pods placed on unknown GPU %q", uuid)
+		}
+		if g.mem > gpuMemoryMiB || g.compute > 100 {
+			t.Errorf("GPU %s overcommitted: %d MiB of %d, %d %% compute", uuid, g.mem, gpuMemoryMiB, g.compute)
+		}
+		if a := alloc[uuid]; a.memoryMiB != g.mem || a.computePercent != g.compute {
+			t.Errorf("GPU %s: the broker counts %+v, the pods hold %d MiB and %d %%", uuid, a, g.mem, g.compute)
+		}
+	}
+	t.Logf("placement per GPU: %+v", perGPU)
+}
