@@ -5,7 +5,9 @@
 // pods (from the spawner's synced cache), then:
 //   - restores the record and the allocation of every pod whose server is
 //     missing from Redis (Redis lost its data), and the allocation of every
-//     pod whose record is there but whose slice is not;
+//     pod whose record is there but whose slice is not, also of a pod whose
+//     record has moved on to another spawn or ended, while that pod is not
+//     being deleted (it still runs on its GPU);
 //   - resumes records that fell behind their pod (pending or placing while
 //     the pod exists: writes lost in a Redis failover after the placement
 //     was confirmed), then replays each current pod's phase into its record
@@ -258,6 +260,17 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 			current = true
 		}
 		if !current {
+			if _, held := allocBySlice[p.SpawnID]; !held && !p.Deleting {
+				// A pod of an earlier spawn still runs on its GPU (its
+				// record moved on or was replaced after Redis lost its
+				// data): its slice counts until the pod is gone, or a
+				// rebuild would reopen placement over it. The release below
+				// frees it once the pod is gone.
+				if _, err := r.restoreSlice(ctx, p, &rep); err != nil {
+					complete = false
+					errs = append(errs, err)
+				}
+			}
 			if !p.Deleting && now.Sub(p.CreatedAt) > r.grace {
 				if err := r.pods.Delete(ctx, p.User, p.Server, p.SpawnID); err != nil {
 					errs = append(errs, fmt.Errorf("delete orphan pod %s: %w", p.Name, err))
@@ -269,31 +282,13 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		}
 		alloc := allocationOf(p)
 		if _, held := allocBySlice[p.SpawnID]; !held {
-			// Restore the slice the API server has, not the cache's, and
-			// fence off a resize in flight: the write changes the pod's
-			// resourceVersion, so a resize that changed Redis before this
-			// restore cannot record its slice on the pod after it; it starts
-			// over on the restored data (servers.Service.Resize).
-			fresh, err := r.pods.FenceSlice(ctx, p.Name, p.SpawnID)
+			a, err := r.restoreSlice(ctx, p, &rep)
 			if err != nil {
 				complete = false
-				errs = append(errs, fmt.Errorf("fence pod %s before restoring its slice: %w", p.Name, err))
+				errs = append(errs, err)
 				continue
 			}
-			alloc = allocationOf(fresh)
-			restored, err := r.store.Restore(ctx, alloc)
-			switch {
-			case errors.Is(err, fleet.ErrConflict) && restored:
-				// Recorded, but the GPU is now overcommitted: the pod is the truth.
-				r.log.ErrorContext(ctx, "restored slice overcommits its GPU", "pod", p.Name, "gpu_uuid", alloc.GPUUUID, "err", err)
-				rep.RestoredSlices++
-			case err != nil:
-				complete = false
-				errs = append(errs, fmt.Errorf("restore slice of pod %s: %w", p.Name, err))
-				continue
-			case restored:
-				rep.RestoredSlices++
-			}
+			alloc = a
 		}
 		if !ok {
 			restored, err := r.store.RestoreServer(ctx, recordOf(p, alloc, now))
@@ -419,6 +414,31 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		}
 	}
 	return rep, errors.Join(errs...)
+}
+
+// restoreSlice records pod p's slice in Redis as the API server has it, not
+// the cache, and fences off a resize in flight: the write changes the pod's
+// resourceVersion, so a resize that changed Redis before this restore cannot
+// record its slice on the pod after it; it starts over on the restored data
+// (servers.Service.Resize). It returns the allocation restored.
+func (r *Reconciler) restoreSlice(ctx context.Context, p spawner.ManagedPod, rep *Report) (fleet.Allocation, error) {
+	fresh, err := r.pods.FenceSlice(ctx, p.Name, p.SpawnID)
+	if err != nil {
+		return fleet.Allocation{}, fmt.Errorf("fence pod %s before restoring its slice: %w", p.Name, err)
+	}
+	alloc := allocationOf(fresh)
+	restored, err := r.store.Restore(ctx, alloc)
+	switch {
+	case errors.Is(err, fleet.ErrConflict) && restored:
+		// Recorded, but the GPU is now overcommitted: the pod is the truth.
+		r.log.ErrorContext(ctx, "restored slice overcommits its GPU", "pod", p.Name, "gpu_uuid", alloc.GPUUUID, "err", err)
+		rep.RestoredSlices++
+	case err != nil:
+		return fleet.Allocation{}, fmt.Errorf("restore slice of pod %s: %w", p.Name, err)
+	case restored:
+		rep.RestoredSlices++
+	}
+	return alloc, nil
 }
 
 func allocationOf(p spawner.ManagedPod) fleet.Allocation {

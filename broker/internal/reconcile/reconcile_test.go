@@ -368,3 +368,32 @@ func TestResumesARecordThatFellBehindItsPod(t *testing.T) {
 		t.Errorf("second pass: report %+v, err %v; want nothing resumed", rep, err)
 	}
 }
+
+func TestRebuildCountsThePodOfAnEarlierSpawnWhileItRuns(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	old := runningServer(t, f, "kim", "nb", "10.0.0.9")
+	if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.RegisterGPUs(t)
+	// After the flush a start of the same server got a record of its own
+	// (and failed) before any pass restored the old one from its pod.
+	now := f.Clock.Now()
+	key := old.ServerKey
+	if _, _, err := f.Store.CreateServer(ctx, fleet.Server{ServerKey: key, Profile: "small", SpawnID: "s-new",
+		IdempotencyKey: "k2", State: v1.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Store.Transition(ctx, key, "s-new", v1.StateFailed, "refused", fleet.ServerPatch{}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := newReconciler(f).Once(ctx)
+	if err != nil || !rep.Complete || rep.RestoredSlices != 1 {
+		t.Fatalf("report %+v err %v, want the old pod's slice restored and the rebuild complete", rep, err)
+	}
+	allocs, err := f.Store.Allocations(ctx)
+	if err != nil || len(allocs) != 1 || allocs[0].SliceID != old.SpawnID {
+		t.Errorf("allocations %v (err %v), want the running pod's slice %s", allocs, err, old.SpawnID)
+	}
+}
