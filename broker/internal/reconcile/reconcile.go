@@ -25,8 +25,11 @@
 //     a failed spawn whose Secret deletion failed, a record Redis lost);
 //   - marks the allocations as rebuilt only when every pod's slice is
 //     recorded, which is what lets placement resume after Redis lost its data,
-//     and only if Redis has not lost its data again since the pass began (the
-//     reconcile epoch, read first, is unchanged).
+//     only if Redis has not lost its data again since the pass began (the
+//     reconcile epoch, read first, is unchanged), and only once
+//     fleet.RebuildFence has passed since the epoch began, so that the pod
+//     of a spawn that placed on the lost data and was still creating it is
+//     in the pass's read.
 //
 // Reading allocations before records matters: a create writes its record
 // before it places, so an allocation seen first always has its record in the
@@ -402,6 +405,12 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		r.unheldSecrets = unheld
 	}
 
+	if began, ok := fleet.EpochBegan(epoch); complete && ok && now.Sub(began) < fleet.RebuildFence {
+		// A spawn that placed on the lost data may still create its pod
+		// (within fleet.PodCreateWindow of its placement); placement stays
+		// shut until a pass after the fence has seen such pods.
+		complete = false
+	}
 	if complete {
 		marked, err := r.store.MarkReconciledAt(ctx, epoch)
 		switch {

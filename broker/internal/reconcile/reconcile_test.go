@@ -66,8 +66,14 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Once: %v", err)
 	}
-	if !rep.Complete || rep.RestoredServers != 2 || rep.RestoredSlices != 2 {
-		t.Errorf("report %+v, want 2 servers and 2 slices restored, complete", rep)
+	if rep.Complete || rep.RestoredServers != 2 || rep.RestoredSlices != 2 {
+		t.Errorf("report %+v, want 2 servers and 2 slices restored, not complete within the rebuild fence", rep)
+	}
+	// A spawn that placed on the lost data may still create its pod for
+	// fleet.PodCreateWindow: placement reopens only after the fence.
+	f.Clock.Advance(fleet.RebuildFence)
+	if rep, err = r.Once(ctx); err != nil || !rep.Complete {
+		t.Fatalf("pass after the fence: report %+v err %v, want complete", rep, err)
 	}
 	for _, want := range []fleet.Server{a, b} {
 		got, err := f.Service.Get(ctx, want.ServerKey)
@@ -388,9 +394,14 @@ func TestRebuildCountsThePodOfAnEarlierSpawnWhileItRuns(t *testing.T) {
 	if _, err := f.Store.Transition(ctx, key, "s-new", v1.StateFailed, "refused", fleet.ServerPatch{}); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := newReconciler(f).Once(ctx)
-	if err != nil || !rep.Complete || rep.RestoredSlices != 1 {
-		t.Fatalf("report %+v err %v, want the old pod's slice restored and the rebuild complete", rep, err)
+	r := newReconciler(f)
+	rep, err := r.Once(ctx)
+	if err != nil || rep.RestoredSlices != 1 {
+		t.Fatalf("report %+v err %v, want the old pod's slice restored", rep, err)
+	}
+	f.Clock.Advance(fleet.RebuildFence)
+	if rep, err = r.Once(ctx); err != nil || !rep.Complete {
+		t.Fatalf("pass after the fence: report %+v err %v, want the rebuild complete", rep, err)
 	}
 	allocs, err := f.Store.Allocations(ctx)
 	if err != nil || len(allocs) != 1 || allocs[0].SliceID != old.SpawnID {

@@ -336,7 +336,18 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 				QuotaGroups: alloc.Groups, Env: plain, SecretEnv: len(secret) > 0,
 				Command: slices.Clone(command), Args: slices.Clone(args), IdempotencyKey: rec.IdempotencyKey,
 			}
-			if perr := s.pods.Create(ctx, spec, secret); perr != nil {
+			// The pod is created within fleet.PodCreateWindow of the
+			// placement or not at all: a rebuild after Redis lost its data
+			// waits that long for such pods (reconcile.Reconciler.Once).
+			left := rec.UpdatedAt.Add(fleet.PodCreateWindow).Sub(s.now())
+			if left <= 0 {
+				err := fmt.Errorf("%w: %s took too long between its placement and its pod; start it again", fleet.ErrConflict, rec.Name)
+				return s.fail(ctx, rec, err, true), err
+			}
+			cctx, ccancel := context.WithTimeout(ctx, left)
+			perr := s.pods.Create(cctx, spec, secret)
+			ccancel()
+			if perr != nil {
 				switch {
 				case errors.Is(perr, spawner.ErrUnavailable):
 					return rec, &fleet.UnavailableError{Part: fleet.PartKubernetes, Unknown: rec.Name + " may or may not have started", Err: perr}
