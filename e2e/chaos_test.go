@@ -29,7 +29,7 @@ import (
 
 var (
 	chaosDuration = flag.Duration("chaos.duration", time.Minute, "how long TestChaos injects faults (`go tool task chaos` passes 10m)")
-	chaosEvery    = flag.Duration("chaos.fault-every", 4*time.Second, "mean time between two faults TestChaos injects")
+	chaosEvery    = flag.Duration("chaos.fault-every", 3*time.Second, "mean time between two faults TestChaos injects")
 	chaosClients  = flag.Int("chaos.clients", 50, "concurrent API clients in TestChaos, one user each")
 )
 
