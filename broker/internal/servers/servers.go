@@ -472,13 +472,19 @@ func placedMessage(a fleet.Allocation) string {
 // retry of that create runs again.
 func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, podMayExist bool) fleet.Server {
 	log := s.log.With("user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
+	podLeft := false
 	if podMayExist {
 		if err := s.pods.Delete(ctx, rec.User, rec.Name, rec.SpawnID); err != nil {
-			log.WarnContext(ctx, "delete pod of failed spawn", "err", err)
+			// The pod may still run on its GPU: its slice stays held, and
+			// the reconciler deletes the pod and then frees the slice.
+			log.WarnContext(ctx, "delete pod of failed spawn; its slice stays held until the reconciler removes it", "err", err)
+			podLeft = true
 		}
 	}
-	if _, err := s.store.Release(ctx, rec.SpawnID); err != nil {
-		log.WarnContext(ctx, "release slice of failed spawn", "err", err)
+	if !podLeft {
+		if _, err := s.store.Release(ctx, rec.SpawnID); err != nil {
+			log.WarnContext(ctx, "release slice of failed spawn", "err", err)
+		}
 	}
 	patch := fleet.ServerPatch{DropAllocation: true, ForgetIdempotencyKey: starting(rec.State)}
 	out, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateFailed, fleet.Message(cause), patch)
