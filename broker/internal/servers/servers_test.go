@@ -451,3 +451,25 @@ func TestStoppedServerKeepsWhyItEnded(t *testing.T) {
 		t.Errorf("crashed server's stop message %q: want why it stopped", s.Message)
 	}
 }
+
+func TestAFailedSpawnWhosePodCouldNotBeDeletedKeepsItsSlice(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	s, _, err := f.Service.Create(ctx, serverstest.By, "ivan", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The API server does not take the deletion.
+	f.Kube.PrependReactor("delete", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewBadRequest("not now")
+	})
+	f.Service.Abandon(ctx, s, "the spawn was interrupted")
+	got, err := f.Service.Get(ctx, s.ServerKey)
+	if err != nil || got.State != v1.StateFailed {
+		t.Fatalf("server %+v (err %v), want failed", got, err)
+	}
+	allocs, err := f.Store.Allocations(ctx)
+	if err != nil || len(allocs) != 1 || allocs[0].SliceID != s.SpawnID {
+		t.Errorf("allocations %v (err %v), want the slice of the pod still there held", allocs, err)
+	}
+}
