@@ -135,6 +135,10 @@ type Reconciler struct {
 	// last pass found held by no pod and no unfinished record to when a
 	// pass first found it so.
 	unheldSecrets map[string]time.Time
+	// lastEpoch is the reconcile epoch the last pass read; fenceFrom is an
+	// epoch this process saw replace another (Redis lost its data under
+	// it), to which fleet.RebuildFence applies. Guarded by mu.
+	lastEpoch, fenceFrom string
 }
 
 // SetMetrics sets where each pass's measurements go; call it before Run.
@@ -405,7 +409,18 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		r.unheldSecrets = unheld
 	}
 
-	if began, ok := fleet.EpochBegan(epoch); complete && ok && now.Sub(began) < fleet.RebuildFence {
+	// The fence applies where this reconciler saw the data before it was
+	// lost; the first epoch a process sees (a fresh install, a broker
+	// started on an empty Redis) has no spawns in flight from it.
+	lost := r.lastEpoch != "" && r.lastEpoch != epoch
+	if !lost && r.lastEpoch != epoch {
+		r.fenceFrom = ""
+	}
+	if lost {
+		r.fenceFrom = epoch
+	}
+	r.lastEpoch = epoch
+	if began, ok := fleet.EpochBegan(epoch); complete && ok && r.fenceFrom == epoch && now.Sub(began) < fleet.RebuildFence {
 		// A spawn that placed on the lost data may still create its pod
 		// (within fleet.PodCreateWindow of its placement); placement stays
 		// shut until a pass after the fence has seen such pods.

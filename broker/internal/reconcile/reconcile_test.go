@@ -48,6 +48,10 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 	a := runningServer(t, f, "alice", "one", "10.0.0.1")
 	b := runningServer(t, f, "bob", "two", "10.0.0.2")
 
+	r := newReconciler(f)
+	if _, err := r.Once(ctx); err != nil { // sees the data before it is lost
+		t.Fatal(err)
+	}
 	if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +59,6 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 	if !errors.Is(err, fleet.ErrNotReady) {
 		t.Fatalf("create before the rebuild = %v, want ErrNotReady", err)
 	}
-	r := newReconciler(f)
 	// Without inventory the slices cannot be restored, and placement stays shut.
 	rep, err := r.Once(ctx)
 	if err == nil || rep.Complete {
