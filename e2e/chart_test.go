@@ -425,11 +425,14 @@ func checkAccess(t *testing.T, c *harness.Cluster, inst *install) {
 		{"watch", "", "pods", "", nb, true}, {"delete", "", "pods", "", nb, true}, {"patch", "", "pods", "", nb, true},
 		{"create", "", "secrets", "", nb, true}, {"get", "", "secrets", "", nb, true}, {"update", "", "secrets", "", nb, true},
 		{"delete", "", "secrets", "", nb, true},
+		// Listed (by label) only in the notebooks' namespace, by the
+		// reconciler, which deletes those no server holds any more.
+		{"list", "", "secrets", "", nb, true},
 		{"get", "coordination.k8s.io", "leases", "", own, true}, {"create", "coordination.k8s.io", "leases", "", own, true},
 		{"update", "coordination.k8s.io", "leases", "", own, true},
-		// Nothing more: no Secrets listed, none outside the notebooks'
+		// Nothing more: no Secrets watched, none outside the notebooks'
 		// namespace, no exec, nothing cluster-wide, no RBAC of its own.
-		{"list", "", "secrets", "", nb, false}, {"watch", "", "secrets", "", nb, false}, {"get", "", "secrets", "", own, false},
+		{"watch", "", "secrets", "", nb, false}, {"get", "", "secrets", "", own, false},
 		{"get", "", "secrets", "", "", false}, {"list", "", "secrets", "", "", false}, {"get", "", "secrets", "", "kube-system", false},
 		{"create", "", "pods", "exec", nb, false}, {"get", "", "pods", "exec", nb, false}, {"create", "", "pods", "attach", nb, false},
 		{"create", "", "pods", "", own, false}, {"list", "", "pods", "", "", false}, {"update", "", "pods", "", nb, false},

@@ -67,7 +67,14 @@ func TestRedisFlushRebuildsFromPods(t *testing.T) {
 	after := []struct{ user, name string }{{"carol", "nb0"}, {"carol", "nb1"}, {"dave", "nb0"}, {"dave", "nb1"}}
 	var won []int
 	for i, s := range after {
-		_, _, err := e.client(s.user).CreateServer(ctx, s.user, s.name, "k-"+s.name, v1.CreateServerRequest{Profile: "medium"})
+		// Placement reopens once the rebuild fence has passed
+		// (fleet.RebuildFence): until then a create is a 503 to retry.
+		var err error
+		retryUntilAnswered(t, "create "+s.user+"/"+s.name, func() (int, error) {
+			var status int
+			_, status, err = e.client(s.user).CreateServer(ctx, s.user, s.name, "k-"+s.name, v1.CreateServerRequest{Profile: "medium"})
+			return status, err
+		})
 		var ae *harness.APIError
 		switch {
 		case err == nil:

@@ -26,7 +26,11 @@ import (
 // FieldManager. It is safe for concurrent use.
 func (c *Client) AnnotateSlice(ctx context.Context, user, server, spawnID string, slice v1.Slice) error {
 	for range maxConflictRetries {
-		err := c.AnnotateSliceAt(ctx, user, server, spawnID, "", slice)
+		// Unconditional, so a try that the API server applied but did not
+		// answer is harmless to repeat.
+		err := c.retry(ctx, "annotate pod "+PodName(user, server), func(ctx context.Context) error {
+			return c.AnnotateSliceAt(ctx, user, server, spawnID, "", slice)
+		})
 		if !errors.Is(err, ErrPodChanged) {
 			return err
 		}
@@ -38,7 +42,12 @@ func (c *Client) AnnotateSlice(ctx context.Context, user, server, spawnID string
 // user/server, checked as AnnotateSlice checks it (managed, of spawnID),
 // for a later AnnotateSliceAt.
 func (c *Client) SliceVersion(ctx context.Context, user, server, spawnID string) (string, error) {
-	pod, err := c.ownPod(ctx, PodName(user, server), spawnID)
+	var pod *corev1.Pod
+	err := c.retry(ctx, "get pod "+PodName(user, server), func(ctx context.Context) error {
+		var err error
+		pod, err = c.ownPod(ctx, PodName(user, server), spawnID)
+		return err
+	})
 	if err != nil {
 		return "", err
 	}

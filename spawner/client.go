@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -59,6 +61,8 @@ type Client struct {
 	log    *slog.Logger
 	now    func() time.Time
 	resync time.Duration
+	// retryFor bounds the retries of transient API errors (DefaultRetryFor).
+	retryFor time.Duration
 
 	syncedCh chan struct{} // closed once the cache has synced
 	started  chan struct{} // closed by the first Run
@@ -84,6 +88,7 @@ func New(cs kubernetes.Interface, cfg Config, log *slog.Logger, opts ...Option) 
 		log:      log.With("namespace", cfg.Namespace),
 		now:      time.Now,
 		resync:   DefaultResync,
+		retryFor: DefaultRetryFor,
 		syncedCh: make(chan struct{}),
 		started:  make(chan struct{}),
 		subs:     map[int]func(PodEvent){},
@@ -122,6 +127,11 @@ func (c *Client) Create(ctx context.Context, s Spec, secretEnv map[string]string
 	if err != nil {
 		return fmt.Errorf("create server %q/%q: %w", s.User, s.Server, err)
 	}
+	return c.retry(ctx, "create pod "+pod.Name, func(ctx context.Context) error { return c.create(ctx, s, pod, secretEnv) })
+}
+
+// create is one try of Create for a valid spec.
+func (c *Client) create(ctx context.Context, s Spec, pod *corev1.Pod, secretEnv map[string]string) error {
 	if s.SecretEnv {
 		if err := c.putSecret(ctx, Secret(c.cfg, s, secretEnv)); err != nil {
 			return err
@@ -198,13 +208,14 @@ func (c *Client) putSecret(ctx context.Context, secret *corev1.Secret) error {
 	return fmt.Errorf("create secret %s: too many concurrent changes", secret.Name)
 }
 
-// apiError wraps a write error; validation (422) and forbidden (403, e.g.
-// ResourceQuota or admission) answers also wrap ErrRejected.
+// apiError wraps a write error; validation (422) and admission's forbidden
+// (403, e.g. ResourceQuota) answers also wrap ErrRejected. The authorizer's
+// 403 does not: it is Transient.
 func apiError(op, name string, err error) error {
 	switch {
-	case apierrors.IsInvalid(err) || apierrors.IsForbidden(err):
+	case apierrors.IsInvalid(err) || (apierrors.IsForbidden(err) && !authzDenied(err)):
 		return fmt.Errorf("%s %s: %w: %w", op, name, ErrRejected, err)
-	case unavailable(err):
+	case unavailable(err) || Transient(err):
 		return fmt.Errorf("%s %s: %w: %w", op, name, ErrUnavailable, err)
 	}
 	return fmt.Errorf("%s %s: %w", op, name, err)
@@ -230,6 +241,11 @@ func unavailable(err error) bool {
 // it checked as a precondition, so a newer pod that took the name in between
 // is never deleted.
 func (c *Client) Delete(ctx context.Context, user, server, spawnID string) error {
+	return c.retry(ctx, "delete server "+PodName(user, server), func(ctx context.Context) error { return c.deleteServer(ctx, user, server, spawnID) })
+}
+
+// deleteServer is one try of Delete.
+func (c *Client) deleteServer(ctx context.Context, user, server, spawnID string) error {
 	podAPI := c.cs.CoreV1().Pods(c.cfg.Namespace)
 	secretAPI := c.cs.CoreV1().Secrets(c.cfg.Namespace)
 	err := c.deleteOwned(ctx, "pod", PodName(user, server), spawnID,
@@ -265,7 +281,11 @@ func (c *Client) NotebookToken(ctx context.Context, user, server, spawnID string
 	if ok {
 		return tok, nil
 	}
-	tok, err := c.readNotebookToken(ctx, user, server, spawnID)
+	err := c.retry(ctx, "read secret "+SecretName(user, server), func(ctx context.Context) error {
+		var err error
+		tok, err = c.readNotebookToken(ctx, user, server, spawnID)
+		return err
+	})
 	if err != nil {
 		return "", err
 	}
@@ -307,11 +327,13 @@ func (c *Client) readNotebookToken(ctx context.Context, user, server, spawnID st
 // check.
 func (c *Client) DeletePod(ctx context.Context, name, spawnID string) error {
 	podAPI := c.cs.CoreV1().Pods(c.cfg.Namespace)
-	return c.deleteOwned(ctx, "pod", name, spawnID,
-		func(ctx context.Context, name string) (metav1.Object, error) {
-			return podAPI.Get(ctx, name, metav1.GetOptions{})
-		},
-		podAPI.Delete)
+	return c.retry(ctx, "delete pod "+name, func(ctx context.Context) error {
+		return c.deleteOwned(ctx, "pod", name, spawnID,
+			func(ctx context.Context, name string) (metav1.Object, error) {
+				return podAPI.Get(ctx, name, metav1.GetOptions{})
+			},
+			podAPI.Delete)
+	})
 }
 
 func (c *Client) deleteOwned(ctx context.Context, kind, name, spawnID string,
@@ -359,4 +381,63 @@ func spawnOf(obj metav1.Object) string {
 		return id
 	}
 	return obj.GetLabels()[v1.LabelSpawnID]
+}
+
+// ManagedSecret is a Secret labelled managed-by=gpubroker, as Secrets lists
+// it.
+type ManagedSecret struct {
+	Name string
+	// User, Server and SpawnID are its annotations ("" when missing).
+	User, Server, SpawnID string
+	// UID and ResourceVersion identify the version listed (a respawn
+	// rewrites the Secret in place, changing its resourceVersion);
+	// DeleteSecret deletes only that version.
+	UID, ResourceVersion string
+}
+
+// Secrets lists the namespace's Secrets labelled managed-by=gpubroker,
+// from the API server's watch cache (resourceVersion "0": recent, not
+// necessarily the newest), sorted by name. Transient errors are retried
+// (see Transient).
+func (c *Client) Secrets(ctx context.Context) ([]ManagedSecret, error) {
+	var list *corev1.SecretList
+	err := c.retry(ctx, "list secrets", func(ctx context.Context) error {
+		var err error
+		list, err = c.cs.CoreV1().Secrets(c.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: owned().String(), ResourceVersion: "0"})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list secrets: %w", err)
+	}
+	out := make([]ManagedSecret, 0, len(list.Items))
+	for _, s := range list.Items {
+		if s.Labels[v1.LabelManagedBy] != v1.ManagedByValue {
+			continue // a label selector the server ignored must not widen what we touch
+		}
+		out = append(out, ManagedSecret{Name: s.Name, User: s.Annotations[v1.AnnotationUser], Server: s.Annotations[v1.AnnotationServer],
+			SpawnID: spawnOf(&s), UID: string(s.UID), ResourceVersion: s.ResourceVersion})
+	}
+	slices.SortFunc(out, func(a, b ManagedSecret) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// DeleteSecret deletes the Secret s lists, on the condition that it is
+// still that version (UID and resourceVersion preconditions): a Secret that
+// a respawn rewrote or replaced since is left alone, as is one already
+// gone; both are success.
+func (c *Client) DeleteSecret(ctx context.Context, s ManagedSecret) error {
+	uid, rv := types.UID(s.UID), s.ResourceVersion
+	return c.retry(ctx, "delete secret "+s.Name, func(ctx context.Context) error {
+		err := c.cs.CoreV1().Secrets(c.cfg.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{
+			Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+		switch {
+		case err == nil:
+			c.log.InfoContext(ctx, "deleted", "kind", "secret", "name", s.Name, "slice_id", s.SpawnID)
+			return nil
+		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+			return nil
+		default:
+			return fmt.Errorf("delete secret %s: %w", s.Name, err)
+		}
+	})
 }

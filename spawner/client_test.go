@@ -294,18 +294,23 @@ func TestCreateRejected(t *testing.T) {
 			errors.New("exceeded quota: compute, requested: memory=4Gi, used: memory=8Gi, limited: memory=10Gi")), wantErr: ErrRejected},
 		{name: "invalid", err: apierrors.NewInvalid(schema.GroupKind{Kind: "Pod"}, "nb-alice",
 			field.ErrorList{field.Invalid(field.NewPath("spec"), "x", "bad")}), wantErr: ErrRejected},
-		{name: "server error is retryable", err: apierrors.NewInternalError(errors.New("etcd timeout")), wantErr: nil},
+		{name: "server error is retried, then unavailable", err: apierrors.NewInternalError(errors.New("etcd timeout")), wantErr: ErrUnavailable},
+		{name: "the authorizer's 403 is retried, then unavailable", err: apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "nb-alice",
+			errors.New(`User "gpubroker" cannot create resource "pods" in API group "" in the namespace "nb"`)), wantErr: ErrUnavailable},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			h := startClient(t)
+			h.client.retryFor = 300 * time.Millisecond
 			h.cs.PrependReactor("create", "pods", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
 			err := h.client.Create(t.Context(), testSpec(), nil)
 			if err == nil {
 				t.Fatal("Create succeeded")
 			}
-			if got := errors.Is(err, ErrRejected); got != (tc.wantErr != nil) {
-				t.Errorf("errors.Is(%v, ErrRejected) = %v", err, got)
+			for _, sentinel := range []error{ErrRejected, ErrUnavailable} {
+				if got := errors.Is(err, sentinel); got != (tc.wantErr == sentinel) {
+					t.Errorf("errors.Is(%v, %v) = %v", err, sentinel, got)
+				}
 			}
 			if !errors.Is(err, tc.err) {
 				t.Errorf("error %v does not wrap the API error", err)
@@ -561,5 +566,34 @@ func TestNotebookTokenAndPrefix(t *testing.T) {
 	h.waitEvent(t, "the hub's pod is cached", func(ev PodEvent) bool { return ev.SpawnID == hubSpec.SpawnID })
 	if prefix, hub, ok := h.client.NotebookPrefix("alice", "hub", "hub-spawn"); !ok || !hub || prefix != "/user/alice/hub/" {
 		t.Errorf("hub notebook: prefix %q hub %t ok %t, want the hub's prefix", prefix, hub, ok)
+	}
+}
+
+func TestTransientAnswersAreRetriedUntilTheyPass(t *testing.T) {
+	h := startClient(t)
+	refusals := []error{
+		apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "nb-alice",
+			errors.New(`User "gpubroker" cannot create resource "pods" in API group "" in the namespace "nb"`)),
+		apierrors.NewTooManyRequests("slow down", 0),
+		apierrors.NewServiceUnavailable("starting"),
+	}
+	var mu sync.Mutex
+	tries := 0
+	h.cs.PrependReactor("create", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		tries++
+		if tries <= len(refusals) {
+			return true, nil, refusals[tries-1]
+		}
+		return false, nil, nil
+	})
+	if err := h.client.Create(t.Context(), testSpec(), nil); err != nil {
+		t.Fatalf("Create after transient refusals: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if tries != len(refusals)+1 {
+		t.Errorf("tries = %d, want %d", tries, len(refusals)+1)
 	}
 }

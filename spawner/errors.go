@@ -16,13 +16,15 @@ var (
 	// Retryable once that pod is gone.
 	ErrPodExists = errors.New("spawner: pod of another spawn exists")
 	// ErrRejected is returned when the API server refuses an object for good
-	// (validation 422, or 403 such as a ResourceQuota or admission denial).
+	// (validation 422, or an admission 403 such as a ResourceQuota or
+	// PodSecurity denial; not the authorizer's 403, see Transient).
 	// Terminal for this spawn.
 	ErrRejected = errors.New("spawner: rejected by the cluster")
 	// ErrUnavailable is returned (wrapped) when the Kubernetes API server
 	// did not answer a request: no connection, a timeout, or an answer
-	// that says "not now" (500, 503, 504, 429). Retryable; a write that
-	// failed so may or may not have taken effect.
+	// that says "not now" (500, 503, 504, 429, the authorizer's 403 after
+	// a restart; see Transient), also after the spawner's retries.
+	// Retryable; a write that failed so may or may not have taken effect.
 	ErrUnavailable = errors.New("spawner: the Kubernetes API server is not answering")
 	// ErrNotOwned is returned when an object with the name the spawner wants
 	// exists but is not managed by gpubroker; the spawner never touches it.

@@ -67,7 +67,9 @@ type Cluster struct {
 
 	// What RestartAPIServer needs to start kube-apiserver again.
 	apiBin, adminToken string
-	apiArgs            []string
+	// kwokArgs is kwok's binary and flags, for RestartAPIServer.
+	kwokArgs []string
+	apiArgs  []string
 }
 
 // StartCluster starts etcd, kube-apiserver and kwok under dir (which must
@@ -247,24 +249,36 @@ func (c *Cluster) runAPIServer(ctx context.Context) (*Process, error) {
 // RestartAPIServer stops kube-apiserver (SIGTERM, 5 s grace, then SIGKILL)
 // and starts it again with the same flags, port, certificates and etcd, so
 // every client reconnects to the same URL; it returns once /readyz answers
-// 200. Watches break meanwhile, as in a control-plane upgrade.
+// 200. Watches break meanwhile, as in a control-plane upgrade. kwok is
+// restarted after it: kwok 0.8's pod controller does not always resume
+// after its watch broke (pods then stay as they were, seen in the chaos
+// soak), where real kubelets reconnect.
 func (c *Cluster) RestartAPIServer(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for i, p := range c.procs {
-		if p.Name != "kube-apiserver" {
-			continue
-		}
-		_ = p.Stop(5 * time.Second) // a killed server exits non-zero; that is the point
-		np, err := c.runAPIServer(ctx)
-		if err != nil {
-			c.procs = slices.Delete(c.procs, i, i+1)
-			return fmt.Errorf("restart kube-apiserver: %w\n%s", err, TailFile(filepath.Join(c.Dir, "kube-apiserver.log"), 40))
-		}
-		c.procs[i] = np
+	i := slices.IndexFunc(c.procs, func(p *Process) bool { return p.Name == "kube-apiserver" })
+	if i < 0 {
+		return errors.New("restart kube-apiserver: it is not running")
+	}
+	_ = c.procs[i].Stop(5 * time.Second) // a killed server exits non-zero; that is the point
+	np, err := c.runAPIServer(ctx)
+	if err != nil {
+		c.procs = slices.Delete(c.procs, i, i+1)
+		return fmt.Errorf("restart kube-apiserver: %w\n%s", err, TailFile(filepath.Join(c.Dir, "kube-apiserver.log"), 40))
+	}
+	c.procs[i] = np
+	k := slices.IndexFunc(c.procs, func(p *Process) bool { return p.Name == "kwok" })
+	if k < 0 || c.kwokArgs == nil {
 		return nil
 	}
-	return errors.New("restart kube-apiserver: it is not running")
+	_ = c.procs[k].Stop(5 * time.Second)
+	kp, err := StartProcess("kwok", filepath.Join(c.Dir, "kwok.log"), os.Environ(), c.kwokArgs[0], c.kwokArgs[1:]...)
+	if err != nil {
+		c.procs = slices.Delete(c.procs, k, k+1)
+		return fmt.Errorf("restart kwok after kube-apiserver: %w", err)
+	}
+	c.procs[k] = kp
+	return nil
 }
 
 // bootstrap creates what a real cluster's controllers or installers would:
@@ -300,14 +314,15 @@ func (c *Cluster) bootstrap(ctx context.Context) error {
 }
 
 func (c *Cluster) startKwok(tools Tools) error {
-	p, err := StartProcess("kwok", filepath.Join(c.Dir, "kwok.log"), os.Environ(), tools.Kwok,
-		"--kubeconfig="+c.AdminKubeconfig,
-		"--config="+tools.KwokStages,
+	c.kwokArgs = []string{tools.Kwok,
+		"--kubeconfig=" + c.AdminKubeconfig,
+		"--config=" + tools.KwokStages,
 		"--manage-all-nodes=false",
-		"--manage-nodes-with-annotation-selector="+KwokNodeAnnotation+"=fake",
+		"--manage-nodes-with-annotation-selector=" + KwokNodeAnnotation + "=fake",
 		"--cidr=10.244.0.0/16",
 		"--node-ip=10.1.0.1",
-	)
+	}
+	p, err := StartProcess("kwok", filepath.Join(c.Dir, "kwok.log"), os.Environ(), c.kwokArgs[0], c.kwokArgs[1:]...)
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ const HashTag = "{gpubroker}"
 //	Placement (broker/internal/redisstore; rebuilt from pods by the reconciler after a flush)
 //	marker                           string  none                   reconciler (MarkReconciled); its absence
 //	                                                                blocks placement (ErrNotReady)
-//	marker:epoch                     string  none                   reconciler (ReconcileEpoch): random token
+//	marker:epoch                     string  none                   reconciler (ReconcileEpoch): "<unix ns>-<random>" token
 //	                                                                a pass reads first; marking checks it, so
 //	                                                                a pass that began before a flush cannot
 //	                                                                mark the flushed data rebuilt

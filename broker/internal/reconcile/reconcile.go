@@ -5,7 +5,9 @@
 // pods (from the spawner's synced cache), then:
 //   - restores the record and the allocation of every pod whose server is
 //     missing from Redis (Redis lost its data), and the allocation of every
-//     pod whose record is there but whose slice is not;
+//     pod whose record is there but whose slice is not, also of a pod whose
+//     record has moved on to another spawn or ended, while that pod is not
+//     being deleted (it still runs on its GPU);
 //   - resumes records that fell behind their pod (pending or placing while
 //     the pod exists: writes lost in a Redis failover after the placement
 //     was confirmed), then replays each current pod's phase into its record
@@ -17,11 +19,19 @@
 //     cache has not seen yet is never taken for a vanished one;
 //   - releases allocations that no record refers to;
 //   - deletes pods that belong to no current spawn, or whose annotations
-//     cannot be read, after the grace period;
+//     cannot be read, after the grace period, and deletes again the pod of a
+//     stopping server that is not being deleted (the stop's deletion did not
+//     reach the API server), so every stop finishes;
+//   - deletes Secrets that belong to no pod and no unfinished record once
+//     passes have found them so, unchanged, for the grace period (a stop or
+//     a failed spawn whose Secret deletion failed, a record Redis lost);
 //   - marks the allocations as rebuilt only when every pod's slice is
 //     recorded, which is what lets placement resume after Redis lost its data,
-//     and only if Redis has not lost its data again since the pass began (the
-//     reconcile epoch, read first, is unchanged).
+//     only if Redis has not lost its data again since the pass began (the
+//     reconcile epoch, read first, is unchanged), and only once
+//     fleet.RebuildFence has passed since the epoch began, so that the pod
+//     of a spawn that placed on the lost data and was still creating it is
+//     in the pass's read.
 //
 // Reading allocations before records matters: a create writes its record
 // before it places, so an allocation seen first always has its record in the
@@ -62,6 +72,8 @@ type Pods interface {
 	FenceSlice(ctx context.Context, name, spawnID string) (spawner.ManagedPod, error)
 	Delete(ctx context.Context, user, server, spawnID string) error
 	DeletePod(ctx context.Context, name, spawnID string) error
+	Secrets(ctx context.Context) ([]spawner.ManagedSecret, error)
+	DeleteSecret(ctx context.Context, s spawner.ManagedSecret) error
 }
 
 // Lifecycle settles one server from what was observed (servers.Service).
@@ -83,18 +95,19 @@ type Report struct {
 	Pods, Allocations, Servers      int
 	RestoredServers, RestoredSlices int
 	ReleasedSlices, DeletedPods     int
-	Settled, ResumedServers         int
+	DeletedSecrets, Settled         int
+	ResumedServers                  int
 	// Complete is true when every pod's slice is recorded.
 	Complete bool
 }
 
 // Repairs returns the report's repairs by kind, as Metrics receives them:
 // restored_server, restored_slice, released_slice, deleted_pod,
-// settled_server and resumed_server.
+// deleted_secret, settled_server and resumed_server.
 func (r Report) Repairs() map[string]int {
 	return map[string]int{"restored_server": r.RestoredServers, "restored_slice": r.RestoredSlices,
-		"released_slice": r.ReleasedSlices, "deleted_pod": r.DeletedPods, "settled_server": r.Settled,
-		"resumed_server": r.ResumedServers}
+		"released_slice": r.ReleasedSlices, "deleted_pod": r.DeletedPods, "deleted_secret": r.DeletedSecrets,
+		"settled_server": r.Settled, "resumed_server": r.ResumedServers}
 }
 
 // repaired reports whether the pass changed anything.
@@ -119,7 +132,15 @@ type Reconciler struct {
 	now       func() time.Time
 	trigger   chan struct{}
 	metrics   Metrics    // nil: none
-	mu        sync.Mutex // serialises passes
+	mu        sync.Mutex // serialises passes; guards unheldSecrets
+	// unheldSecrets maps "uid/resourceVersion" of each Secret that the
+	// last pass found held by no pod and no unfinished record to when a
+	// pass first found it so.
+	unheldSecrets map[string]time.Time
+	// lastEpoch is the reconcile epoch the last pass read; fenceFrom is an
+	// epoch this process saw replace another (Redis lost its data under
+	// it), to which fleet.RebuildFence applies. Guarded by mu.
+	lastEpoch, fenceFrom string
 }
 
 // SetMetrics sets where each pass's measurements go; call it before Run.
@@ -164,7 +185,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		case err == nil && rep.repaired():
 			r.log.InfoContext(ctx, "reconciled", "pods", rep.Pods, "restored_servers", rep.RestoredServers,
 				"restored_slices", rep.RestoredSlices, "released_slices", rep.ReleasedSlices,
-				"deleted_pods", rep.DeletedPods, "settled", rep.Settled, "resumed_servers", rep.ResumedServers, "complete", rep.Complete)
+				"deleted_pods", rep.DeletedPods, "deleted_secrets", rep.DeletedSecrets, "settled", rep.Settled, "resumed_servers", rep.ResumedServers, "complete", rep.Complete)
 		}
 		select {
 		case <-ctx.Done():
@@ -248,6 +269,17 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 			current = true
 		}
 		if !current {
+			if _, held := allocBySlice[p.SpawnID]; !held && !p.Deleting {
+				// A pod of an earlier spawn still runs on its GPU (its
+				// record moved on or was replaced after Redis lost its
+				// data): its slice counts until the pod is gone, or a
+				// rebuild would reopen placement over it. The release below
+				// frees it once the pod is gone.
+				if _, err := r.restoreSlice(ctx, p, &rep); err != nil {
+					complete = false
+					errs = append(errs, err)
+				}
+			}
 			if !p.Deleting && now.Sub(p.CreatedAt) > r.grace {
 				if err := r.pods.Delete(ctx, p.User, p.Server, p.SpawnID); err != nil {
 					errs = append(errs, fmt.Errorf("delete orphan pod %s: %w", p.Name, err))
@@ -259,31 +291,13 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		}
 		alloc := allocationOf(p)
 		if _, held := allocBySlice[p.SpawnID]; !held {
-			// Restore the slice the API server has, not the cache's, and
-			// fence off a resize in flight: the write changes the pod's
-			// resourceVersion, so a resize that changed Redis before this
-			// restore cannot record its slice on the pod after it; it starts
-			// over on the restored data (servers.Service.Resize).
-			fresh, err := r.pods.FenceSlice(ctx, p.Name, p.SpawnID)
+			a, err := r.restoreSlice(ctx, p, &rep)
 			if err != nil {
 				complete = false
-				errs = append(errs, fmt.Errorf("fence pod %s before restoring its slice: %w", p.Name, err))
+				errs = append(errs, err)
 				continue
 			}
-			alloc = allocationOf(fresh)
-			restored, err := r.store.Restore(ctx, alloc)
-			switch {
-			case errors.Is(err, fleet.ErrConflict) && restored:
-				// Recorded, but the GPU is now overcommitted: the pod is the truth.
-				r.log.ErrorContext(ctx, "restored slice overcommits its GPU", "pod", p.Name, "gpu_uuid", alloc.GPUUUID, "err", err)
-				rep.RestoredSlices++
-			case err != nil:
-				complete = false
-				errs = append(errs, fmt.Errorf("restore slice of pod %s: %w", p.Name, err))
-				continue
-			case restored:
-				rep.RestoredSlices++
-			}
+			alloc = a
 		}
 		if !ok {
 			restored, err := r.store.RestoreServer(ctx, recordOf(p, alloc, now))
@@ -305,6 +319,18 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 			}
 		}
 		if ok && settled(rec, p) {
+			continue
+		}
+		if ok && rec.State == v1.StateStopping && !p.Deleting {
+			// A stop whose pod deletion never reached the API server (it
+			// was restarting, or the broker died between recording the
+			// stop and deleting): delete it now; the pod's end then
+			// finishes the stop.
+			if err := r.pods.Delete(ctx, p.User, p.Server, p.SpawnID); err != nil {
+				errs = append(errs, fmt.Errorf("delete pod %s of stopping server: %w", p.Name, err))
+			} else {
+				rep.DeletedPods++
+			}
 			continue
 		}
 		if err := r.lifecycle.HandlePodEvent(ctx, eventOf(p)); err != nil {
@@ -351,6 +377,60 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		}
 	}
 
+	// Secrets that no current spawn holds: of servers that stopped or
+	// failed while their deletion did not get through, or whose records
+	// Redis lost. One is deleted only once passes have seen that same
+	// version of it unheld for the grace period: a Secret just written may
+	// belong to a spawn whose record or pod this pass has not seen yet.
+	secrets, err := r.pods.Secrets(ctx)
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list secrets: %w", err))
+	}
+	unheld := make(map[string]time.Time)
+	for _, sec := range secrets {
+		if _, ok := podBySpawn[sec.SpawnID]; ok {
+			continue
+		}
+		if rec, ok := recBySpawn[sec.SpawnID]; ok && !fleet.Terminal(rec.State) {
+			continue
+		}
+		version := sec.UID + "/" + sec.ResourceVersion
+		since, seen := r.unheldSecrets[version]
+		if !seen {
+			since = now
+		}
+		if now.Sub(since) <= r.grace {
+			unheld[version] = since
+			continue
+		}
+		if err := r.pods.DeleteSecret(ctx, sec); err != nil {
+			unheld[version] = since
+			errs = append(errs, fmt.Errorf("delete orphan secret %s: %w", sec.Name, err))
+			continue
+		}
+		rep.DeletedSecrets++
+	}
+	if err == nil {
+		r.unheldSecrets = unheld
+	}
+
+	// The fence applies where this reconciler saw the data before it was
+	// lost; the first epoch a process sees (a fresh install, a broker
+	// started on an empty Redis) has no spawns in flight from it.
+	lost := r.lastEpoch != "" && r.lastEpoch != epoch
+	if !lost && r.lastEpoch != epoch {
+		r.fenceFrom = ""
+	}
+	if lost {
+		r.fenceFrom = epoch
+	}
+	r.lastEpoch = epoch
+	if began, ok := fleet.EpochBegan(epoch); complete && ok && r.fenceFrom == epoch && now.Sub(began) < fleet.RebuildFence {
+		// A spawn that placed on the lost data may still create its pod
+		// (within fleet.PodCreateWindow of its placement); placement stays
+		// shut until a pass after the fence has seen such pods.
+		complete = false
+	}
 	if complete {
 		marked, err := r.store.MarkReconciledAt(ctx, epoch)
 		switch {
@@ -374,6 +454,31 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 // Redis round trip per server.
 func settled(rec fleet.Server, p spawner.ManagedPod) bool {
 	return rec.SpawnID == p.SpawnID && rec.State == v1.StateRunning && p.Phase == spawner.PhaseRunning && !p.Deleting
+}
+
+// restoreSlice records pod p's slice in Redis as the API server has it, not
+// the cache, and fences off a resize in flight: the write changes the pod's
+// resourceVersion, so a resize that changed Redis before this restore cannot
+// record its slice on the pod after it; it starts over on the restored data
+// (servers.Service.Resize). It returns the allocation restored.
+func (r *Reconciler) restoreSlice(ctx context.Context, p spawner.ManagedPod, rep *Report) (fleet.Allocation, error) {
+	fresh, err := r.pods.FenceSlice(ctx, p.Name, p.SpawnID)
+	if err != nil {
+		return fleet.Allocation{}, fmt.Errorf("fence pod %s before restoring its slice: %w", p.Name, err)
+	}
+	alloc := allocationOf(fresh)
+	restored, err := r.store.Restore(ctx, alloc)
+	switch {
+	case errors.Is(err, fleet.ErrConflict) && restored:
+		// Recorded, but the GPU is now overcommitted: the pod is the truth.
+		r.log.ErrorContext(ctx, "restored slice overcommits its GPU", "pod", p.Name, "gpu_uuid", alloc.GPUUUID, "err", err)
+		rep.RestoredSlices++
+	case err != nil:
+		return fleet.Allocation{}, fmt.Errorf("restore slice of pod %s: %w", p.Name, err)
+	case restored:
+		rep.RestoredSlices++
+	}
+	return alloc, nil
 }
 
 func allocationOf(p spawner.ManagedPod) fleet.Allocation {

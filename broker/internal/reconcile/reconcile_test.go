@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -49,6 +50,10 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 	a := runningServer(t, f, "alice", "one", "10.0.0.1")
 	b := runningServer(t, f, "bob", "two", "10.0.0.2")
 
+	r := newReconciler(f)
+	if _, err := r.Once(ctx); err != nil { // sees the data before it is lost
+		t.Fatal(err)
+	}
 	if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +61,6 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 	if !errors.Is(err, fleet.ErrNotReady) {
 		t.Fatalf("create before the rebuild = %v, want ErrNotReady", err)
 	}
-	r := newReconciler(f)
 	// Without inventory the slices cannot be restored, and placement stays shut.
 	rep, err := r.Once(ctx)
 	if err == nil || rep.Complete {
@@ -67,8 +71,14 @@ func TestRebuildsAllocationsAndServersAfterRedisLostItsData(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Once: %v", err)
 	}
-	if !rep.Complete || rep.RestoredServers != 2 || rep.RestoredSlices != 2 {
-		t.Errorf("report %+v, want 2 servers and 2 slices restored, complete", rep)
+	if rep.Complete || rep.RestoredServers != 2 || rep.RestoredSlices != 2 {
+		t.Errorf("report %+v, want 2 servers and 2 slices restored, not complete within the rebuild fence", rep)
+	}
+	// A spawn that placed on the lost data may still create its pod for
+	// fleet.PodCreateWindow: placement reopens only after the fence.
+	f.Clock.Advance(fleet.RebuildFence)
+	if rep, err = r.Once(ctx); err != nil || !rep.Complete {
+		t.Fatalf("pass after the fence: report %+v err %v, want complete", rep, err)
 	}
 	for _, want := range []fleet.Server{a, b} {
 		got, err := f.Service.Get(ctx, want.ServerKey)
@@ -262,6 +272,64 @@ func TestRunStopsWithItsContext(t *testing.T) {
 	}
 }
 
+func TestFinishesAStopWhosePodDeletionNeverHappened(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "hal", Name: "nb"}
+	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{"TOKEN": "t"}}, "k"); err != nil {
+		t.Fatal(err)
+	}
+	f.SetPodRunning(t, key.User, key.Name, "10.0.0.8")
+	s := f.WaitState(t, key, v1.StateRunning)
+	// The stop was recorded, but its pod deletion never reached the API
+	// server (it was restarting, or the broker died in between).
+	if _, err := f.Store.Transition(ctx, key, s.SpawnID, v1.StateStopping, "stopping: deleting the pod", fleet.ServerPatch{}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := newReconciler(f).Once(ctx)
+	if err != nil || rep.DeletedPods != 1 {
+		t.Fatalf("report %+v err %v, want the stopping server's pod deleted", rep, err)
+	}
+	f.WaitState(t, key, v1.StateStopped)
+	if _, err := f.Kube.CoreV1().Secrets(serverstest.Namespace).Get(ctx, spawner.SecretName(key.User, key.Name), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("secret after the stop: err %v, want not found", err)
+	}
+	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 0 {
+		t.Errorf("allocations %v, want released", allocs)
+	}
+}
+
+func TestDeletesSecretsNoSpawnHoldsAfterGrace(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	keep := fleet.ServerKey{User: "ivy", Name: "nb"}
+	if _, _, err := f.Service.Create(ctx, serverstest.By, keep.User, nil, keep.Name, v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{"TOKEN": "t"}}, "k"); err != nil {
+		t.Fatal(err)
+	}
+	// A Secret whose server Redis no longer has and whose pod is gone, as
+	// after a FLUSHALL that took a stopped server's record.
+	orphan := spawner.Secret(spawner.Config{Namespace: serverstest.Namespace}.WithDefaults(),
+		spawner.Spec{User: "joe", Server: "gone", SpawnID: "s-old"}, map[string]string{"TOKEN": "t"})
+	if _, err := f.Kube.CoreV1().Secrets(serverstest.Namespace).Create(ctx, orphan, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r := newReconciler(f)
+	if rep, err := r.Once(ctx); err != nil || rep.DeletedSecrets != 0 {
+		t.Fatalf("within grace: report %+v err %v, want no secret deleted", rep, err)
+	}
+	f.Clock.Advance(grace + time.Second)
+	if rep, err := r.Once(ctx); err != nil || rep.DeletedSecrets != 1 {
+		t.Fatalf("after grace: report %+v err %v, want 1 secret deleted", rep, err)
+	}
+	secrets := f.Kube.CoreV1().Secrets(serverstest.Namespace)
+	if _, err := secrets.Get(ctx, orphan.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("orphan secret: err %v, want not found", err)
+	}
+	if _, err := secrets.Get(ctx, spawner.SecretName(keep.User, keep.Name), metav1.GetOptions{}); err != nil {
+		t.Errorf("the live server's secret: %v, want kept", err)
+	}
+}
+
 // recordingMetrics records ObserveReconcile calls.
 type recordingMetrics struct{ passes []map[string]int }
 
@@ -356,4 +424,38 @@ func TestSteadyPassReadsEachRecordOnce(t *testing.T) {
 		t.Errorf("a steady pass over %d running servers sent %d HGETALLs, want at most %d (one listing, no read per pod)", n, got, n+1)
 	}
 	f.Verify(t)
+}
+
+func TestRebuildCountsThePodOfAnEarlierSpawnWhileItRuns(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	old := runningServer(t, f, "kim", "nb", "10.0.0.9")
+	if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.RegisterGPUs(t)
+	// After the flush a start of the same server got a record of its own
+	// (and failed) before any pass restored the old one from its pod.
+	now := f.Clock.Now()
+	key := old.ServerKey
+	if _, _, err := f.Store.CreateServer(ctx, fleet.Server{ServerKey: key, Profile: "small", SpawnID: "s-new",
+		IdempotencyKey: "k2", State: v1.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Store.Transition(ctx, key, "s-new", v1.StateFailed, "refused", fleet.ServerPatch{}); err != nil {
+		t.Fatal(err)
+	}
+	r := newReconciler(f)
+	rep, err := r.Once(ctx)
+	if err != nil || rep.RestoredSlices != 1 {
+		t.Fatalf("report %+v err %v, want the old pod's slice restored", rep, err)
+	}
+	f.Clock.Advance(fleet.RebuildFence)
+	if rep, err = r.Once(ctx); err != nil || !rep.Complete {
+		t.Fatalf("pass after the fence: report %+v err %v, want the rebuild complete", rep, err)
+	}
+	allocs, err := f.Store.Allocations(ctx)
+	if err != nil || len(allocs) != 1 || allocs[0].SliceID != old.SpawnID {
+		t.Errorf("allocations %v (err %v), want the running pod's slice %s", allocs, err, old.SpawnID)
+	}
 }

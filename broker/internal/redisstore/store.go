@@ -140,11 +140,12 @@ func (s *Store) MarkReconciled(ctx context.Context) error {
 	return nil
 }
 
-// ReconcileEpoch returns the token of the data Redis holds now, creating a
-// random one when there is none (after a flush or a restart). A reconcile
-// pass reads it before anything else and marks with MarkReconciledAt, so
-// that a pass that began before Redis lost its data never marks the empty
-// data rebuilt.
+// ReconcileEpoch returns the token of the data Redis holds now, creating
+// one (fleet.NewEpoch at the store's clock, random nonce) when there is none
+// (after a flush or a restart). A reconcile pass reads it before anything
+// else and marks with MarkReconciledAt, so that a pass that began before
+// Redis lost its data never marks the empty data rebuilt; fleet.EpochBegan
+// reads when the data was found lost.
 func (s *Store) ReconcileEpoch(ctx context.Context) (string, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
@@ -152,11 +153,12 @@ func (s *Store) ReconcileEpoch(ctx context.Context) (string, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", fmt.Errorf("reconcile epoch: %w", err)
 	}
+	token := fleet.NewEpoch(s.now(), hex.EncodeToString(b[:]))
 	// SET NX GET: the stored token if there is one, else ours, stored.
-	cur, err := s.rdb.SetArgs(ctx, s.k.MarkerEpoch(), hex.EncodeToString(b[:]), redis.SetArgs{Mode: "NX", Get: true}).Result()
+	cur, err := s.rdb.SetArgs(ctx, s.k.MarkerEpoch(), token, redis.SetArgs{Mode: "NX", Get: true}).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return hex.EncodeToString(b[:]), nil
+		return token, nil
 	case err != nil:
 		return "", fmt.Errorf("reconcile epoch: %w", err)
 	}

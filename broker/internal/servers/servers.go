@@ -337,7 +337,18 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 				QuotaGroups: alloc.Groups, Env: plain, SecretEnv: len(secret) > 0,
 				Command: slices.Clone(command), Args: slices.Clone(args), IdempotencyKey: rec.IdempotencyKey,
 			}
-			if perr := s.pods.Create(ctx, spec, secret); perr != nil {
+			// The pod is created within fleet.PodCreateWindow of the
+			// placement or not at all: a rebuild after Redis lost its data
+			// waits that long for such pods (reconcile.Reconciler.Once).
+			left := rec.UpdatedAt.Add(fleet.PodCreateWindow).Sub(s.now())
+			if left <= 0 {
+				err := fmt.Errorf("%w: %s took too long between its placement and its pod; start it again", fleet.ErrConflict, rec.Name)
+				return s.fail(ctx, rec, err, true), err
+			}
+			cctx, ccancel := context.WithTimeout(ctx, left)
+			perr := s.pods.Create(cctx, spec, secret)
+			ccancel()
+			if perr != nil {
 				switch {
 				case errors.Is(perr, spawner.ErrUnavailable):
 					return rec, &fleet.UnavailableError{Part: fleet.PartKubernetes, Unknown: rec.Name + " may or may not have started", Err: perr}
@@ -462,13 +473,19 @@ func placedMessage(a fleet.Allocation) string {
 // retry of that create runs again.
 func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, podMayExist bool) fleet.Server {
 	log := s.log.With("user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
+	podLeft := false
 	if podMayExist {
 		if err := s.pods.Delete(ctx, rec.User, rec.Name, rec.SpawnID); err != nil {
-			log.WarnContext(ctx, "delete pod of failed spawn", "err", err)
+			// The pod may still run on its GPU: its slice stays held, and
+			// the reconciler deletes the pod and then frees the slice.
+			log.WarnContext(ctx, "delete pod of failed spawn; its slice stays held until the reconciler removes it", "err", err)
+			podLeft = true
 		}
 	}
-	if _, err := s.store.Release(ctx, rec.SpawnID); err != nil {
-		log.WarnContext(ctx, "release slice of failed spawn", "err", err)
+	if !podLeft {
+		if _, err := s.store.Release(ctx, rec.SpawnID); err != nil {
+			log.WarnContext(ctx, "release slice of failed spawn", "err", err)
+		}
 	}
 	patch := fleet.ServerPatch{DropAllocation: true, ForgetIdempotencyKey: starting(rec.State)}
 	out, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateFailed, fleet.Message(cause), patch)

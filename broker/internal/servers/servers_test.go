@@ -5,7 +5,9 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
@@ -461,19 +463,25 @@ func TestStoppedServerKeepsWhyItEnded(t *testing.T) {
 func TestCreateRetryKeepsTheNotebookToken(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
-	lost := false
+	// Every answer to a pod create is lost until the first attempt has
+	// given up (the spawner retries a server timeout as transient until
+	// the attempt's context ends).
+	var losing atomic.Bool
+	losing.Store(true)
 	f.Kube.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if lost {
+		if !losing.Load() {
 			return false, nil, nil
 		}
-		lost = true
 		obj := a.(k8stesting.CreateAction).GetObject()
-		if err := f.Kube.Tracker().Create(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, obj, serverstest.Namespace); err != nil {
+		if err := f.Kube.Tracker().Create(schema.GroupVersionResource{Version: "v1", Resource: "pods"}, obj, serverstest.Namespace); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Errorf("tracker create: %v", err)
 		}
 		return true, nil, apierrors.NewServerTimeout(schema.GroupResource{Resource: "pods"}, "create", 1)
 	})
-	first, _, err := f.Service.Create(ctx, serverstest.By, "jo", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
+	attempt, cancel := context.WithTimeout(ctx, time.Second)
+	first, _, err := f.Service.Create(attempt, serverstest.By, "jo", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k")
+	cancel()
+	losing.Store(false)
 	if err == nil {
 		t.Fatalf("first attempt = %+v, want the lost answer's error", first)
 	}
@@ -502,5 +510,27 @@ func TestCreateRetryKeepsTheNotebookToken(t *testing.T) {
 	tok, err := f.Pods.NotebookToken(ctx, "jo", "nb", again.SpawnID)
 	if err != nil || tok != started {
 		t.Errorf("the broker's token for the spawn %q (%v), want the pod's %q", tok, err, started)
+	}
+}
+
+func TestAFailedSpawnWhosePodCouldNotBeDeletedKeepsItsSlice(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	s, _, err := f.Service.Create(ctx, serverstest.By, "ivan", nil, "lab", v1.CreateServerRequest{Profile: "small"}, "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The API server does not take the deletion.
+	f.Kube.PrependReactor("delete", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewBadRequest("not now")
+	})
+	f.Service.Abandon(ctx, s, "the spawn was interrupted")
+	got, err := f.Service.Get(ctx, s.ServerKey)
+	if err != nil || got.State != v1.StateFailed {
+		t.Fatalf("server %+v (err %v), want failed", got, err)
+	}
+	allocs, err := f.Store.Allocations(ctx)
+	if err != nil || len(allocs) != 1 || allocs[0].SliceID != s.SpawnID {
+		t.Errorf("allocations %v (err %v), want the slice of the pod still there held", allocs, err)
 	}
 }
