@@ -336,7 +336,8 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 }
 
 // createRunning creates user's server name and follows its event stream
-// until it runs; the latency is from the PUT to the running event.
+// until it runs (2 minutes at most); the latency is from the PUT to the
+// running event. The spawn benchmark and the scale rig both use it.
 func createRunning(ctx context.Context, c *harness.Client, user, name string) (time.Duration, error) {
 	start := time.Now()
 	if _, status, err := c.CreateServer(ctx, user, name, "", v1.CreateServerRequest{Profile: "tiny"}); err != nil {

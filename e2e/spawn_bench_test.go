@@ -16,7 +16,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
-	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/e2e/harness"
 )
 
@@ -216,29 +215,6 @@ func plainPodSpawns(ctx context.Context, e *env, round int) (spawnRun, error) {
 func brokerSpawns(ctx context.Context, clients []*harness.Client, round int) (spawnRun, error) {
 	return runClients(ctx, func(ctx context.Context, c, i int) (time.Duration, error) {
 		user, name := fmt.Sprintf("bench%d", c), fmt.Sprintf("r%d-nb%d", round, i)
-		cl := clients[c]
-		start := time.Now()
-		if _, status, err := cl.CreateServer(ctx, user, name, "", v1.CreateServerRequest{Profile: "tiny"}); err != nil {
-			return 0, fmt.Errorf("create %s/%s: %d %w", user, name, status, err)
-		}
-		sctx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		stream, err := cl.Events(sctx, user, name, "")
-		if err != nil {
-			return 0, err
-		}
-		defer stream.Close()
-		for {
-			ev, err := stream.Next()
-			if err != nil {
-				return 0, fmt.Errorf("events of %s/%s: %w", user, name, err)
-			}
-			switch ev.State {
-			case v1.StateRunning:
-				return time.Since(start), nil
-			case v1.StateFailed:
-				return 0, fmt.Errorf("%s/%s failed: %s", user, name, ev.Message)
-			}
-		}
+		return createRunning(ctx, clients[c], user, name)
 	})
 }
