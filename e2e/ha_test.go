@@ -65,17 +65,7 @@ func TestThreeReplicas(t *testing.T) {
 // and restarts it at the end.
 func killLeader(t *testing.T, e *env, replicas []*harness.Broker) {
 	ctx := t.Context()
-	var leader *harness.Broker
-	err := harness.Poll(ctx, 100*time.Millisecond, 30*time.Second, func(ctx context.Context) (bool, string, error) {
-		leaders, err := leadersOf(ctx, replicas)
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		if len(leaders) == 1 {
-			leader = leaders[0]
-		}
-		return len(leaders) == 1, fmt.Sprintf("%d replicas lead", len(leaders)), nil
-	})
+	leader, err := reclaimLeader(ctx, replicas)
 	if err != nil {
 		t.Fatalf("no single reclaim leader: %v", err)
 	}
