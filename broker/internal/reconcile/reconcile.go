@@ -377,41 +377,8 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		}
 	}
 
-	// Secrets that no current spawn holds: of servers that stopped or
-	// failed while their deletion did not get through, or whose records
-	// Redis lost. One is deleted only once passes have seen that same
-	// version of it unheld for the grace period: a Secret just written may
-	// belong to a spawn whose record or pod this pass has not seen yet.
-	secrets, err := r.pods.Secrets(ctx)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("list secrets: %w", err))
-	}
-	unheld := make(map[string]time.Time)
-	for _, sec := range secrets {
-		if _, ok := podBySpawn[sec.SpawnID]; ok {
-			continue
-		}
-		if rec, ok := recBySpawn[sec.SpawnID]; ok && !fleet.Terminal(rec.State) {
-			continue
-		}
-		version := sec.UID + "/" + sec.ResourceVersion
-		since, seen := r.unheldSecrets[version]
-		if !seen {
-			since = now
-		}
-		if now.Sub(since) <= r.grace {
-			unheld[version] = since
-			continue
-		}
-		if err := r.pods.DeleteSecret(ctx, sec); err != nil {
-			unheld[version] = since
-			errs = append(errs, fmt.Errorf("delete orphan secret %s: %w", sec.Name, err))
-			continue
-		}
-		rep.DeletedSecrets++
-	}
-	if err == nil {
-		r.unheldSecrets = unheld
+	if err := r.collectSecrets(ctx, now, podBySpawn, recBySpawn, &rep); err != nil {
+		errs = append(errs, err)
 	}
 
 	// The fence applies where this reconciler saw the data before it was
