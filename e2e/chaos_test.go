@@ -610,28 +610,30 @@ func (ch *chaos) deleteNode(ctx context.Context, r *rand.Rand) error {
 		w.mu.Unlock()
 		return err
 	}
-	zero := int64(0)
-	var onNode []corev1.Pod
-	pods, err := c.Client.CoreV1().Pods(w.ns).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
-	if err == nil {
-		onNode = pods.Items
-	}
-	for _, p := range onNode {
-		derr := c.Client.CoreV1().Pods(w.ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
-		if derr != nil && !apierrors.IsNotFound(derr) { // the broker may delete it first
-			err = derr
-			break
-		}
-	}
-	// The node comes back even when deleting its pods failed part way.
+	// The node's pods go with it, as Kubernetes' pod garbage collector
+	// removes the pods of a node that no longer exists (this cluster runs
+	// no controller manager); an API server restarting meanwhile only
+	// delays that. Then the node comes back.
 	pause := time.Duration(2000+r.IntN(3000)) * time.Millisecond
 	ch.restarts.Go(func() {
+		if err := harness.Poll(ctx, 200*time.Millisecond, time.Minute, func(ctx context.Context) (bool, string, error) {
+			return w.deletePodsOn(ctx, node)
+		}); err != nil {
+			w.t.Errorf("delete the pods of deleted node %s: %v", node, err)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(pause):
 		}
-		if err := c.CreateNodes(ctx, node); err != nil {
+		// The API server may be restarting (another fault): try again
+		// until it takes the node.
+		if err := harness.Poll(ctx, 200*time.Millisecond, time.Minute, func(ctx context.Context) (bool, string, error) {
+			if err := c.CreateNodes(ctx, node); err != nil && !apierrors.IsAlreadyExists(err) {
+				return false, err.Error(), nil
+			}
+			return true, "", nil
+		}); err != nil {
 			w.t.Errorf("recreate node %s: %v", node, err)
 			return
 		}
@@ -639,7 +641,25 @@ func (ch *chaos) deleteNode(ctx context.Context, r *rand.Rand) error {
 		delete(w.nodesDown, node)
 		w.mu.Unlock()
 	})
-	return err
+	return nil
+}
+
+// deletePodsOn deletes the pods bound to node (at once, grace 0) and says
+// whether none is left; an error of the API server is a reason to try
+// again, not a failure.
+func (w *chaosWorld) deletePodsOn(ctx context.Context, node string) (bool, string, error) {
+	zero := int64(0)
+	pods, err := w.cluster.Client.CoreV1().Pods(w.ns).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		return false, err.Error(), nil
+	}
+	for _, p := range pods.Items {
+		derr := w.cluster.Client.CoreV1().Pods(w.ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		if derr != nil && !apierrors.IsNotFound(derr) { // the broker may delete it first
+			return false, derr.Error(), nil
+		}
+	}
+	return len(pods.Items) == 0, fmt.Sprintf("%d pods on the node", len(pods.Items)), nil
 }
 
 // check runs the storm's checker every second until stop.
