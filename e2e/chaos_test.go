@@ -682,7 +682,12 @@ func (ch *chaos) checkOnce(ctx context.Context) []string {
 	var bad []string
 	if pods, err := w.pods(ctx); err == nil {
 		perUser := map[string]int{}
-		for gpu, u := range w.useFromPods(w.t.(*testing.T), pods) {
+		// A pod that failed (evicted) or succeeded holds no GPU any more,
+		// as Kubernetes' scheduler counts it; the broker releases its slice.
+		holding := slices.DeleteFunc(slices.Clone(pods), func(p corev1.Pod) bool {
+			return p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
+		})
+		for gpu, u := range w.useFromPods(w.t.(*testing.T), holding) {
 			if u.memoryMiB > gpuMemoryMiB || u.computePercent > 100 {
 				bad = append(bad, fmt.Sprintf("pods overcommit %s: %d MiB, %d%%", gpu, u.memoryMiB, u.computePercent))
 			}
