@@ -47,20 +47,6 @@ type scaleConfig struct {
 	reclaimInterval       time.Duration
 }
 
-// scaleProfiles lets every user hold many servers of 1 % compute (100 fit
-// a GPU): the rig measures the broker at a fleet's size, not quotas.
-const scaleProfiles = `
-profiles:
-  - name: tiny
-    displayName: Tiny
-    image: example.invalid/notebook:1
-    cpu: "100m"
-    memory: 256Mi
-    slice: {memoryMiB: 256, computePercent: 1, computeLimitPercent: 10}
-quotas:
-  defaultUser: {servers: 1000}
-`
-
 // scaleReport is what one run measured.
 type scaleReport struct {
 	raw, broker, deletes harness.LoadResult
@@ -189,7 +175,7 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		"--orphan-grace=2m"} // the default: the env's 2 s would settle servers whose pods the informer has yet to see
 	progress := sayer(tb)
 	start := time.Now()
-	e := newEnv(tb, envOptions{nodes: cfg.nodes, gpusPerNode: cfg.gpus, profiles: scaleProfiles, leaderElection: true, brokerArgs: args})
+	e := newEnv(tb, envOptions{nodes: cfg.nodes, gpusPerNode: cfg.gpus, profiles: spawnProfiles, leaderElection: true, brokerArgs: args})
 	replicas := []*harness.Broker{e.broker}
 	for len(replicas) < cfg.replicas {
 		replicas = append(replicas, e.startBroker(args...))

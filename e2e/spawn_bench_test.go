@@ -28,8 +28,9 @@ const (
 	spawnGPUs       = 8
 )
 
-// spawnProfiles lets every bench user hold all of its servers: the benchmark
-// measures the spawn path, not quotas. 1 % compute fits 100 per GPU.
+// spawnProfiles lets every bench user hold all of its servers: the spawn
+// benchmark and the scale rig measure the spawn path, not quotas. 1 %
+// compute and 512 MiB fit 100 per GPU.
 const spawnProfiles = `
 profiles:
   - name: tiny
