@@ -22,16 +22,7 @@ func TestStubThroughGoNVML(t *testing.T) {
 	if r := p.do(fmt.Sprintf("alloc linear %d", 100*mib)); r.Res != cudaSuccess {
 		t.Fatal(r)
 	}
-	t.Setenv("GPUBROKER_STUB_STATE", dev.state)
-	lib := nvml.New(nvml.WithLibraryPath(filepath.Join(buildDir(), "stub", "libnvidia-ml.so.1")))
-	if ret := lib.Init(); ret != nvml.SUCCESS {
-		t.Fatalf("Init: %v", ret)
-	}
-	t.Cleanup(func() {
-		if ret := lib.Shutdown(); ret != nvml.SUCCESS {
-			t.Errorf("Shutdown: %v", ret)
-		}
-	})
+	lib := openStubNVML(t, dev)
 	st := dev.stub()
 
 	n, ret := lib.DeviceGetCount()
@@ -103,6 +94,93 @@ func TestStubThroughGoNVML(t *testing.T) {
 	}
 	if u, ret := d.GetUtilizationRates(); ret != nvml.SUCCESS || u.Gpu < 50 {
 		t.Errorf("GetUtilizationRates = %+v, %v; want gpu >= 50 after saturation", u, ret)
+	}
+}
+
+// openStubNVML loads the stub libnvidia-ml.so.1 through go-nvml on dev's
+// state (setting GPUBROKER_STUB_STATE for the test: not parallel).
+func openStubNVML(t *testing.T, dev *device) nvml.Interface {
+	t.Helper()
+	t.Setenv("GPUBROKER_STUB_STATE", dev.state)
+	lib := nvml.New(nvml.WithLibraryPath(filepath.Join(buildDir(), "stub", "libnvidia-ml.so.1")))
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		t.Fatalf("Init: %v", ret)
+	}
+	t.Cleanup(func() {
+		if ret := lib.Shutdown(); ret != nvml.SUCCESS {
+			t.Errorf("Shutdown: %v", ret)
+		}
+	})
+	return lib
+}
+
+// TestStubUtilizationOverEachReadersWindow: two readers of
+// nvmlDeviceGetProcessUtilization at different rates (the hook's pacer
+// every few ms, the node agent every second) each get a process's use over
+// the samples since their own lastSeen, as NVML's header documents, not
+// the newest sample only. A process saturates the device for 300 ms and
+// then idles while a fast reader polls until it sees the idle; the slow
+// reader, asking from before the load, must see the window's mean (what
+// the stub charged over it), not the fast reader's last 0.
+func TestStubUtilizationOverEachReadersWindow(t *testing.T) {
+	dev := newDevice(t)
+	p := dev.startBare()
+	d, ret := openStubNVML(t, dev).DeviceGetHandleByIndex(0)
+	if ret != nvml.SUCCESS {
+		t.Fatalf("DeviceGetHandleByIndex: %v", ret)
+	}
+	pidUtil := func(since uint64) (nvml.ProcessUtilizationSample, bool) {
+		samples, _ := d.GetProcessUtilization(since)
+		i := slices.IndexFunc(samples, func(s nvml.ProcessUtilizationSample) bool { return s.Pid == uint32(p.pid()) })
+		if i < 0 {
+			return nvml.ProcessUtilizationSample{}, false
+		}
+		return samples[i], true
+	}
+	if r := p.do("alloc linear 1048576"); r.Res != cudaSuccess {
+		t.Fatal(r)
+	}
+	before := dev.stub()
+	since := uint64(time.Now().UnixMicro())
+	done := make(chan reply, 1)
+	go func() { done <- p.do("saturate busy_100us 132 300") }()
+	fastSeen, fastBusy, fastIdle := since, false, false
+	deadline := time.Now().Add(30 * time.Second)
+	for !fastIdle {
+		if time.Now().After(deadline) {
+			t.Fatalf("the fast reader saw no busy sample then an idle one in 30 s (busy seen: %v)", fastBusy)
+		}
+		s, ok := pidUtil(fastSeen)
+		if !ok {
+			continue
+		}
+		fastSeen = s.TimeStamp
+		switch {
+		case s.SmUtil >= 80:
+			fastBusy = true
+		case fastBusy && s.SmUtil == 0:
+			select {
+			case r := <-done:
+				if r.Res != cudaSuccess {
+					t.Fatal(r)
+				}
+				fastIdle = true
+			default:
+			}
+		}
+	}
+	slow, ok := pidUtil(since)
+	after := dev.stub()
+	if !ok {
+		t.Fatalf("the slow reader got no entry for pid %d", p.pid())
+	}
+	want := float64(after.procSMNs(p.pid())-before.procSMNs(p.pid())) / float64((after.NowNs-before.NowNs)*after.SMCount) * 100
+	t.Logf("slow reader since the load began: %d %%; charged over its window %.1f %%; the fast reader's last: 0 %%", slow.SmUtil, want)
+	if want < 15 {
+		t.Fatalf("only %.1f %% of the device charged over the window: the load did not run", want)
+	}
+	if math.Abs(float64(slow.SmUtil)-want) > 12 {
+		t.Errorf("the slow reader got %d %%, want the window's %.1f %% ± 12", slow.SmUtil, want)
 	}
 }
 

@@ -318,11 +318,18 @@ struct stub_proc *stub_self_locked(struct stub_device *d)
 	memset(&d->procs[free_idx], 0, sizeof(d->procs[free_idx]));
 	d->procs[free_idx].pid = (uint32_t)me;
 	d->procs[free_idx].start_time = stub_proc_start_time(me);
-	d->procs[free_idx].sample_prev_ns = stub_now_ns();
+	d->procs[free_idx].samples[0] = (struct stub_sample){stub_realtime_us(), stub_now_ns(), 0};
+	d->procs[free_idx].samples_next = 1;
+	d->procs[free_idx].samples_count = 1;
 found:
 	g_proc_pid = me;
 	__atomic_store_n(&g_proc_idx, free_idx, __ATOMIC_RELEASE);
 	return &d->procs[free_idx];
+}
+
+static const struct stub_sample *sample_at(const struct stub_proc *p, uint32_t age)
+{
+	return &p->samples[(p->samples_next + STUB_SAMPLES - 1 - age) % STUB_SAMPLES];
 }
 
 void stub_sample_locked(struct stub_device *d, uint64_t now)
@@ -330,16 +337,13 @@ void stub_sample_locked(struct stub_device *d, uint64_t now)
 	uint64_t ts = stub_realtime_us();
 	for (int i = 0; i < STUB_MAX_PROCS; i++) {
 		struct stub_proc *p = &d->procs[i];
-		if (p->pid == 0 || now < p->sample_prev_ns + d->sample_ns)
+		if (p->pid == 0 || (p->samples_count > 0 && now < sample_at(p, 0)->mono_ns + d->sample_ns))
 			continue;
-		uint64_t total = __atomic_load_n(&p->sm_ns_total, __ATOMIC_RELAXED);
-		uint64_t work = total - p->sample_prev_sm_ns;
-		uint64_t span = (now - p->sample_prev_ns) * d->sm_count;
-		uint64_t pm = span ? work * 1000 / span : 0;
-		p->sample_sm_permille = (uint32_t)(pm > 1000 ? 1000 : pm);
-		p->sample_ts_us = ts;
-		p->sample_prev_sm_ns = total;
-		p->sample_prev_ns = now;
+		p->samples[p->samples_next] =
+		    (struct stub_sample){ts, now, __atomic_load_n(&p->sm_ns_total, __ATOMIC_RELAXED)};
+		p->samples_next = (p->samples_next + 1) % STUB_SAMPLES;
+		if (p->samples_count < STUB_SAMPLES)
+			p->samples_count++;
 	}
 	if (now >= d->dev_sample_prev_ns + d->sample_ns) {
 		uint64_t total = __atomic_load_n(&d->sm_ns_total, __ATOMIC_RELAXED);
@@ -349,4 +353,28 @@ void stub_sample_locked(struct stub_device *d, uint64_t now)
 		d->dev_sample_prev_sm_ns = total;
 		d->dev_sample_prev_ns = now;
 	}
+}
+
+int stub_proc_util_locked(const struct stub_device *d, const struct stub_proc *p, uint64_t last_seen_us,
+                          uint32_t *permille, uint64_t *ts_us)
+{
+	if (p->pid == 0 || p->samples_count < 2)
+		return 0;
+	const struct stub_sample *newest = sample_at(p, 0);
+	if (newest->ts_us <= last_seen_us)
+		return 0;
+	/* The window starts at the newest sample not newer than last_seen_us, else at the oldest held. */
+	const struct stub_sample *base = sample_at(p, p->samples_count - 1);
+	for (uint32_t age = 1; age < p->samples_count; age++)
+		if (sample_at(p, age)->ts_us <= last_seen_us) {
+			base = sample_at(p, age);
+			break;
+		}
+	uint64_t span = (newest->mono_ns - base->mono_ns) * d->sm_count;
+	if (span == 0)
+		return 0;
+	uint64_t pm = (newest->sm_ns - base->sm_ns) * 1000 / span;
+	*permille = (uint32_t)(pm > 1000 ? 1000 : pm);
+	*ts_us = newest->ts_us;
+	return 1;
 }

@@ -332,10 +332,11 @@ STUB_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
 }
 
 /*
- * nvmlDeviceGetProcessUtilization: one sample per process whose latest sample
- * is newer than lastSeen (microseconds). With utilization == NULL it reports
- * the buffer size needed and NVML_ERROR_INSUFFICIENT_SIZE, as NVML does; with
- * no newer samples it returns NVML_ERROR_NOT_FOUND.
+ * nvmlDeviceGetProcessUtilization: one entry per process with a sample newer
+ * than lastSeen (microseconds), its SM use over the samples since lastSeen
+ * (see stub.h). With utilization == NULL it reports the buffer size needed
+ * and NVML_ERROR_INSUFFICIENT_SIZE, as NVML does; with no newer samples it
+ * returns NVML_ERROR_NOT_FOUND.
  */
 STUB_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlProcessUtilizationSample_t *util,
                                                          unsigned int *count, unsigned long long lastSeen)
@@ -349,10 +350,11 @@ STUB_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlP
 	stub_lock(d);
 	stub_reap_locked(d);
 	stub_sample_locked(d, stub_now_ns());
+	uint32_t pm;
+	uint64_t ts;
 	unsigned n = 0;
 	for (int i = 0; i < STUB_MAX_PROCS; i++)
-		if (d->procs[i].pid != 0 && d->procs[i].sample_ts_us > lastSeen)
-			n++;
+		n += stub_proc_util_locked(d, &d->procs[i], lastSeen, &pm, &ts);
 	if (util == NULL || n > *count) {
 		*count = n;
 		stub_unlock(d);
@@ -361,11 +363,11 @@ STUB_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t dev, nvmlP
 	unsigned k = 0;
 	for (int i = 0; i < STUB_MAX_PROCS; i++) {
 		struct stub_proc *p = &d->procs[i];
-		if (p->pid == 0 || p->sample_ts_us <= lastSeen)
+		if (!stub_proc_util_locked(d, p, lastSeen, &pm, &ts))
 			continue;
 		util[k].pid = p->pid + d->nvml_pid_offset;
-		util[k].timeStamp = p->sample_ts_us;
-		util[k].smUtil = (p->sample_sm_permille + 5) / 10;
+		util[k].timeStamp = ts;
+		util[k].smUtil = (pm + 5) / 10;
 		util[k].memUtil = 0;
 		util[k].encUtil = 0;
 		util[k].decUtil = 0;

@@ -15,9 +15,13 @@
  *     a kernel takes at least ceil(B / sm_count) waves of block_ns, and kernels
  *     on one stream run in order. Launches block while the device backlog is
  *     more than queue_ns ahead of now, like a full launch queue.
- *   - Utilization: SM-ns are charged to the launching process at launch; NVML
- *     samples (nvmlDeviceGetProcessUtilization) are computed lazily over
- *     windows of at least sample_ns.
+ *   - Utilization: SM-ns are charged to the launching process at launch. Each
+ *     process keeps a ring of STUB_SAMPLES samples (a cumulative SM-ns reading
+ *     with its time), one taken lazily at most every sample_ns when NVML is
+ *     asked. nvmlDeviceGetProcessUtilization(lastSeen) answers one entry per
+ *     process: its use over the samples newer than lastSeen, as NVML's header
+ *     documents (lastSeenTimeStamp 0 = every sample in the driver's buffer),
+ *     so callers polling at different rates each see their own window.
  */
 #ifndef GPUBROKER_STUB_H
 #define GPUBROKER_STUB_H
@@ -29,10 +33,11 @@
 #define STUB_EXPORT __attribute__((visibility("default")))
 
 #define STUB_MAGIC      0x42555453u /* "STUB" */
-#define STUB_VERSION    6u
+#define STUB_VERSION    7u
 #define STUB_MAX_PROCS  64
 #define STUB_MAX_ALLOCS 16384
 #define STUB_MAX_POOLS  256
+#define STUB_SAMPLES    128 /* per process; 6.4 s at the default 50 ms sample window */
 #define STUB_POOL_CHUNK (2ull << 20) /* pools and VMM reserve in 2 MiB granules */
 
 enum stub_kind {
@@ -46,6 +51,13 @@ enum stub_kind {
 	STUB_KIND_GRAPH = 7    /* graph memory nodes */
 };
 
+/* stub_sample is one NVML utilization sample: a process's cumulative SM-ns at a time. */
+struct stub_sample {
+	uint64_t ts_us;   /* CLOCK_REALTIME, microseconds (NVML's timeStamp) */
+	uint64_t mono_ns; /* CLOCK_MONOTONIC */
+	uint64_t sm_ns;   /* the process's sm_ns_total then */
+};
+
 struct stub_proc {
 	uint32_t pid; /* 0 = free */
 	uint32_t pad;
@@ -53,14 +65,12 @@ struct stub_proc {
 	uint64_t mem_bytes;   /* device memory held, bytes */
 	uint64_t sm_ns_total; /* SM-ns of work launched */
 	uint64_t launches;
-	uint64_t sample_prev_sm_ns; /* sm_ns_total at the last sample */
-	uint64_t sample_prev_ns;    /* CLOCK_MONOTONIC of the last sample */
-	uint64_t sample_ts_us;      /* CLOCK_REALTIME, microseconds, of the last sample */
-	uint32_t sample_sm_permille;
-	uint32_t pad2;
+	uint32_t samples_next;  /* ring index the next sample goes to */
+	uint32_t samples_count; /* samples held, at most STUB_SAMPLES */
 	uint64_t graph_reserved; /* graph memory reserved for this process, bytes */
 	uint64_t last_return_ns; /* CLOCK_MONOTONIC when its last launch returned; 0 = none yet */
 	uint64_t stall_ns_total; /* launch gaps beyond the device's stall_ns, summed (see launch) */
+	struct stub_sample samples[STUB_SAMPLES]; /* ring, oldest first from samples_next - samples_count */
 };
 
 struct stub_alloc {
@@ -128,8 +138,16 @@ void stub_release_proc_locked(struct stub_device *d, uint32_t pid);
 void stub_reap_soon_locked(struct stub_device *d);
 uint64_t stub_now_ns(void);
 uint64_t stub_realtime_us(void);
-/* stub_sample_locked refreshes the NVML samples if a window has passed. */
+/* stub_sample_locked takes new NVML samples where a window has passed. */
 void stub_sample_locked(struct stub_device *d, uint64_t now);
+/*
+ * stub_proc_util_locked gives p's SM use in per mille of the device over its
+ * samples newer than last_seen_us (all held if 0 or older than the ring) and
+ * the newest sample's time; 0 when no sample is newer than last_seen_us or
+ * the window is empty.
+ */
+int stub_proc_util_locked(const struct stub_device *d, const struct stub_proc *p, uint64_t last_seen_us,
+                          uint32_t *permille, uint64_t *ts_us);
 /* stub_proc_alive reports whether pid is alive, not a zombie, and started at start_time. */
 int stub_proc_alive(uint32_t pid, uint64_t start_time);
 uint64_t stub_proc_start_time(pid_t pid);
