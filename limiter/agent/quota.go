@@ -187,3 +187,49 @@ func (a *Agent) applyQuotaByID(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// quotaLoop prepares every local slice and applies its desired quota at
+// once, whenever a slice appears, and every QuotaResync, until ctx ends.
+func (a *Agent) quotaLoop(ctx context.Context) error {
+	t := a.clock.NewTicker(a.cfg.QuotaResync)
+	defer t.Stop()
+	for {
+		if err := a.applyQuotas(ctx); err != nil && ctx.Err() == nil {
+			a.metrics.errors.WithLabelValues("quota").Inc()
+			a.log.WarnContext(ctx, "quota resync incomplete", "err", err)
+		}
+		a.kickMPS() // a new MPS slice sets its GPU's client size
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C():
+		case <-a.pods.Changed():
+		}
+	}
+}
+
+// watchLoop applies a slice's desired quota as soon as the broker
+// announces a change, resubscribing after failures, until ctx ends.
+func (a *Agent) watchLoop(ctx context.Context) error {
+	for {
+		err := a.quotas.WatchQuotaChanges(ctx, func(id string) {
+			if err := a.applyQuotaByID(ctx, id); err != nil {
+				a.metrics.errors.WithLabelValues("quota").Inc()
+				a.log.WarnContext(ctx, "quota not applied", "slice_id", id, "err", err)
+			}
+		})
+		if ctx.Err() != nil {
+			return nil
+		}
+		a.metrics.errors.WithLabelValues("redis").Inc()
+		a.log.WarnContext(ctx, "quota watch failed; resubscribing", "err", err)
+		t := a.clock.NewTicker(retryWait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C():
+			t.Stop()
+		}
+	}
+}
