@@ -169,22 +169,7 @@ func TestACreatingSpawnIsNotAbandonedWhileItMayCreateItsPod(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
 	key := fleet.ServerKey{User: "dan", Name: "nb"}
-	now := f.Clock.Now()
-	if _, _, err := f.Store.CreateServer(ctx, fleet.Server{ServerKey: key, Profile: "small", SpawnID: "s1",
-		IdempotencyKey: "k", State: v1.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Store.Transition(ctx, key, "s1", v1.StatePlacing, "placing", fleet.ServerPatch{}); err != nil {
-		t.Fatal(err)
-	}
-	alloc, err := f.Store.Place(ctx, fleet.PlaceRequest{SliceID: "s1", User: "dan",
-		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 10, ComputeLimitPercent: 10}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Store.Transition(ctx, key, "s1", v1.StateCreating, "creating", fleet.ServerPatch{Allocation: &alloc}); err != nil {
-		t.Fatal(err)
-	}
+	creatingSpawn(t, f, key, "s1")
 	short := 2 * time.Second
 	r := reconcile.New(f.Store, f.Pods, f.Service, f.Log, short, time.Hour, f.Clock.Now)
 	f.Clock.Advance(fleet.PodCreateWindow - time.Second)
