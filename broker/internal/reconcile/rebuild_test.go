@@ -127,21 +127,7 @@ func TestTheRebuildWaitsForPodsTheCacheMissed(t *testing.T) {
 func TestASliceStaysWhileTheAPIServerHasItsPod(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
-	old := runningServer(t, f, "kim", "nb", "10.0.0.9")
-	if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	f.RegisterGPUs(t)
-	// The record was replaced by a start that failed, so the running pod
-	// belongs to no current spawn; a pass restores its slice.
-	now := f.Clock.Now()
-	if _, _, err := f.Store.CreateServer(ctx, fleet.Server{ServerKey: old.ServerKey, Profile: "small", SpawnID: "s-new",
-		IdempotencyKey: "k2", State: v1.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Store.Transition(ctx, old.ServerKey, "s-new", v1.StateFailed, "refused", fleet.ServerPatch{}); err != nil {
-		t.Fatal(err)
-	}
+	old := replacedAfterALoss(t, f)
 	pods := &laggingCache{Client: f.Pods}
 	r := reconcile.New(f.Store, pods, f.Service, f.Log, grace, time.Hour, f.Clock.Now)
 	if rep, err := r.Once(ctx); err != nil || rep.RestoredSlices != 1 {

@@ -435,16 +435,18 @@ func TestSteadyPassReadsEachRecordOnce(t *testing.T) {
 	f.Verify(t)
 }
 
-func TestRebuildCountsThePodOfAnEarlierSpawnWhileItRuns(t *testing.T) {
-	f := serverstest.New(t)
+// replacedAfterALoss runs kim/nb, then Redis loses its data and a start of
+// the same server gets a record of its own (and fails) before any pass
+// restored the old one from its pod, which still runs: the pod belongs to
+// no current spawn. It returns the old server.
+func replacedAfterALoss(t *testing.T, f *serverstest.Fixture) fleet.Server {
+	t.Helper()
 	ctx := t.Context()
 	old := runningServer(t, f, "kim", "nb", "10.0.0.9")
 	if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	f.RegisterGPUs(t)
-	// After the flush a start of the same server got a record of its own
-	// (and failed) before any pass restored the old one from its pod.
 	now := f.Clock.Now()
 	key := old.ServerKey
 	if _, _, err := f.Store.CreateServer(ctx, fleet.Server{ServerKey: key, Profile: "small", SpawnID: "s-new",
@@ -454,6 +456,13 @@ func TestRebuildCountsThePodOfAnEarlierSpawnWhileItRuns(t *testing.T) {
 	if _, err := f.Store.Transition(ctx, key, "s-new", v1.StateFailed, "refused", fleet.ServerPatch{}); err != nil {
 		t.Fatal(err)
 	}
+	return old
+}
+
+func TestRebuildCountsThePodOfAnEarlierSpawnWhileItRuns(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	old := replacedAfterALoss(t, f)
 	r := newReconciler(f)
 	rep, err := r.Once(ctx)
 	if err != nil || rep.RestoredSlices != 1 {
