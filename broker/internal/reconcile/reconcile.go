@@ -76,7 +76,7 @@ type Store interface {
 }
 
 // Pods lists and deletes notebook pods (spawner.Client). Pods reads the
-// informer cache, ListPods the API server itself (see absentFromAPI).
+// informer cache, ListPods the API server itself (see apiView).
 // FenceSlice marks a pod and returns it as the API server has it now (see
 // Once).
 type Pods interface {
