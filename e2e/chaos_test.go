@@ -72,7 +72,7 @@ func TestChaos(t *testing.T) {
 	needCluster(t) // for -short and missing tools; the cluster itself is ours
 	ctx := t.Context()
 	w := newChaosWorld(t, 4, 4, 2)
-	ch := &chaos{w: w, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 16)), faults: map[string]int{}, answers: map[string]int{}, lostWithRedis: map[string]bool{}}
+	ch := &chaos{w: w, rnd: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 16)), faults: map[string]int{}, answers: map[string]int{}, lostWithRedis: map[string]bool{}, diagnosed: map[string]bool{}}
 
 	stop := make(chan struct{})
 	var bg sync.WaitGroup
@@ -317,6 +317,10 @@ type chaos struct {
 	podsAtLoss []map[string]bool
 	restarts   sync.WaitGroup
 	down       [8]atomic.Bool // replica i is killed and not yet restarted
+	// events are the fault steps so far, with their times, and diagnosed
+	// the diagnoses logged (chaos_diag_test.go); guarded by mu.
+	events    []faultEvent
+	diagnosed map[string]bool
 }
 
 func (ch *chaos) rand() *rand.Rand {
@@ -432,6 +436,10 @@ func (ch *chaos) create(ctx context.Context, cl *harness.Client, u *chaosUser, n
 	req := v1.CreateServerRequest{Profile: profile, SecretEnv: map[string]string{"CHAOS_TOKEN": "t-" + name}}
 	// Losses from now on may take the server: one during the request too.
 	f := ch.flushes.Load()
+	// Tracked before it is sent: a create that got no answer (its broker
+	// was killed) may still have started the server, which the end state
+	// then reads like any other.
+	u.note(name, func(*tracked) {})
 	_, status, err := cl.CreateServer(ctx, u.name, name, fmt.Sprintf("%s-%d", name, r.Uint64()), req)
 	ch.answered("create", status, err)
 	if err == nil {
@@ -461,12 +469,17 @@ func (ch *chaos) inject(ctx context.Context, kind string) error {
 		})
 	case faultRedisRestart:
 		ch.noteLoss(ctx)
+		ch.event("redis restart begins")
 		w.redis.Restart()
+		ch.event("redis restarted (empty)")
 	case faultRedisFlush:
 		ch.noteLoss(ctx)
 		err = w.redis.Client(w.t).FlushAll(ctx).Err()
+		ch.event("redis FLUSHALL")
 	case faultAPIRestart:
+		ch.event("apiserver restart begins")
 		err = c.RestartAPIServer(ctx)
+		ch.event("apiserver restarted")
 	case faultPodDelete, faultPodEvict:
 		pods, lerr := w.pods(ctx)
 		if lerr != nil {
@@ -477,6 +490,7 @@ func (ch *chaos) inject(ctx context.Context, kind string) error {
 			return nil
 		}
 		p := pods[r.IntN(len(pods))]
+		ch.event("%s pod %s (spawn %s, gpu %s)", kind, p.Name, p.Annotations[v1.AnnotationSpawnID], p.Annotations[v1.AnnotationGPUUUID])
 		if kind == faultPodDelete {
 			err = c.Client.CoreV1().Pods(w.ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 		} else {
@@ -567,6 +581,7 @@ func (ch *chaos) killReplica(ctx context.Context, r *rand.Rand, during func(url 
 	if err := b.Kill(); err != nil {
 		return err
 	}
+	ch.event("replica %d killed (mid-spawn %t)", i, during != nil)
 	pause := time.Duration(1000+r.IntN(2000)) * time.Millisecond
 	ch.restarts.Go(func() {
 		inflight.Wait()
@@ -575,10 +590,12 @@ func (ch *chaos) killReplica(ctx context.Context, r *rand.Rand, during func(url 
 			return
 		case <-time.After(pause):
 		}
+		ch.event("replica %d starting", i)
 		if err := b.Start(ctx); err != nil {
 			ch.w.t.Errorf("restart replica %d: %v", i, err)
 			return
 		}
+		ch.event("replica %d started", i)
 		ch.down[i].Store(false)
 	})
 	return nil
@@ -604,6 +621,7 @@ func (ch *chaos) deleteNode(ctx context.Context, r *rand.Rand) error {
 	w.nodesDown[node] = true
 	w.mu.Unlock()
 	c := w.cluster
+	ch.event("node %s deleted", node)
 	if err := c.DeleteNodes(ctx, node); err != nil {
 		w.mu.Lock()
 		delete(w.nodesDown, node)
@@ -637,6 +655,7 @@ func (ch *chaos) deleteNode(ctx context.Context, r *rand.Rand) error {
 			w.t.Errorf("recreate node %s: %v", node, err)
 			return
 		}
+		ch.event("node %s back", node)
 		w.mu.Lock()
 		delete(w.nodesDown, node)
 		w.mu.Unlock()
@@ -690,6 +709,7 @@ func (ch *chaos) checkOnce(ctx context.Context) []string {
 		for gpu, u := range w.useFromPods(w.t.(*testing.T), holding) {
 			if u.memoryMiB > gpuMemoryMiB || u.computePercent > 100 {
 				bad = append(bad, fmt.Sprintf("pods overcommit %s: %d MiB, %d%%", gpu, u.memoryMiB, u.computePercent))
+				ch.diagnose(ctx, bad[len(bad)-1], gpu, "", pods)
 			}
 		}
 		for _, p := range pods {
@@ -700,9 +720,11 @@ func (ch *chaos) checkOnce(ctx context.Context) []string {
 		for user, n := range perUser {
 			if n > chaosQuota && !strings.HasPrefix(user, "spawnkill") {
 				bad = append(bad, fmt.Sprintf("user %s holds %d live pods, quota %d", user, n, chaosQuota))
+				ch.diagnose(ctx, bad[len(bad)-1], "", user, pods)
 			}
 		}
 	}
+	pods, _ := w.pods(ctx)
 	for i := range w.brokers {
 		if ch.down[i].Load() {
 			continue
@@ -714,6 +736,7 @@ func (ch *chaos) checkOnce(ctx context.Context) []string {
 		for _, g := range list {
 			if g.AllocatedMemoryMiB > gpuMemoryMiB || g.AllocatedComputePercent > 100 {
 				bad = append(bad, fmt.Sprintf("redis overcommit %s: %d MiB, %d%%", g.UUID, g.AllocatedMemoryMiB, g.AllocatedComputePercent))
+				ch.diagnose(ctx, bad[len(bad)-1], g.UUID, "", pods)
 			}
 		}
 		break
@@ -879,6 +902,13 @@ func (ch *chaos) report(t *testing.T, end []string) {
 	t.Logf("chaos: checker ran %d times: overcommits seen %d, quota exceeded %d", ch.checks, over, quota)
 	t.Logf("chaos: at the end: leaked slices %d, orphan pods %d, orphan secrets %d, stuck servers %d, lost servers %d; lost with Redis's data (no running pod then; known limit) %d",
 		count("leaked"), count("orphan pod"), count("orphan secret"), count("stuck"), count("lost"), len(ch.lostWithRedis))
+	if len(ch.violations) > 0 || len(end) > 0 {
+		var tl strings.Builder
+		for _, e := range ch.events {
+			fmt.Fprintf(&tl, "\n  %s %s", e.at.Format("15:04:05.000"), e.what)
+		}
+		t.Logf("chaos: fault steps:%s", tl.String())
+	}
 	for i, v := range ch.violations {
 		if i == 20 {
 			t.Errorf("... and %d more", len(ch.violations)-20)

@@ -597,3 +597,25 @@ func TestTransientAnswersAreRetriedUntilTheyPass(t *testing.T) {
 		t.Errorf("tries = %d, want %d", tries, len(refusals)+1)
 	}
 }
+
+// TestListPodsReadsTheAPIServer: ListPods needs no synced cache (it asks
+// the API server) and reads each managed pod as Pods does; a pod that is
+// not gpubroker's is left out.
+func TestListPodsReadsTheAPIServer(t *testing.T) {
+	spec := testSpec()
+	pod, err := Pod(testConfig(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: "notebooks"}}
+	cs := fake.NewClientset(pod, foreign)
+	c := New(cs, testConfig(), slog.New(slog.NewTextHandler(io.Discard, nil))) // never Run: no cache
+	got, err := c.ListPods(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Name != PodName(spec.User, spec.Server) || got[0].SpawnID != spec.SpawnID ||
+		got[0].Err != nil || got[0].Slice != spec.Slice {
+		t.Errorf("ListPods = %+v, want the one managed pod of spawn %s with slice %+v", got, spec.SpawnID, spec.Slice)
+	}
+}

@@ -172,6 +172,38 @@ func (c *Client) Pods() ([]ManagedPod, error) {
 	return out, nil
 }
 
+// ListPods is Pods read from the API server itself instead of the cache:
+// a list at the newest resourceVersion (a quorum read), so it holds every
+// managed pod the API server has accepted, including those the cache has
+// not caught up with yet (a watch that broke with an API server restart
+// and is backing off). The reconciler calls it before it acts on a pod
+// being absent from the cache, and before it reopens placement after Redis
+// lost its data. Transient errors are retried (see Transient).
+func (c *Client) ListPods(ctx context.Context) ([]ManagedPod, error) {
+	var list *corev1.PodList
+	err := c.retry(ctx, "list pods", func(ctx context.Context) error {
+		var err error
+		list, err = c.cs.CoreV1().Pods(c.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: owned().String()})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list pods: %w", err)
+	}
+	now := c.now()
+	out := make([]ManagedPod, 0, len(list.Items))
+	for i := range list.Items {
+		pod := &list.Items[i]
+		if pod.Labels[v1.LabelManagedBy] != v1.ManagedByValue {
+			continue // a label selector the server ignored must not widen what we touch
+		}
+		m, err := c.managed(pod, now)
+		m.Err = err
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b ManagedPod) int { return cmp.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
 // managed reads pod as ParsePod does, classified at now (no URL unless it
 // runs); the error is ParsePod's, with what could be read.
 func (c *Client) managed(pod *corev1.Pod, now time.Time) (ManagedPod, error) {

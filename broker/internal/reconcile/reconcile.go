@@ -15,9 +15,15 @@
 //     the pass read as running (nothing to replay: a steady fleet costs the
 //     pass its three reads, not one Redis round trip per server);
 //   - settles records whose pod is gone (released, stopped or failed) once
-//     the record has been quiet for the grace period, so a pod that the
-//     cache has not seen yet is never taken for a vanished one;
+//     the record has been quiet for the grace period (a spawn that recorded
+//     creating: at least fleet.RebuildFence, since it may create its pod
+//     until fleet.PodCreateWindow after that), so a pod that the cache has
+//     not seen yet is never taken for a vanished one;
 //   - releases allocations that no record refers to;
+//   - before it acts on a pod's absence from the cache (the two steps
+//     above), confirms it with a list from the API server itself, read
+//     once per pass and only when needed: the cache lags the API server
+//     while a watch that broke with an API server restart backs off;
 //   - deletes pods that belong to no current spawn, or whose annotations
 //     cannot be read, after the grace period, and deletes again the pod of a
 //     stopping server that is not being deleted (the stop's deletion did not
@@ -28,10 +34,13 @@
 //   - marks the allocations as rebuilt only when every pod's slice is
 //     recorded, which is what lets placement resume after Redis lost its data,
 //     only if Redis has not lost its data again since the pass began (the
-//     reconcile epoch, read first, is unchanged), and only once
+//     reconcile epoch, read first, is unchanged), only once
 //     fleet.RebuildFence has passed since the epoch began, so that the pod
 //     of a spawn that placed on the lost data and was still creating it is
-//     in the pass's read.
+//     in the pass's read (on a replica that saw the data before, and on a
+//     replica's first pass where the cluster holds gpubroker's pods or
+//     Secrets: only a fresh install opens at once), and only when the API
+//     server's own list holds no pod, not being deleted, without its slice.
 //
 // Reading allocations before records matters: a create writes its record
 // before it places, so an allocation seen first always has its record in the
@@ -46,6 +55,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -61,14 +71,17 @@ type Store interface {
 	Restore(ctx context.Context, a fleet.Allocation) (bool, error)
 	RestoreServer(ctx context.Context, s fleet.Server) (bool, error)
 	Release(ctx context.Context, sliceID string) (bool, error)
-	ReconcileEpoch(ctx context.Context) (string, error)
+	ReconcileEpoch(ctx context.Context) (epoch string, marked bool, err error)
 	MarkReconciledAt(ctx context.Context, epoch string) (bool, error)
 }
 
-// Pods lists and deletes notebook pods (spawner.Client). FenceSlice marks a
-// pod and returns it as the API server has it now (see Once).
+// Pods lists and deletes notebook pods (spawner.Client). Pods reads the
+// informer cache, ListPods the API server itself (see apiView).
+// FenceSlice marks a pod and returns it as the API server has it now (see
+// Once).
 type Pods interface {
 	Pods() ([]spawner.ManagedPod, error)
+	ListPods(ctx context.Context) ([]spawner.ManagedPod, error)
 	FenceSlice(ctx context.Context, name, spawnID string) (spawner.ManagedPod, error)
 	Delete(ctx context.Context, user, server, spawnID string) error
 	DeletePod(ctx context.Context, name, spawnID string) error
@@ -138,8 +151,10 @@ type Reconciler struct {
 	// pass first found it so.
 	unheldSecrets map[string]time.Time
 	// lastEpoch is the reconcile epoch the last pass read; fenceFrom is an
-	// epoch this process saw replace another (Redis lost its data under
-	// it), to which fleet.RebuildFence applies. Guarded by mu.
+	// epoch to which fleet.RebuildFence applies: one this process saw
+	// replace another (Redis lost its data under it), or the one its first
+	// pass read while the cluster held gpubroker's pods or Secrets.
+	// Guarded by mu.
 	lastEpoch, fenceFrom string
 }
 
@@ -214,7 +229,7 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 	var rep Report
 	// The epoch first: if Redis loses its data during the pass, the pass
 	// read allocations that are gone and must not mark the rebuild done.
-	epoch, err := r.store.ReconcileEpoch(ctx)
+	epoch, marked, err := r.store.ReconcileEpoch(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: epoch: %w", err)
 	}
@@ -246,6 +261,13 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 	podBySpawn := make(map[string]spawner.ManagedPod, len(pods))
 	complete := true
 	var errs []error
+	// holds are the slices recorded once the pass is done: those read,
+	// plus those it restores, minus those it releases.
+	holds := make(map[string]bool, len(allocs))
+	for _, a := range allocs {
+		holds[a.SliceID] = true
+	}
+	api := &apiView{pods: r.pods}
 
 	for _, p := range pods {
 		if p.Err != nil {
@@ -278,6 +300,8 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 				if _, err := r.restoreSlice(ctx, p, &rep); err != nil {
 					complete = false
 					errs = append(errs, err)
+				} else {
+					holds[p.SpawnID] = true
 				}
 			}
 			if !p.Deleting && now.Sub(p.CreatedAt) > r.grace {
@@ -298,6 +322,7 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 				continue
 			}
 			alloc = a
+			holds[p.SpawnID] = true
 		}
 		if !ok {
 			restored, err := r.store.RestoreServer(ctx, recordOf(p, alloc, now))
@@ -343,9 +368,26 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		if fleet.Terminal(rec.State) {
 			continue
 		}
-		if _, ok := podBySpawn[rec.SpawnID]; ok || now.Sub(rec.UpdatedAt) <= r.grace {
+		quiet := r.grace
+		if rec.State == v1.StateCreating {
+			// Its spawn may still be creating the pod: that is allowed
+			// until fleet.PodCreateWindow after creating was recorded
+			// (RebuildFence adds the clocks' slack). Abandoning it earlier
+			// would release a slice whose pod is about to run.
+			quiet = max(quiet, fleet.RebuildFence)
+		}
+		if _, ok := podBySpawn[rec.SpawnID]; ok || now.Sub(rec.UpdatedAt) <= quiet {
 			continue
 		}
+		if absent, err := api.absent(ctx, rec.SpawnID); !absent {
+			// The cache lags: the pod is there. Settled once it sees it.
+			complete = false
+			if err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		var err error
 		switch rec.State {
 		case v1.StateStarting, v1.StateRunning, v1.StateStopping:
 			err = r.lifecycle.HandlePodEvent(ctx, spawner.PodEvent{User: rec.User, Server: rec.Name, SpawnID: rec.SpawnID, Phase: spawner.PhaseGone})
@@ -367,6 +409,14 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		if rec, ok := recBySpawn[a.SliceID]; ok && !fleet.Terminal(rec.State) {
 			continue // settled above once quiet for the grace period
 		}
+		if absent, err := api.absent(ctx, a.SliceID); !absent {
+			// The pod runs, the cache has not seen it yet: its slice stays.
+			complete = false
+			if err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
 		released, err := r.store.Release(ctx, a.SliceID)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("release slice %s: %w", a.SliceID, err))
@@ -375,41 +425,128 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		if released {
 			rep.ReleasedSlices++
 		}
+		delete(holds, a.SliceID)
 	}
 
-	if err := r.collectSecrets(ctx, now, podBySpawn, recBySpawn, &rep); err != nil {
+	secrets, serr := r.pods.Secrets(ctx)
+	if serr != nil {
+		errs = append(errs, fmt.Errorf("list secrets: %w", serr))
+	} else if err := r.collectSecrets(ctx, now, secrets, podBySpawn, recBySpawn, &rep); err != nil {
 		errs = append(errs, err)
 	}
 
-	// The fence applies where this reconciler saw the data before it was
-	// lost; the first epoch a process sees (a fresh install, a broker
-	// started on an empty Redis) has no spawns in flight from it.
-	lost := r.lastEpoch != "" && r.lastEpoch != epoch
-	if !lost && r.lastEpoch != epoch {
+	// The fence applies to an epoch that replaced data some spawn may have
+	// placed on: one this process saw replace another, or, on the first
+	// pass of a process (a replica that just started cannot know what it
+	// missed), one the cluster shows gpubroker at work under: a managed pod
+	// or Secret exists, or the Secrets could not be listed. Only a fresh
+	// install (a first broker on an empty Redis and an empty namespace)
+	// opens placement at once.
+	switch {
+	case r.lastEpoch == epoch:
+	case r.lastEpoch != "":
+		r.fenceFrom = epoch
+	case len(pods) > 0 || len(secrets) > 0 || serr != nil:
+		r.fenceFrom = epoch
+	default:
 		r.fenceFrom = ""
 	}
-	if lost {
-		r.fenceFrom = epoch
-	}
 	r.lastEpoch = epoch
-	if began, ok := fleet.EpochBegan(epoch); complete && ok && r.fenceFrom == epoch && now.Sub(began) < fleet.RebuildFence {
+	if began, ok := fleet.EpochBegan(epoch); complete && !marked && ok && r.fenceFrom == epoch && now.Sub(began) < fleet.RebuildFence {
 		// A spawn that placed on the lost data may still create its pod
 		// (within fleet.PodCreateWindow of its placement); placement stays
 		// shut until a pass after the fence has seen such pods.
 		complete = false
 	}
-	if complete {
-		marked, err := r.store.MarkReconciledAt(ctx, epoch)
+	if complete && !marked {
+		// Placement reopens on what this pass holds: every pod the API
+		// server has (not only the cache, which may lag) must hold its
+		// slice by now.
+		missing, err := api.unheld(ctx, holds)
+		switch {
+		case err != nil:
+			complete = false
+			errs = append(errs, err)
+		case len(missing) > 0:
+			complete = false
+			r.log.InfoContext(ctx, "the pod cache lags the API server; placement reopens once it holds every pod's slice", "pods", missing)
+		}
+	}
+	switch {
+	case !complete:
+	case marked:
+		rep.Complete = true
+	default:
+		ok, err := r.store.MarkReconciledAt(ctx, epoch)
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("mark reconciled: %w", err))
-		case !marked:
+		case !ok:
 			r.log.WarnContext(ctx, "Redis lost its data during the reconcile pass; the next pass rebuilds")
 		default:
 			rep.Complete = true
+			r.log.InfoContext(ctx, "allocations rebuilt from the cluster; placement reopens", "epoch", epoch, "pods", len(pods), "slices", len(holds))
 		}
 	}
 	return rep, errors.Join(errs...)
+}
+
+// apiView is the API server's own list of pods, read at most once per pass
+// and only when the pass needs it: before it acts on a pod's absence from
+// the cache (which lags the API server while a broken watch backs off) and
+// before it reopens placement.
+type apiView struct {
+	pods    Pods
+	listed  bool
+	bySpawn map[string]spawner.ManagedPod
+	err     error
+}
+
+func (v *apiView) list(ctx context.Context) error {
+	if !v.listed {
+		v.listed = true
+		pods, err := v.pods.ListPods(ctx)
+		if err != nil {
+			v.err = fmt.Errorf("reconcile: list pods from the API server: %w", err)
+			return v.err
+		}
+		v.bySpawn = make(map[string]spawner.ManagedPod, len(pods))
+		for _, p := range pods {
+			if p.Err == nil {
+				v.bySpawn[p.SpawnID] = p
+			}
+		}
+	}
+	return v.err
+}
+
+// absent reports whether the API server has no pod of spawnID; a failed
+// list is not proof (false, and the error once).
+func (v *apiView) absent(ctx context.Context, spawnID string) (bool, error) {
+	if v.listed && v.err != nil {
+		return false, nil
+	}
+	if err := v.list(ctx); err != nil {
+		return false, err
+	}
+	_, ok := v.bySpawn[spawnID]
+	return !ok, nil
+}
+
+// unheld returns the names of the API server's pods that are not being
+// deleted and whose slices are not in held, sorted.
+func (v *apiView) unheld(ctx context.Context, held map[string]bool) ([]string, error) {
+	if err := v.list(ctx); err != nil {
+		return nil, err
+	}
+	var out []string
+	for id, p := range v.bySpawn {
+		if !p.Deleting && !held[id] {
+			out = append(out, p.Name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // settled says that replaying pod p into its record rec (of the same

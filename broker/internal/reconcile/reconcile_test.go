@@ -121,22 +121,7 @@ func TestSettlesSpawnsInterruptedBeforeTheirPod(t *testing.T) {
 	ctx := t.Context()
 	key := fleet.ServerKey{User: "dan", Name: "nb"}
 	// A broker died after placing but before creating the pod.
-	now := f.Clock.Now()
-	if _, _, err := f.Store.CreateServer(ctx, fleet.Server{ServerKey: key, Profile: "small", SpawnID: "s1",
-		IdempotencyKey: "k", State: v1.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Store.Transition(ctx, key, "s1", v1.StatePlacing, "placing", fleet.ServerPatch{}); err != nil {
-		t.Fatal(err)
-	}
-	alloc, err := f.Store.Place(ctx, fleet.PlaceRequest{SliceID: "s1", User: "dan",
-		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 10, ComputeLimitPercent: 10}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.Store.Transition(ctx, key, "s1", v1.StateCreating, "creating", fleet.ServerPatch{Allocation: &alloc}); err != nil {
-		t.Fatal(err)
-	}
+	creatingSpawn(t, f, key, "s1")
 	r := newReconciler(f)
 
 	if _, err := r.Once(ctx); err != nil {
@@ -158,6 +143,30 @@ func TestSettlesSpawnsInterruptedBeforeTheirPod(t *testing.T) {
 		t.Errorf("allocations %v, want the interrupted slice released", allocs)
 	}
 	f.Verify(t)
+}
+
+// creatingSpawn records server key's spawn as a create leaves it between
+// placing its slice and creating its pod: a record in creating with its
+// allocation, and no pod.
+func creatingSpawn(t *testing.T, f *serverstest.Fixture, key fleet.ServerKey, spawn string) {
+	t.Helper()
+	ctx := t.Context()
+	now := f.Clock.Now()
+	if _, _, err := f.Store.CreateServer(ctx, fleet.Server{ServerKey: key, Profile: "small", SpawnID: spawn,
+		IdempotencyKey: "k", State: v1.StatePending, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Store.Transition(ctx, key, spawn, v1.StatePlacing, "placing", fleet.ServerPatch{}); err != nil {
+		t.Fatal(err)
+	}
+	alloc, err := f.Store.Place(ctx, fleet.PlaceRequest{SliceID: spawn, User: key.User,
+		Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 10, ComputeLimitPercent: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Store.Transition(ctx, key, spawn, v1.StateCreating, "creating", fleet.ServerPatch{Allocation: &alloc}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestReleasesSlicesThatNoSpawnHolds(t *testing.T) {
@@ -426,16 +435,18 @@ func TestSteadyPassReadsEachRecordOnce(t *testing.T) {
 	f.Verify(t)
 }
 
-func TestRebuildCountsThePodOfAnEarlierSpawnWhileItRuns(t *testing.T) {
-	f := serverstest.New(t)
+// replacedAfterALoss runs kim/nb, then Redis loses its data and a start of
+// the same server gets a record of its own (and fails) before any pass
+// restored the old one from its pod, which still runs: the pod belongs to
+// no current spawn. It returns the old server.
+func replacedAfterALoss(t *testing.T, f *serverstest.Fixture) fleet.Server {
+	t.Helper()
 	ctx := t.Context()
 	old := runningServer(t, f, "kim", "nb", "10.0.0.9")
 	if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	f.RegisterGPUs(t)
-	// After the flush a start of the same server got a record of its own
-	// (and failed) before any pass restored the old one from its pod.
 	now := f.Clock.Now()
 	key := old.ServerKey
 	if _, _, err := f.Store.CreateServer(ctx, fleet.Server{ServerKey: key, Profile: "small", SpawnID: "s-new",
@@ -445,6 +456,13 @@ func TestRebuildCountsThePodOfAnEarlierSpawnWhileItRuns(t *testing.T) {
 	if _, err := f.Store.Transition(ctx, key, "s-new", v1.StateFailed, "refused", fleet.ServerPatch{}); err != nil {
 		t.Fatal(err)
 	}
+	return old
+}
+
+func TestRebuildCountsThePodOfAnEarlierSpawnWhileItRuns(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	old := replacedAfterALoss(t, f)
 	r := newReconciler(f)
 	rep, err := r.Once(ctx)
 	if err != nil || rep.RestoredSlices != 1 {

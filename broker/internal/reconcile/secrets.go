@@ -17,12 +17,9 @@ import (
 // One is deleted only once passes have seen that same version of it
 // (uid/resourceVersion) unheld for the grace period: a Secret just written
 // may belong to a spawn whose record or pod this pass has not seen yet. A
-// failed listing keeps what earlier passes saw. Called with r.mu held.
-func (r *Reconciler) collectSecrets(ctx context.Context, now time.Time, podBySpawn map[string]spawner.ManagedPod, recBySpawn map[string]fleet.Server, rep *Report) error {
-	secrets, err := r.pods.Secrets(ctx)
-	if err != nil {
-		return fmt.Errorf("list secrets: %w", err)
-	}
+// caller lists secrets; when that fails it does not call, which keeps what
+// earlier passes saw. Called with r.mu held.
+func (r *Reconciler) collectSecrets(ctx context.Context, now time.Time, secrets []spawner.ManagedSecret, podBySpawn map[string]spawner.ManagedPod, recBySpawn map[string]fleet.Server, rep *Report) error {
 	var errs []error
 	unheld := make(map[string]time.Time)
 	for _, sec := range secrets {

@@ -586,11 +586,11 @@ func TestMarkReconciledAtRefusesAfterAFlush(t *testing.T) {
 	rdb := srv.Client(t)
 	s := New(rdb, "")
 	ctx := t.Context()
-	before, err := s.ReconcileEpoch(ctx)
-	if err != nil {
-		t.Fatal(err)
+	before, marked, err := s.ReconcileEpoch(ctx)
+	if err != nil || marked {
+		t.Fatalf("ReconcileEpoch on empty data = %q, marked %v, %v; want not marked", before, marked, err)
 	}
-	if again, err := s.ReconcileEpoch(ctx); err != nil || again != before {
+	if again, _, err := s.ReconcileEpoch(ctx); err != nil || again != before {
 		t.Fatalf("second ReconcileEpoch = %q, %v; want the stored %q", again, err, before)
 	}
 	if err := rdb.FlushDB(ctx).Err(); err != nil {
@@ -602,7 +602,7 @@ func TestMarkReconciledAtRefusesAfterAFlush(t *testing.T) {
 	if ok, err := s.Reconciled(ctx); err != nil || ok {
 		t.Fatalf("Reconciled = %v, %v; want false after a refused mark", ok, err)
 	}
-	after, err := s.ReconcileEpoch(ctx)
+	after, _, err := s.ReconcileEpoch(ctx)
 	if err != nil || after == before || after == "" {
 		t.Fatalf("ReconcileEpoch after the flush = %q, %v; want a new token", after, err)
 	}
@@ -611,5 +611,8 @@ func TestMarkReconciledAtRefusesAfterAFlush(t *testing.T) {
 	}
 	if ok, err := s.Reconciled(ctx); err != nil || !ok {
 		t.Fatalf("Reconciled = %v, %v; want true", ok, err)
+	}
+	if again, marked, err := s.ReconcileEpoch(ctx); err != nil || again != after || !marked {
+		t.Fatalf("ReconcileEpoch after marking = %q, marked %v, %v; want %q, marked", again, marked, err, after)
 	}
 }

@@ -35,7 +35,10 @@ var resizeScript = redis.NewScript(libLua + serversLua + resizeLua)
 // fleet.ErrNotFound for an unknown server; fleet.ErrConflict when the spawn
 // is not the current one, the server is not running or holds no
 // allocation; *fleet.QuotaError (Want is the growth); fleet.ErrNoCapacity
-// when the GPU lacks room, with the room there is in the message.
+// when the GPU lacks room, with the room there is in the message;
+// fleet.ErrNotReady for a growth while the allocations are being rebuilt
+// (the reconcile marker is missing: the GPU's counters may not hold every
+// pod's slice yet, so a growth could take room a running pod holds).
 func (s *Store) Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRequest, message string) (srv fleet.Server, changed bool, err error) {
 	if err := fleet.ValidateSlice(req.Slice); err != nil {
 		return fleet.Server{}, false, fmt.Errorf("%w: resize server %s/%s: %w", fleet.ErrInvalid, k.User, k.Name, err)
@@ -72,7 +75,7 @@ func (s *Store) Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRe
 		q := req.GroupQuotas[g]
 		args = append(args, "group", g, q.MemoryMiB, q.ComputePercent)
 	}
-	keys := []string{s.k.Allocs(), s.k.Usage(), s.k.Server(k.User, k.Name), s.k.Events(k.User, k.Name)}
+	keys := []string{s.k.Allocs(), s.k.Usage(), s.k.Server(k.User, k.Name), s.k.Events(k.User, k.Name), s.k.Marker()}
 
 	ctx, cancel := s.op(ctx)
 	defer cancel()
@@ -128,6 +131,8 @@ func resizeResult(k fleet.ServerKey, req fleet.PlaceRequest, res any) (fleet.Ser
 		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s is a %s: %s", fleet.ErrConflict, k.Name, k.User, mode.Words(), fleet.ResizeRefusal(mode, "")), nil
 	case "noalloc":
 		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s holds no GPU slice", fleet.ErrConflict, k.Name, k.User), nil
+	case "notready":
+		return fleet.Server{}, false, fmt.Errorf("%w: GPU allocations are being rebuilt from the cluster after Redis lost its data, so a slice cannot grow now; try again in a moment", fleet.ErrNotReady), nil
 	case "corrupt":
 		f, err := stringsN(rest, 1)
 		if err != nil {

@@ -374,3 +374,44 @@ func TestConcurrentResizeAndPlaceNeverOvercommit(t *testing.T) {
 	}
 	t.Logf("%d resized, %d refused, %d placed", resized.Load(), refused.Load(), placed.Load())
 }
+
+// TestResizeGrowthWaitsForTheRebuild replays what the chaos soak saw after
+// Redis lost its data: the reconciler restored one pod's server and slice,
+// the user grew that slice, and only then was the other pod on the GPU
+// restored, which overcommitted the GPU. While the allocations are being
+// rebuilt (no reconcile marker) a growth is refused; a shrink is not.
+func TestResizeGrowthWaitsForTheRebuild(t *testing.T) {
+	srv := redistest.Start(t)
+	s, _ := newStore(t, srv)
+	ctx := t.Context()
+	gpu := fleet.GPU{UUID: "GPU-0", Node: "n1", Model: "L4", MemoryMiB: 16384, SMCount: 58, Healthy: true}
+	register(t, s, gpu)
+	a := runningServer(t, s, "alice", "nb", "spawn-a", fleet.PlaceRequest{Slice: slice(4096, 50)})
+	b := runningServer(t, s, "bob", "nb", "spawn-b", fleet.PlaceRequest{Slice: slice(4096, 50)})
+	if err := srv.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	register(t, s, gpu) // the node agent's next heartbeat
+	k := fleet.ServerKey{User: "alice", Name: "nb"}
+	a.Node = ""
+	if _, err := s.RestoreServer(ctx, fleet.Server{ServerKey: k, Profile: "small", SpawnID: "spawn-a", State: v1.StateRunning,
+		Slice: a.Slice, Allocation: &a}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Restore(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+
+	_, _, err := s.Resize(ctx, k, fleet.PlaceRequest{SliceID: "spawn-a", Slice: slice(4096, 60)}, "grow")
+	if !errors.Is(err, fleet.ErrNotReady) {
+		t.Errorf("growth during the rebuild: err = %v, want ErrNotReady", err)
+	}
+	if _, changed, err := s.Resize(ctx, k, fleet.PlaceRequest{SliceID: "spawn-a", Slice: slice(4096, 40)}, "shrink"); err != nil || !changed {
+		t.Errorf("shrink during the rebuild = %v, %v; want changed", changed, err)
+	}
+	b.Node = ""
+	if _, err := s.Restore(ctx, b); err != nil {
+		t.Errorf("restore bob's pod after alice's resize: %v (the GPU must not be overcommitted)", err)
+	}
+	verify(t, s)
+}

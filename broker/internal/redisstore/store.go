@@ -142,27 +142,39 @@ func (s *Store) MarkReconciled(ctx context.Context) error {
 
 // ReconcileEpoch returns the token of the data Redis holds now, creating
 // one (fleet.NewEpoch at the store's clock, random nonce) when there is none
-// (after a flush or a restart). A reconcile pass reads it before anything
-// else and marks with MarkReconciledAt, so that a pass that began before
-// Redis lost its data never marks the empty data rebuilt; fleet.EpochBegan
-// reads when the data was found lost.
-func (s *Store) ReconcileEpoch(ctx context.Context) (string, error) {
+// (after a flush or a restart), and whether the reconcile marker is set
+// (placement is open), in one round trip. A reconcile pass reads it before
+// anything else and marks with MarkReconciledAt, so that a pass that began
+// before Redis lost its data never marks the empty data rebuilt;
+// fleet.EpochBegan reads when the data was found lost.
+func (s *Store) ReconcileEpoch(ctx context.Context) (epoch string, marked bool, err error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
-		return "", fmt.Errorf("reconcile epoch: %w", err)
+		return "", false, fmt.Errorf("reconcile epoch: %w", err)
 	}
 	token := fleet.NewEpoch(s.now(), hex.EncodeToString(b[:]))
-	// SET NX GET: the stored token if there is one, else ours, stored.
-	cur, err := s.rdb.SetArgs(ctx, s.k.MarkerEpoch(), token, redis.SetArgs{Mode: "NX", Get: true}).Result()
+	var set *redis.StatusCmd
+	var exists *redis.IntCmd
+	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		// SET NX GET: the stored token if there is one, else ours, stored.
+		set = p.SetArgs(ctx, s.k.MarkerEpoch(), token, redis.SetArgs{Mode: "NX", Get: true})
+		exists = p.Exists(ctx, s.k.Marker())
+		return nil
+	}) // each command's own error is read below
+	cur, err := set.Result()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return token, nil
+		cur = token
 	case err != nil:
-		return "", fmt.Errorf("reconcile epoch: %w", err)
+		return "", false, fmt.Errorf("reconcile epoch: %w", err)
 	}
-	return cur, nil
+	n, err := exists.Result()
+	if err != nil {
+		return "", false, fmt.Errorf("reconcile epoch: read the marker: %w", err)
+	}
+	return cur, n == 1, nil
 }
 
 // MarkReconciledAt is MarkReconciled on the condition that the reconcile

@@ -102,7 +102,9 @@ func WithResize(c ResizeConfig) Option {
 //
 // Errors: fleet.ErrInvalid (bad names or slice), fleet.ErrNotFound,
 // fleet.ErrConflict (not running; memory in use or unknown), fleet.ErrNoCapacity
-// (the GPU lacks room), *fleet.QuotaError; others are internal.
+// (the GPU lacks room), *fleet.QuotaError, fleet.ErrNotReady (a growth while
+// the allocations are being rebuilt after Redis lost its data); others are
+// internal.
 func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, by audit.Actor) (fleet.ResizeResult, error) {
 	res, err := s.resizeSlice(ctx, key, want, by)
 	if !errors.Is(err, fleet.ErrInvalid) && !errors.Is(err, fleet.ErrNotFound) {

@@ -583,6 +583,16 @@ func (s *Service) stop(ctx context.Context, by audit.Actor, rec fleet.Server) (f
 		return rec, nil // released when the pod is gone (pod event or reconciler)
 	}
 	out, err := s.finishStop(ctx, rec, "stopped")
+	if errors.Is(err, fleet.ErrNotFound) {
+		// Redis lost its data while the stop ran: the pod is gone and the
+		// slice with the data, so the stop is done and nothing of the
+		// server is left to record. The caller is told it stopped (a
+		// 404 would say the server never was).
+		stopped := rec
+		stopped.State, stopped.Message, stopped.URL, stopped.Allocation = v1.StateStopped, "stopped", "", nil
+		s.log.InfoContext(ctx, "stopped a server whose record Redis lost during the stop", "user", key.User, "server", key.Name, "spawn_id", rec.SpawnID)
+		return stopped, nil
+	}
 	if err != nil {
 		// The pod is gone; what is left, the reconciler finishes.
 		return rec, unknown(err, key.Name+" is stopping, but may not be recorded as stopped yet")

@@ -534,3 +534,59 @@ func TestAFailedSpawnWhosePodCouldNotBeDeletedKeepsItsSlice(t *testing.T) {
 		t.Errorf("allocations %v (err %v), want the slice of the pod still there held", allocs, err)
 	}
 }
+
+// flushingPods deletes pods for real and then empties Redis, as a FLUSHALL
+// landing in the middle of a stop (the chaos soak); its cache has caught
+// up with the deletion.
+type flushingPods struct {
+	inner *spawner.Client
+	flush func()
+	gone  atomic.Bool
+}
+
+func (p *flushingPods) Create(ctx context.Context, s spawner.Spec, secret map[string]string) error {
+	return p.inner.Create(ctx, s, secret)
+}
+
+func (p *flushingPods) Delete(ctx context.Context, user, server, spawnID string) error {
+	if err := p.inner.Delete(ctx, user, server, spawnID); err != nil {
+		return err
+	}
+	p.gone.Store(true)
+	p.flush()
+	return nil
+}
+
+func (p *flushingPods) Pods() ([]spawner.ManagedPod, error) {
+	if p.gone.Load() {
+		return nil, nil
+	}
+	return p.inner.Pods()
+}
+
+// TestAStopThatRedisLostMidwayAnswersStopped: Redis lost its data after the
+// stop deleted the pod. The stop is done (no pod, no slice left), so the
+// owner is told so, not that the server never existed.
+func TestAStopThatRedisLostMidwayAnswersStopped(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "ivy", Name: "nb"}
+	if _, _, err := f.Service.Create(ctx, serverstest.By, "ivy", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k"); err != nil {
+		t.Fatal(err)
+	}
+	f.SetPodRunning(t, "ivy", "nb", "10.0.0.4")
+	f.WaitState(t, key, v1.StateRunning)
+	pods := &flushingPods{inner: f.Pods, flush: func() {
+		if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
+			t.Error(err)
+		}
+	}}
+	svc := servers.New(f.Store, pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+	s, err := svc.Delete(ctx, serverstest.By, key)
+	if err != nil || s.State != v1.StateStopped || s.Allocation != nil || s.URL != "" {
+		t.Fatalf("Delete = %s %q (allocation %v, url %q), %v; want stopped", s.State, s.Message, s.Allocation, s.URL, err)
+	}
+	if _, err := f.Kube.CoreV1().Pods(serverstest.Namespace).Get(ctx, spawner.PodName("ivy", "nb"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("pod after the stop: %v, want gone", err)
+	}
+}

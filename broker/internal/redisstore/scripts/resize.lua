@@ -6,6 +6,9 @@
 -- KEYS[1] allocs (hash slice id → allocation JSON)
 -- KEYS[2] usage (hash of user and group counters)
 -- KEYS[3] server record, KEYS[4] its event stream
+-- KEYS[5] marker (string; a growth is refused while it is absent: the
+--         allocations are being rebuilt and the GPU's counters may lack
+--         slices of pods not restored yet)
 -- ARGV[1] gpu key prefix
 -- ARGV[2] spawn id (= slice id) the caller acts for
 -- ARGV[3] new memory MiB, ARGV[4] new compute percent, ARGV[5] new compute
@@ -24,6 +27,7 @@
 --   {"spawn", current}     the caller's spawn is not the current one
 --   {"state", current}     the server is not running
 --   {"noalloc"}            the spawn holds no allocation
+--   {"notready"}           a growth while the marker is missing
 --   {"corrupt", why}       the stored allocation cannot be rewritten
 --   {"mode", mode}         the device is not time-sliced: a slice of this
 --                          mode cannot change in place
@@ -65,6 +69,9 @@ if g.mode ~= 'sliced' or (a.sharing and a.sharing ~= 'sliced') then
   return {'mode', a.sharing or g.mode}
 end
 local grows = dm > 0 or dc > 0
+if grows and redis.call('EXISTS', KEYS[5]) == 0 then
+  return {'notready'}
+end
 if grows and (not g.healthy or g.amem + dm > g.mem or g.acp + dc > 100) then
   local node = redis.call('HGET', gkey, 'node') or ''
   return {'gpu', a.gpu, node, tostring(g.mem - g.amem + a.memoryMiB), tostring(100 - g.acp + a.computePercent),
