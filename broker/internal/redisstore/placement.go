@@ -185,11 +185,15 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 		shape = mpsShape(req.Slice)
 	}
 	scopeA, scopeF := scopeIndexes(s.k, redisschema.Pool(string(mode), req.MIGProfile), req.Model)
+	scope := "all"
+	if req.Model != "" {
+		scope = "model"
+	}
 	keys := []string{s.k.Marker(), s.k.Allocs(), scopeA, scopeF, s.k.Usage()}
-	args := make([]any, 0, 19+4*len(groups))
+	args := make([]any, 0, 20+4*len(groups))
 	args = append(args, s.k.GPUPrefix(), req.SliceID, head,
 		req.Slice.MemoryMiB, req.Slice.ComputePercent, req.Slice.ComputeLimitPercent, string(policy),
-		kind, shape, s.k.ModePrefix(), string(mode), allModes, userFieldPrefix, groupFieldPrefix, 1+len(groups),
+		kind, shape, scope, s.k.ModePrefix(), string(mode), allModes, userFieldPrefix, groupFieldPrefix, 1+len(groups),
 		req.User, req.UserQuota.Servers, req.UserQuota.MemoryMiB, req.UserQuota.ComputePercent)
 	for _, g := range groups {
 		q := req.GroupQuotas[g]

@@ -21,7 +21,7 @@ local used = usage_load(KEYS[2], fields)
 local gkey = ARGV[1] .. a.gpu
 -- A device record never disappears today; the check keeps a hand-deleted
 -- one from being recreated as a half hash.
-local g = gpu_load_counts(gkey)
+local g = gpu_load_release(gkey, a.sharing == 'exclusive' or a.sharing == 'mig')
 if g then
   gpu_charge(gkey, g, a.gpu, a.memoryMiB, a.computePercent, -1)
 end
