@@ -22,13 +22,13 @@
 -- ARGV[10] the scope of KEYS[3..4]: "all" (the pool's all-model indexes)
 --         or "model" (one model's)
 -- ARGV[11] mode-set prefix (mode:<mode> = ARGV[11] .. mode), ARGV[12] the
---         asked mode, ARGV[13] every mode, space-separated: their GPU sets
---         are counted only for the capacity refusal, so they are built here
---         (same hash tag) rather than passed as keys on every call
--- ARGV[14] user and ARGV[15] group usage field prefixes ("u:", "g:";
---         lib.lua)
--- ARGV[16] k, the number of quota subjects: the user, then its groups
--- ARGV[17..16+4k] per subject: name and its caps: servers, mem MiB,
+--         asked mode; the GPU sets of the asked mode and of every mode
+--         (ALL_MODES, lib.lua) are counted only for the capacity refusal,
+--         so their keys are built here (same hash tag) rather than passed
+--         as keys on every call
+-- ARGV[13] k, the number of quota subjects: the user, then its groups
+--         (usage fields USER_FIELD .. name and GROUP_FIELD .. name)
+-- ARGV[14..13+4k] per subject: name and its caps: servers, mem MiB,
 --         compute percent (0 = none)
 -- Returns one of
 --   {"placed", allocation JSON}    a new allocation
@@ -54,17 +54,17 @@ local whole = ARGV[8] == 'whole'
 local shape = ARGV[9]
 
 -- Quotas: subjects in order (user first), resources in a fixed order.
-local k = tonumber(ARGV[16])
-local prefixes = {ARGV[14] .. ARGV[17]}
+local k = tonumber(ARGV[13])
+local prefixes = {USER_FIELD .. ARGV[14]}
 for i = 2, k do
-  prefixes[i] = ARGV[15] .. ARGV[17 + 4 * (i - 1)]
+  prefixes[i] = GROUP_FIELD .. ARGV[14 + 4 * (i - 1)]
 end
 local used = usage_load(KEYS[5], prefixes)
 local resources = {'servers', 'memoryMiB', 'computePercent'}
 local function over(m, c)
   local want = {1, m, c}
   for i = 1, k do
-    local base = 17 + 4 * (i - 1)
+    local base = 14 + 4 * (i - 1)
     local u = used[i]
     for r = 1, 3 do
       local limit = tonumber(ARGV[base + r])
@@ -185,7 +185,7 @@ end
 if not uuid then
   local modes = tostring(redis.call('SCARD', ARGV[11] .. ARGV[12]))
   local all = 0
-  for m in string.gmatch(ARGV[13], '%S+') do
+  for m in string.gmatch(ALL_MODES, '%S+') do
     all = all + redis.call('SCARD', ARGV[11] .. m)
   end
   local candidates = redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4])
