@@ -103,7 +103,7 @@ local function gpu_index(g, uuid, was)
       redis.call('ZREM', g.fidx, uuid)
     end
   end
-  local free = g.mem - g.amem
+  local free = tostring(g.mem - g.amem) -- once, not per ZADD
   if cls == 'a' then
     redis.call('ZADD', g.alla, free, uuid)
     redis.call('ZADD', g.aidx, free, uuid)

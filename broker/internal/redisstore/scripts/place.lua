@@ -67,8 +67,9 @@ local function over(m, c)
     local base = 14 + 4 * (i - 1)
     local u = used[i]
     for r = 1, 3 do
-      local limit = tonumber(ARGV[base + r])
-      if limit > 0 and u[r] + want[r] > limit then
+      local cap = ARGV[base + r]
+      local limit = cap ~= '0' and tonumber(cap)
+      if limit and limit > 0 and u[r] + want[r] > limit then
         local scope = 'group'
         if i == 1 then scope = 'user' end
         return {'quota', scope, ARGV[base], resources[r], tostring(limit), tostring(u[r]), tostring(want[r])}
