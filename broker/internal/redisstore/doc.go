@@ -59,20 +59,23 @@
 //
 // # Cost
 //
-// A script's Redis CPU follows what its redis.call replies carry more than
-// how many calls it makes: on the shared test machine (Redis 7.0) a call
-// costs about 0.7 µs, each element of its reply about 0.5 µs more (Lua
-// makes a string of it), and each Lua string or number conversion a few
-// hundred ns; a trivial EVALSHA costs 5-9 µs, mostly network I/O. So the
-// placement scripts read only the fields they use: place.lua reads the
-// candidate's counters, ref and the one index key the walk's scope does not
-// give (six elements, not the whole record), and the full-class index keys
-// only when a device moves into that class; release.lua reads the
-// counters, health, kind and current-class indexes (eight). Neither reads
-// more of a GPU hash than it uses, and the mode sets that only a capacity
-// refusal counts are built in the script rather than passed on every
-// call. BenchmarkPlaceRelease prints the multiples of a trivial script
-// (go tool task bench).
+// A placement script's Redis CPU is mostly Lua's own work, not the
+// redis.calls: on the shared test machine (Redis 7.0) one redis.call costs
+// 0.4-0.7 µs, but place.lua's body costs about 65 of them and release.lua's
+// about 50 (BenchmarkPlaceReleaseScript), because every string made, number
+// parsed or formatted, table and closure costs a few hundred ns there: the
+// usage fields' parse and format, the quota caps, the candidate's counters
+// and the record's text. A trivial EVALSHA costs 5-9 µs, mostly network I/O
+// (BenchmarkPlaceRelease). So the scripts do only what they need: place.lua
+// reads the candidate's counters, ref and the one index key the walk's
+// scope does not give (six fields, not the whole record), the full-class
+// index keys only when a device moves into that class, and the caps only
+// of the resources that have one; release.lua reads counters, health, kind
+// and current-class indexes (eight fields); the usage field prefixes and
+// the mode list are constants in the scripts' text (libConsts), and the
+// mode sets that only a capacity refusal counts are built in the script
+// rather than passed on every call (go tool task bench prints both
+// benchmarks).
 //
 // # Errors
 //

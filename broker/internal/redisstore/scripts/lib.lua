@@ -1,4 +1,7 @@
--- lib.lua is prepended to every script that changes GPU usage or modes.
+-- lib.lua is prepended to every script that changes GPU usage or modes,
+-- after libConsts (scripts.go), which defines USER_FIELD and GROUP_FIELD
+-- (the usage field prefixes "u:" and "g:") and ALL_MODES (every sharing
+-- mode, space-separated).
 --
 -- A device hash (gpu:<uuid>: a physical GPU, or a MIG instance "MIG-…") has
 -- the fields

@@ -23,7 +23,7 @@
 --         or "model" (one model's)
 -- ARGV[11] mode-set prefix (mode:<mode> = ARGV[11] .. mode), ARGV[12] the
 --         asked mode; the GPU sets of the asked mode and of every mode
---         (ALL_MODES, lib.lua) are counted only for the capacity refusal,
+--         (ALL_MODES, libConsts in scripts.go) are counted only for the capacity refusal,
 --         so their keys are built here (same hash tag) rather than passed
 --         as keys on every call
 -- ARGV[13] k, the number of quota subjects: the user, then its groups
