@@ -59,16 +59,23 @@
 //
 // # Cost
 //
-// A script's Redis CPU is mostly the number of redis.call it makes and
-// the fields they carry, not the size of the fleet: on the shared test
-// machine each call costs a few µs (cold caches), about half a trivial
-// EVALSHA. place.lua makes about ten (slice id, marker, usage, one
-// one-member page of the index, the candidate's record, its counters, two
-// index updates, usage, the record), release.lua eight; neither reads more
-// of a GPU hash than it uses (a GPU hash is a small listpack, scanned once
-// per field), and the mode sets that only a capacity refusal counts are
-// built in the script rather than passed on every call. BenchmarkPlaceRelease
-// prints the multiples of a trivial script (go tool task bench).
+// A placement script's Redis CPU is mostly Lua's own work, not the
+// redis.calls: on the shared test machine (Redis 7.0) one redis.call costs
+// 0.4-0.7 µs, but place.lua's body costs about 65 of them and release.lua's
+// about 50 (BenchmarkPlaceReleaseScript), because every string made, number
+// parsed or formatted, table and closure costs a few hundred ns there: the
+// usage fields' parse and format, the quota caps, the candidate's counters
+// and the record's text. A trivial EVALSHA costs 5-9 µs, mostly network I/O
+// (BenchmarkPlaceRelease). So the scripts do only what they need: place.lua
+// reads the candidate's counters, ref and the one index key the walk's
+// scope does not give (six fields, not the whole record), the full-class
+// index keys only when a device moves into that class, and the caps only
+// of the resources that have one; release.lua reads counters, health, kind
+// and current-class indexes (eight fields); the usage field prefixes and
+// the mode list are constants in the scripts' text (libConsts), and the
+// mode sets that only a capacity refusal counts are built in the script
+// rather than passed on every call (go tool task bench prints both
+// benchmarks).
 //
 // # Errors
 //

@@ -42,7 +42,7 @@ func modeSets(k redisschema.Keys) []string {
 }
 
 // allModes is every sharing mode, space-separated, as place.lua counts
-// their GPU sets for a capacity refusal.
+// their GPU sets for a capacity refusal (ALL_MODES, libConsts).
 var allModes = func() string {
 	names := make([]string, len(v1.SharingModes))
 	for i, m := range v1.SharingModes {
@@ -54,8 +54,9 @@ var allModes = func() string {
 // Field prefixes in the usage hash. A subject has one field,
 // <prefix><name>, holding "<servers> <MiB> <compute percent>" (decimal
 // integers, one space apart; scripts/lib.lua reads and writes it); the
-// prefixes keep a user and a group of the same name apart. release.lua and
-// resize.lua build the fields from these prefixes, passed in ARGV.
+// prefixes keep a user and a group of the same name apart. place.lua,
+// release.lua and resize.lua build the fields from these prefixes, which
+// libConsts (scripts.go) puts in their text as USER_FIELD and GROUP_FIELD.
 const (
 	userFieldPrefix  = "u:"
 	groupFieldPrefix = "g:"

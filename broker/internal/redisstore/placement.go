@@ -185,11 +185,15 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 		shape = mpsShape(req.Slice)
 	}
 	scopeA, scopeF := scopeIndexes(s.k, redisschema.Pool(string(mode), req.MIGProfile), req.Model)
+	scope := "all"
+	if req.Model != "" {
+		scope = "model"
+	}
 	keys := []string{s.k.Marker(), s.k.Allocs(), scopeA, scopeF, s.k.Usage()}
-	args := make([]any, 0, 19+4*len(groups))
+	args := make([]any, 0, 17+4*len(groups))
 	args = append(args, s.k.GPUPrefix(), req.SliceID, head,
 		req.Slice.MemoryMiB, req.Slice.ComputePercent, req.Slice.ComputeLimitPercent, string(policy),
-		kind, shape, s.k.ModePrefix(), string(mode), allModes, userFieldPrefix, groupFieldPrefix, 1+len(groups),
+		kind, shape, scope, s.k.ModePrefix(), string(mode), 1+len(groups),
 		req.User, req.UserQuota.Servers, req.UserQuota.MemoryMiB, req.UserQuota.ComputePercent)
 	for _, g := range groups {
 		q := req.GroupQuotas[g]
@@ -327,7 +331,7 @@ func (s *Store) Release(ctx context.Context, sliceID string) (bool, error) {
 	defer cancel()
 	res, err := releaseScript.Run(ctx, s.rdb,
 		[]string{s.k.Allocs(), s.k.Usage()},
-		s.k.GPUPrefix(), userFieldPrefix, groupFieldPrefix, sliceID).Result()
+		s.k.GPUPrefix(), sliceID).Result()
 	if err != nil {
 		return false, fmt.Errorf("release slice %s: %w", sliceID, err)
 	}

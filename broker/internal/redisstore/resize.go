@@ -15,7 +15,7 @@ import (
 //go:embed scripts/resize.lua
 var resizeLua string
 
-var resizeScript = redis.NewScript(libLua + serversLua + resizeLua)
+var resizeScript = redis.NewScript(libConsts + libLua + serversLua + resizeLua)
 
 // Resize changes the slice of server k's current spawn to req.Slice on the
 // GPU it already holds, in one atomic script: the growth (memory and
@@ -69,7 +69,7 @@ func (s *Store) Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRe
 		req.Slice.MemoryMiB, req.Slice.ComputePercent, req.Slice.ComputeLimitPercent,
 		string(sliceJSON), string(allocJSON),
 		message, unixNano(s.now()), eventMaxLen, s.retention.Milliseconds(),
-		userFieldPrefix, groupFieldPrefix, 1 + len(req.GroupQuotas),
+		1 + len(req.GroupQuotas),
 		"user", k.User, req.UserQuota.MemoryMiB, req.UserQuota.ComputePercent}
 	for _, g := range fleet.SortedGroups(req.GroupQuotas) {
 		q := req.GroupQuotas[g]

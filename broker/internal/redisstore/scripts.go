@@ -53,13 +53,22 @@ var (
 	markReconciledLua string
 )
 
+// libConsts goes ahead of lib.lua: the names Go and the scripts share that
+// are the same on every call, so they are part of the script's text rather
+// than ARGV (each argument costs Redis a Lua string per call). USER_FIELD
+// and GROUP_FIELD are the usage field prefixes, ALL_MODES every sharing
+// mode, space-separated (keys.go). strconv.Quote of these ASCII strings is
+// a Lua string literal.
+var libConsts = "local USER_FIELD, GROUP_FIELD, ALL_MODES = " + strconv.Quote(userFieldPrefix) + ", " +
+	strconv.Quote(groupFieldPrefix) + ", " + strconv.Quote(allModes) + "\n"
+
 var (
-	placeScript          = redis.NewScript(libLua + placeLua)
-	releaseScript        = redis.NewScript(libLua + releaseLua)
-	restoreScript        = redis.NewScript(libLua + restoreLua)
-	registerScript       = redis.NewScript(libLua + registerLua)
-	healthScript         = redis.NewScript(libLua + healthLua)
-	setModeScript        = redis.NewScript(libLua + setModeLua)
+	placeScript          = redis.NewScript(libConsts + libLua + placeLua)
+	releaseScript        = redis.NewScript(libConsts + libLua + releaseLua)
+	restoreScript        = redis.NewScript(libConsts + libLua + restoreLua)
+	registerScript       = redis.NewScript(libConsts + libLua + registerLua)
+	healthScript         = redis.NewScript(libConsts + libLua + healthLua)
+	setModeScript        = redis.NewScript(libConsts + libLua + setModeLua)
 	verifyScript         = redis.NewScript(verifyLua)
 	createServerScript   = redis.NewScript(serversLua + createServerLua)
 	restoreServerScript  = redis.NewScript(serversLua + restoreServerLua)

@@ -1,4 +1,7 @@
--- lib.lua is prepended to every script that changes GPU usage or modes.
+-- lib.lua is prepended to every script that changes GPU usage or modes,
+-- after libConsts (scripts.go), which defines USER_FIELD and GROUP_FIELD
+-- (the usage field prefixes "u:" and "g:") and ALL_MODES (every sharing
+-- mode, space-separated).
 --
 -- A device hash (gpu:<uuid>: a physical GPU, or a MIG instance "MIG-…") has
 -- the fields
@@ -47,17 +50,30 @@ local function gpu_load(gkey)
     whole = f[11] == '1', mode = f[12] or 'sliced', cpw = tonumber(f[13] or '100'), model = f[14] or ''}
 end
 
--- gpu_load_counts reads only what gpu_charge needs (counters, health,
--- class and index keys); nil if the device is unknown. A GPU hash is a
--- small listpack that HMGET scans once per field, so release reads this
--- and not the whole record.
-local function gpu_load_counts(gkey)
-  local f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'healthy', 'aidx', 'fidx', 'alla', 'allf', 'whole')
+-- gpu_load_release reads what gpu_charge needs to un-charge a device:
+-- counters, health, whole and the indexes of its current class; nil if the
+-- device is unknown. Each field read costs Redis about as much as a whole
+-- call, so the indexes of the other class are read only when the release
+-- moves the device there (a full device that gets room), in a second HMGET;
+-- wholeHint (the record says exclusive or mig: a whole device, which every
+-- release empties) reads all four in the first.
+local function gpu_load_release(gkey, wholeHint)
+  local f
+  if wholeHint then
+    f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'healthy', 'whole', 'alla', 'aidx', 'allf', 'fidx')
+  else
+    f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'healthy', 'whole', 'alla', 'aidx')
+  end
   if not f[1] then
     return nil
   end
-  return {mem = tonumber(f[1]), amem = tonumber(f[2]), acp = tonumber(f[3]), n = tonumber(f[4]),
-    healthy = f[5] == '1', aidx = f[6], fidx = f[7], alla = f[8], allf = f[9], whole = f[10] == '1'}
+  local g = {mem = tonumber(f[1]), amem = tonumber(f[2]), acp = tonumber(f[3]), n = tonumber(f[4]),
+    healthy = f[5] == '1', whole = f[6] == '1', alla = f[7], aidx = f[8], allf = f[9], fidx = f[10]}
+  if not wholeHint and g.alla and g.healthy and (g.whole or g.acp >= 100) then
+    local x = redis.call('HMGET', gkey, 'allf', 'fidx')
+    g.allf, g.fidx = x[1], x[2]
+  end
+  return g
 end
 
 -- gpu_class is the index class of a loaded device: 'a', 'f' or nil.
@@ -90,7 +106,7 @@ local function gpu_index(g, uuid, was)
       redis.call('ZREM', g.fidx, uuid)
     end
   end
-  local free = g.mem - g.amem
+  local free = tostring(g.mem - g.amem) -- once, not per ZADD
   if cls == 'a' then
     redis.call('ZADD', g.alla, free, uuid)
     redis.call('ZADD', g.aidx, free, uuid)
@@ -101,14 +117,20 @@ local function gpu_index(g, uuid, was)
 end
 
 -- gpu_charge adds sign * (mem MiB, cp percent, one allocation) to a loaded
--- device, stores the counters and reindexes it. An MPS GPU that holds
--- nothing any more forgets its client size.
-local function gpu_charge(gkey, g, uuid, mem, cp, sign)
+-- device, stores the counters (and shape, an MPS client size, when given)
+-- and reindexes it. An MPS GPU that holds nothing any more forgets its
+-- client size. g needs the counters, health, whole and the index keys of
+-- the classes it leaves and enters (gpu_index).
+local function gpu_charge(gkey, g, uuid, mem, cp, sign, shape)
   local was = gpu_class(g)
   g.amem = g.amem + sign * mem
   g.acp = g.acp + sign * cp
   g.n = g.n + sign
-  redis.call('HSET', gkey, 'amem', g.amem, 'acp', g.acp, 'n', g.n)
+  if shape then
+    redis.call('HSET', gkey, 'amem', g.amem, 'acp', g.acp, 'n', g.n, 'shape', shape)
+  else
+    redis.call('HSET', gkey, 'amem', g.amem, 'acp', g.acp, 'n', g.n)
+  end
   if g.n <= 0 then
     redis.call('HDEL', gkey, 'shape')
   end

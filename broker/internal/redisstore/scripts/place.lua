@@ -19,14 +19,16 @@
 --         mig: one server holds the device, charged all of it)
 -- ARGV[9] MPS client size "<MiB>/<percent>": a GPU takes it only if it
 --         holds clients of that size or none; "" for other modes
--- ARGV[10] mode-set prefix (mode:<mode> = ARGV[10] .. mode), ARGV[11] the
---         asked mode, ARGV[12] every mode, space-separated: their GPU sets
---         are counted only for the capacity refusal, so they are built here
---         (same hash tag) rather than passed as keys on every call
--- ARGV[13] user and ARGV[14] group usage field prefixes ("u:", "g:";
---         lib.lua)
--- ARGV[15] k, the number of quota subjects: the user, then its groups
--- ARGV[16..15+4k] per subject: name and its caps: servers, mem MiB,
+-- ARGV[10] the scope of KEYS[3..4]: "all" (the pool's all-model indexes)
+--         or "model" (one model's)
+-- ARGV[11] mode-set prefix (mode:<mode> = ARGV[11] .. mode), ARGV[12] the
+--         asked mode; the GPU sets of the asked mode and of every mode
+--         (ALL_MODES, libConsts in scripts.go) are counted only for the capacity refusal,
+--         so their keys are built here (same hash tag) rather than passed
+--         as keys on every call
+-- ARGV[13] k, the number of quota subjects: the user, then its groups
+--         (usage fields USER_FIELD .. name and GROUP_FIELD .. name)
+-- ARGV[14..13+4k] per subject: name and its caps: servers, mem MiB,
 --         compute percent (0 = none)
 -- Returns one of
 --   {"placed", allocation JSON}    a new allocation
@@ -52,21 +54,22 @@ local whole = ARGV[8] == 'whole'
 local shape = ARGV[9]
 
 -- Quotas: subjects in order (user first), resources in a fixed order.
-local k = tonumber(ARGV[15])
-local prefixes = {ARGV[13] .. ARGV[16]}
+local k = tonumber(ARGV[13])
+local prefixes = {USER_FIELD .. ARGV[14]}
 for i = 2, k do
-  prefixes[i] = ARGV[14] .. ARGV[16 + 4 * (i - 1)]
+  prefixes[i] = GROUP_FIELD .. ARGV[14 + 4 * (i - 1)]
 end
 local used = usage_load(KEYS[5], prefixes)
 local resources = {'servers', 'memoryMiB', 'computePercent'}
 local function over(m, c)
   local want = {1, m, c}
   for i = 1, k do
-    local base = 16 + 4 * (i - 1)
+    local base = 14 + 4 * (i - 1)
     local u = used[i]
     for r = 1, 3 do
-      local limit = tonumber(ARGV[base + r])
-      if limit > 0 and u[r] + want[r] > limit then
+      local cap = ARGV[base + r]
+      local limit = cap ~= '0' and tonumber(cap)
+      if limit and limit > 0 and u[r] + want[r] > limit then
         local scope = 'group'
         if i == 1 then scope = 'user' end
         return {'quota', scope, ARGV[base], resources[r], tostring(limit), tostring(u[r]), tostring(want[r])}
@@ -80,21 +83,44 @@ if not whole then
   if q then return q end
 end
 
--- fits loads a candidate device and keeps it in chosen if it fits: a
+-- fits reads a candidate device and keeps it in chosen if it fits: a
 -- shared device needs cp percent of compute free (and, for MPS, clients of
 -- the asked size or none); its free memory is its index score, which the
 -- walk already bounded. Any device in a whole pool's avail index is empty.
--- Loading the whole record here saves the chosen device a second read.
+-- It reads only the fields the charge needs (one HMGET, a few reply
+-- elements: each costs Redis about as much as a whole call): the counters,
+-- the ref, the index of the other scope (all-model or model) of the avail
+-- class, and per kind the charge of a whole device with its full-class
+-- indexes, or an MPS GPU's client size. A device in an index is healthy
+-- and of the pool's mode and kind (lib.lua), so neither is read.
 local chosen
+local byModel = ARGV[10] == 'model'
+local other, otherFull = 'aidx', 'fidx'
+if byModel then other, otherFull = 'alla', 'allf' end
 local function fits(uuid)
-  local g = gpu_load(gprefix .. uuid)
-  if not g then return false end
-  if not whole then
+  local gkey = gprefix .. uuid
+  local f
+  if whole then
+    f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'ref', other, 'cpw', otherFull)
+  elseif shape ~= '' then
+    f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'ref', other, 'shape')
+  else
+    f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'ref', other)
+  end
+  if not f[1] then return false end
+  local g = {mem = tonumber(f[1]), amem = tonumber(f[2]), acp = tonumber(f[3]), n = tonumber(f[4]),
+    ref = f[5], healthy = true, whole = whole, mode = ARGV[12]}
+  local full = nil
+  if whole then
+    g.cpw, full = tonumber(f[7] or '100'), f[8]
+  else
     if 100 - g.acp < cp then return false end
-    if shape ~= '' then
-      local s = redis.call('HGET', gprefix .. uuid, 'shape')
-      if s and s ~= shape then return false end
-    end
+    if shape ~= '' and f[7] and f[7] ~= shape then return false end
+  end
+  if byModel then
+    g.aidx, g.fidx, g.alla, g.allf = KEYS[3], KEYS[4], f[6], full
+  else
+    g.alla, g.allf, g.aidx, g.fidx = KEYS[3], KEYS[4], f[6], full
   end
   chosen = g
   return true
@@ -158,10 +184,10 @@ else
 end
 
 if not uuid then
-  local modes = tostring(redis.call('SCARD', ARGV[10] .. ARGV[11]))
+  local modes = tostring(redis.call('SCARD', ARGV[11] .. ARGV[12]))
   local all = 0
-  for m in string.gmatch(ARGV[12], '%S+') do
-    all = all + redis.call('SCARD', ARGV[10] .. m)
+  for m in string.gmatch(ALL_MODES, '%S+') do
+    all = all + redis.call('SCARD', ARGV[11] .. m)
   end
   local candidates = redis.call('ZCARD', KEYS[3]) + redis.call('ZCARD', KEYS[4])
   if candidates == 0 then
@@ -183,10 +209,13 @@ if whole then
   local q = over(mem, cp)
   if q then return q end
 end
-gpu_charge(gkey, g, uuid, mem, cp, 1)
-if shape ~= '' then
-  redis.call('HSET', gkey, 'shape', shape)
+-- A shared device that fills up moves to the full class: read the full
+-- index of the other scope that fits skipped (whole devices read it there).
+if not whole and g.acp + cp >= 100 then
+  local full = redis.call('HGET', gkey, otherFull)
+  if byModel then g.allf = full else g.fidx = full end
 end
+gpu_charge(gkey, g, uuid, mem, cp, 1, shape ~= '' and shape or nil)
 usage_charge(KEYS[5], prefixes, used, mem, cp, 1)
 local rec = ARGV[3] .. slice_members(mem, cp, cl) .. g.ref .. ',"sharing":"' .. g.mode .. '"}'
 redis.call('HSET', KEYS[2], id, rec)

@@ -3,28 +3,27 @@
 -- KEYS[1] allocs (hash slice id → allocation JSON)
 -- KEYS[2] usage (hash of user and group counters)
 -- ARGV[1] device key prefix
--- ARGV[2] user and ARGV[3] group usage field prefixes ("u:", "g:"); a
---         subject's field is <prefix><name> (lib.lua)
--- ARGV[4] slice id
+-- ARGV[2] slice id
+-- A subject's usage field is USER_FIELD or GROUP_FIELD .. its name (lib.lua).
 -- Returns 1 when an allocation was freed, 0 when there was none.
 
-local rec = redis.call('HGET', KEYS[1], ARGV[4])
+local rec = redis.call('HGET', KEYS[1], ARGV[2])
 if not rec then
   return 0
 end
 local a = cjson.decode(rec)
-local fields = {ARGV[2] .. a.user}
+local fields = {USER_FIELD .. a.user}
 for _, grp in ipairs(a.groups) do
-  fields[#fields + 1] = ARGV[3] .. grp
+  fields[#fields + 1] = GROUP_FIELD .. grp
 end
 local used = usage_load(KEYS[2], fields)
 local gkey = ARGV[1] .. a.gpu
 -- A device record never disappears today; the check keeps a hand-deleted
 -- one from being recreated as a half hash.
-local g = gpu_load_counts(gkey)
+local g = gpu_load_release(gkey, a.sharing == 'exclusive' or a.sharing == 'mig')
 if g then
   gpu_charge(gkey, g, a.gpu, a.memoryMiB, a.computePercent, -1)
 end
 usage_charge(KEYS[2], fields, used, a.memoryMiB, a.computePercent, -1)
-redis.call('HDEL', KEYS[1], ARGV[4])
+redis.call('HDEL', KEYS[1], ARGV[2])
 return 1

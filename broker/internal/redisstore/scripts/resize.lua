@@ -16,8 +16,7 @@
 -- ARGV[6] the record's new slice JSON, ARGV[7] the record's new alloc JSON
 -- ARGV[8] event message, ARGV[9] now (Unix ns), ARGV[10] event MAXLEN,
 -- ARGV[11] event TTL ms
--- ARGV[12] user and ARGV[13] group usage field prefixes ("u:", "g:"; lib.lua)
--- ARGV[14] k, then k quota caps: scope ("user"/"group"), name, memory MiB,
+-- ARGV[12] k, then k quota caps: scope ("user"/"group"), name, memory MiB,
 --          compute percent (0 = none); a charged subject without caps is
 --          not limited
 -- Returns one of
@@ -80,15 +79,15 @@ end
 
 -- Quotas: the subjects the allocation charges, user first.
 local caps = {}
-local k = tonumber(ARGV[14])
+local k = tonumber(ARGV[12])
 for i = 1, k do
-  local base = 15 + 4 * (i - 1)
+  local base = 13 + 4 * (i - 1)
   caps[ARGV[base] .. ':' .. ARGV[base + 1]] = {tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])}
 end
-local prefixes = {ARGV[12] .. a.user}
+local prefixes = {USER_FIELD .. a.user}
 local subjects = {{'user', a.user}}
 for _, grp in ipairs(a.groups) do
-  prefixes[#prefixes + 1] = ARGV[13] .. grp
+  prefixes[#prefixes + 1] = GROUP_FIELD .. grp
   subjects[#subjects + 1] = {'group', grp}
 end
 local used = usage_load(KEYS[2], prefixes)
