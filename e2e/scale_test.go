@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -56,6 +55,7 @@ type scaleReport struct {
 	replicas             []replicaUsage
 	watch                watchReport
 	podsGone             time.Duration // from the last delete answered to no managed pod left
+	deletePools          []harness.Metrics // each replica's Redis pool series over the deletes
 	deleteRetries        atomic.Int64  // deletes answered 503 and sent again
 }
 
@@ -64,6 +64,11 @@ type scaleReport struct {
 // sent during the interval that held it (the pass and the replica's other
 // loops: readiness, Lease, fleet series).
 type passReport struct {
+	// leads: the replica holds the Lease, so it makes the periodic
+	// passes; a follower's report has no pass (took 0), only what it sent
+	// while the leader's was measured.
+	leads        bool
+	passes       float64 // a follower's reconcile passes in the window (0: none was asked for)
 	took, window time.Duration
 	redis, kube  float64
 	topRedis     []string
@@ -124,7 +129,8 @@ func BenchmarkScale(b *testing.B) {
 // TestScaleRig runs the scale rig at a small size (2 nodes × 8 GPUs, two
 // replicas, 20 servers, 20 watchers) so that it keeps working, and checks
 // what it measured adds up: every create and delete done, every server
-// listed running at the top, passes and cycles observed with their calls,
+// listed running at the top, a pass on the Lease holder and none on the
+// other replica, cycles observed with their calls,
 // every event reaching every watcher, no pod left.
 func TestScaleRig(t *testing.T) {
 	t.Parallel()
@@ -146,13 +152,23 @@ func TestScaleRig(t *testing.T) {
 	if len(r.passes) != cfg.replicas || len(r.replicas) != cfg.replicas {
 		t.Errorf("%d passes and %d replica usages, want %d each", len(r.passes), len(r.replicas), cfg.replicas)
 	}
+	leaders := 0
 	for i, p := range r.passes {
-		if p.failed > 0 {
-			t.Errorf("replica %d: the measured reconcile pass failed", i)
+		switch {
+		case p.leads:
+			leaders++
+			if p.failed > 0 {
+				t.Errorf("replica %d: the measured reconcile pass failed", i)
+			}
+			if p.took <= 0 || p.redis <= 0 {
+				t.Errorf("replica %d: reconcile pass took %s with %g Redis commands; want both > 0", i, p.took, p.redis)
+			}
+		case p.passes > 0:
+			t.Errorf("replica %d does not hold the Lease but made %g reconcile passes", i, p.passes)
 		}
-		if p.took <= 0 || p.redis <= 0 {
-			t.Errorf("replica %d: reconcile pass took %s with %g Redis commands; want both > 0", i, p.took, p.redis)
-		}
+	}
+	if leaders != 1 {
+		t.Errorf("%d replicas made the measured reconcile pass, want 1 (the Lease holder)", leaders)
 	}
 	if r.reclaim.took <= 0 || r.reclaim.decisions != float64(cfg.servers) {
 		t.Errorf("reclaim cycle took %s judging %g servers; want > 0 and %d", r.reclaim.took, r.reclaim.decisions, cfg.servers)
@@ -239,22 +255,41 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		}
 	}
 
-	// At S servers: one reconcile pass on every replica, side by side.
-	progress("at %d servers: a reconcile pass on each replica", cfg.servers)
+	// At S servers: one reconcile pass on the Lease holder (only it makes
+	// the periodic passes), and what the other replicas sent meanwhile.
+	progress("at %d servers: a reconcile pass on the Lease holder", cfg.servers)
+	leader, err := reclaimLeader(ctx, replicas)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	steady0 := replicaCPU(tb, replicas)
 	steadyStart := time.Now()
 	r.passes = make([]passReport, len(replicas))
-	var wg sync.WaitGroup
-	errs := make([]error, len(replicas))
+	before := make([]harness.Metrics, len(replicas))
 	for i, b := range replicas {
-		wg.Go(func() {
-			r.passes[i], errs[i] = onePass(ctx, b, "gpubroker_reconcile_passes_total", "gpubroker_reconcile_pass_duration_seconds_sum",
-				3*cfg.reconcileInterval+time.Minute)
-		})
+		if before[i], err = b.Scrape(ctx); err != nil {
+			tb.Fatal(err)
+		}
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	pass, err := onePass(ctx, leader, "gpubroker_reconcile_passes_total", "gpubroker_reconcile_pass_duration_seconds_sum",
+		3*cfg.reconcileInterval+time.Minute)
+	if err != nil {
 		tb.Fatalf("reconcile pass: %v", err)
+	}
+	pass.leads = true
+	for i, b := range replicas {
+		if b == leader {
+			r.passes[i] = pass
+			continue
+		}
+		m, err := b.Scrape(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		d := m.Delta(before[i])
+		r.passes[i] = passReport{window: time.Since(steadyStart), redis: d.Sum("gpubroker_redis_commands_total"),
+			kube: d.Sum("gpubroker_kubernetes_requests_total"), topRedis: d.Top("gpubroker_redis_commands_total", 4),
+			passes: d.Sum("gpubroker_reconcile_passes_total")}
 	}
 	steady1 := replicaCPU(tb, replicas)
 	steadyWall := time.Since(steadyStart)
@@ -269,10 +304,6 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	}
 
 	progress("a reclaim cycle")
-	leader, err := reclaimLeader(ctx, replicas)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	r.reclaim, err = onePass(ctx, leader, `gpubroker_reclaim_cycles_total`, "gpubroker_reclaim_cycle_duration_seconds_sum",
 		3*cfg.reclaimInterval+time.Minute)
 	if err != nil {
@@ -288,6 +319,12 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		r.replicas[i].watchRSSMiB = r.watch.rssAfter[i]
 	}
 
+	pools0 := make([]harness.Metrics, len(replicas))
+	for i, b := range replicas {
+		if pools0[i], err = b.Scrape(ctx); err != nil {
+			tb.Fatal(err)
+		}
+	}
 	r.deletes, err = load("deletes").Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
 		u := i % cfg.users
 		t0 := time.Now()
@@ -310,6 +347,13 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		tb.Fatalf("deletes: %v", err)
 	}
 	deleted := time.Now()
+	for i, b := range replicas {
+		m, err := b.Scrape(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		r.deletePools = append(r.deletePools, m.Delta(pools0[i]))
+	}
 	err = harness.Poll(ctx, 200*time.Millisecond, 5*time.Minute, func(context.Context) (bool, string, error) {
 		n := managed.Count()
 		return n == 0, fmt.Sprintf("%d managed pods left", n), nil
@@ -589,8 +633,13 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	say("at %d servers (%d listed running):", cfg.servers, r.listed)
 	for i, p := range r.passes {
 		u := r.replicas[i]
-		say("  replica %d: reconcile pass %6.0f ms (target ≤ 1000; %g of it failed); in its %.1f s interval %g Redis commands (%s), %g API requests",
-			i, ms(p.took), p.failed, p.window.Seconds(), p.redis, strings.Join(p.topRedis, " "), p.kube)
+		if p.leads {
+			say("  replica %d (Lease holder): reconcile pass %6.0f ms (target ≤ 1000; %g of it failed); in its %.1f s interval %g Redis commands (%s), %g API requests",
+				i, ms(p.took), p.failed, p.window.Seconds(), p.redis, strings.Join(p.topRedis, " "), p.kube)
+		} else {
+			say("  replica %d (follower): %g reconcile passes (want 0) while the holder's was measured; in those %.1f s %g Redis commands (%s), %g API requests",
+				i, p.passes, p.window.Seconds(), p.redis, strings.Join(p.topRedis, " "), p.kube)
+		}
 		say("  replica %d: RSS %.0f MiB (target ≤ 512), %.3f cores at rest, %.2f CPU-ms per create while filling", i, u.rssMiB, u.cores, u.fillCPUms)
 	}
 	if r.reclaim.took == 0 {
@@ -608,4 +657,9 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 		ms(harness.Quantile(r.watch.all, 0.5)), ms(harness.Quantile(r.watch.all, 0.99)))
 	say("deletes: %d answered, %.1f/s (p50 %.0f ms, p99 %.0f ms, with %d sent again after a 503); every pod gone %.1f s after the last",
 		len(r.deletes.Latencies), r.deletes.PerSecond(), ms(r.deletes.Quantile(0.5)), ms(r.deletes.Quantile(0.99)), r.deleteRetries.Load(), r.podsGone.Seconds())
+	for i, d := range r.deletePools {
+		say("  replica %d over the deletes: main Redis pool %g waits for a connection (%.2f s waiting, %g timeouts); %g Redis commands, %g API requests",
+			i, d[`gpubroker_redis_pool_waits_total{pool="main"}`], d[`gpubroker_redis_pool_wait_seconds_total{pool="main"}`],
+			d[`gpubroker_redis_pool_timeouts_total{pool="main"}`], d.Sum("gpubroker_redis_commands_total"), d.Sum("gpubroker_kubernetes_requests_total"))
+	}
 }
