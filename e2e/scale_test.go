@@ -502,9 +502,9 @@ func replicaCPU(tb testing.TB, replicas []*harness.Broker) []float64 {
 }
 
 // onePass waits for the counter `passes` of b to move twice (polling its
-// metrics every 250 ms) and measures the interval between: the pass that ended it (its duration from the
-// histogram sum durSum) and the Redis commands and Kubernetes requests b
-// sent meanwhile.
+// metrics every 250 ms) and measures the interval between: the pass that
+// ended it (its duration from the histogram sum durSum) and the Redis
+// commands and Kubernetes requests b sent meanwhile.
 func onePass(ctx context.Context, b *harness.Broker, passes, durSum string, timeout time.Duration) (passReport, error) {
 	next := func(after float64) (harness.Metrics, time.Time, error) {
 		var m harness.Metrics
