@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/e2e/harness"
+	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // The scale rig's flags (go test ... -args -scale-nodes=50), with the
@@ -240,7 +241,8 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	cpu0 := replicaCPU(tb, replicas)
 	r.broker, err = load("servers").Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
 		u := i % cfg.users
-		return createRunningSteps(ctx, clients[u][i%len(replicas)], users[u], fmt.Sprintf("s%d", i), &r.steps)
+		name := fmt.Sprintf("s%d", i)
+		return createRunningSteps(ctx, clients[u][i%len(replicas)], users[u], name, &r.steps, managed.Running(spawner.PodName(users[u], name)))
 	})
 	if err != nil {
 		tb.Fatalf("servers through the brokers: %v", err)
@@ -371,7 +373,7 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 // until it runs (2 minutes at most); the latency is from the PUT to the
 // running event. The spawn benchmark and the scale rig both use it.
 func createRunning(ctx context.Context, c *harness.Client, user, name string) (time.Duration, error) {
-	return createRunningSteps(ctx, c, user, name, nil)
+	return createRunningSteps(ctx, c, user, name, nil, nil)
 }
 
 // spawnSteps collects where the time of creates through the broker went,
@@ -386,6 +388,7 @@ type spawnSteps struct {
 var spawnStepNames = []string{
 	"PUT→pending (request to record)", "pending→creating (placement)", "creating→starting (Secret and pod created)",
 	"starting→running (the pod runs, its event reaches the record)", "running→client (event stream)", "PUT answered",
+	"  of starting→running: to the pod running (the rig's own watch)", "  of starting→running: pod running→record running",
 }
 
 func (s *spawnSteps) add(step string, d time.Duration) {
@@ -398,9 +401,24 @@ func (s *spawnSteps) add(step string, d time.Duration) {
 }
 
 // createRunningSteps is createRunning, adding each create's steps to
-// steps when it is not nil.
-func createRunningSteps(ctx context.Context, c *harness.Client, user, name string, steps *spawnSteps) (time.Duration, error) {
+// steps when it is not nil; podRunning, when not nil, is closed when the
+// rig's own watch sees the server's pod running, which splits the step
+// from starting to running into the pod's start and the broker's handling
+// of it.
+func createRunningSteps(ctx context.Context, c *harness.Client, user, name string, steps *spawnSteps, podRunning <-chan struct{}) (time.Duration, error) {
 	start := time.Now()
+	seen := make(chan time.Time, 1)
+	if podRunning != nil {
+		wctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() {
+			select {
+			case <-podRunning:
+				seen <- time.Now()
+			case <-wctx.Done():
+			}
+		}()
+	}
 	if _, status, err := c.CreateServer(ctx, user, name, "", v1.CreateServerRequest{Profile: "tiny"}); err != nil {
 		return 0, fmt.Errorf("create %s/%s: %d %w", user, name, status, err)
 	}
@@ -431,6 +449,12 @@ func createRunningSteps(ctx context.Context, c *harness.Client, user, name strin
 				steps.add(spawnStepNames[3], at[v1.StateRunning].Sub(at[v1.StateStarting]))
 				steps.add(spawnStepNames[4], took-at[v1.StateRunning].Sub(start))
 				steps.add(spawnStepNames[5], answered)
+				select {
+				case t := <-seen:
+					steps.add(spawnStepNames[6], t.Sub(at[v1.StateStarting]))
+					steps.add(spawnStepNames[7], at[v1.StateRunning].Sub(t))
+				default: // the rig's watch has not seen it yet
+				}
 			}
 			return took, nil
 		case v1.StateFailed:
