@@ -203,7 +203,9 @@ func (r *Reconciler) Trigger() {
 
 // Run makes a pass at once and then every interval while this replica
 // leads (SetLeading), and one on every Trigger, until ctx ends. A failed
-// pass is logged and retried at the next tick. It returns ctx's error.
+// pass is logged and retried at the next tick while this replica leads.
+// While no replica leads (none can renew the Lease), only the passes asked
+// for run. It returns ctx's error.
 func (r *Reconciler) Run(ctx context.Context) error {
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
