@@ -34,7 +34,8 @@ const (
 //     each create sent to a replica of its own);
 //   - after a SIGKILL of the replica holding the Lease, another holds it
 //     within the lease duration (plus one retry period), and the
-//     reclaimer's next passes run once each, on the new holder only;
+//     reclaimer's next passes run once each, and the reconciler's periodic
+//     passes run, on the new holder only;
 //   - a rolling restart (SIGTERM, graceful; start; next) of all three
 //     under a steady create/delete load loses no request answered 2xx:
 //     every server created with a 2xx exists afterwards, running unless its
@@ -153,6 +154,21 @@ func killLeader(t *testing.T, e *env, replicas []*harness.Broker) {
 		if err != nil {
 			t.Fatalf("reclaim pass %d after the takeover: %v", pass, err)
 		}
+	}
+
+	// The reconciler's periodic passes follow the Lease too: the new
+	// holder makes them (every second here), the other survivor none.
+	passes := countsOf(t, survivors, "gpubroker_reconcile_passes_total")
+	err = harness.Poll(ctx, 50*time.Millisecond, 20*time.Second, func(ctx context.Context) (bool, string, error) {
+		now := countsOf(t, survivors, "gpubroker_reconcile_passes_total")
+		if d := now[other] - passes[other]; d != 0 {
+			return false, "", fmt.Errorf("the replica without the Lease made %v reconcile passes", d)
+		}
+		d := now[next] - passes[next]
+		return d >= 3, fmt.Sprintf("%v reconcile passes on the new holder", d), nil
+	})
+	if err != nil {
+		t.Fatalf("reconcile passes after the takeover: %v", err)
 	}
 }
 
@@ -384,13 +400,19 @@ func leadersOf(ctx context.Context, bs []*harness.Broker) ([]*harness.Broker, er
 // cyclesOf returns each broker's reclaim passes so far (every result).
 func cyclesOf(t *testing.T, bs []*harness.Broker) map[*harness.Broker]float64 {
 	t.Helper()
+	return countsOf(t, bs, "gpubroker_reclaim_cycles_total")
+}
+
+// countsOf returns each broker's counter so far, summed over its labels.
+func countsOf(t *testing.T, bs []*harness.Broker, counter string) map[*harness.Broker]float64 {
+	t.Helper()
 	out := map[*harness.Broker]float64{}
 	for _, b := range bs {
 		m, err := scrape(t.Context(), b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		out[b] = m[`gpubroker_reclaim_cycles_total{result="ok"}`] + m[`gpubroker_reclaim_cycles_total{result="error"}`]
+		out[b] = m.Sum(counter)
 	}
 	return out
 }

@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/e2e/harness"
+	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // The scale rig's flags (go test ... -args -scale-nodes=50), with the
@@ -55,8 +56,10 @@ type scaleReport struct {
 	reclaim              passReport
 	replicas             []replicaUsage
 	watch                watchReport
-	podsGone             time.Duration // from the last delete answered to no managed pod left
-	deleteRetries        atomic.Int64  // deletes answered 503 and sent again
+	podsGone             time.Duration     // from the last delete answered to no managed pod left
+	deletePools          []harness.Metrics // each replica's Redis pool series over the deletes
+	steps                spawnSteps        // where the creates' time went
+	deleteRetries        atomic.Int64      // deletes answered 503 and sent again
 }
 
 // passReport is one reconcile pass (or reclaim cycle) on one replica: its
@@ -64,6 +67,11 @@ type scaleReport struct {
 // sent during the interval that held it (the pass and the replica's other
 // loops: readiness, Lease, fleet series).
 type passReport struct {
+	// leads: the replica holds the Lease, so it makes the periodic
+	// passes; a follower's report has no pass (took 0), only what it sent
+	// while the leader's was measured.
+	leads        bool
+	passes       float64 // a follower's reconcile passes in the window (0: none was asked for)
 	took, window time.Duration
 	redis, kube  float64
 	topRedis     []string
@@ -124,7 +132,8 @@ func BenchmarkScale(b *testing.B) {
 // TestScaleRig runs the scale rig at a small size (2 nodes × 8 GPUs, two
 // replicas, 20 servers, 20 watchers) so that it keeps working, and checks
 // what it measured adds up: every create and delete done, every server
-// listed running at the top, passes and cycles observed with their calls,
+// listed running at the top, a pass on the Lease holder and none on the
+// other replica, cycles observed with their calls,
 // every event reaching every watcher, no pod left.
 func TestScaleRig(t *testing.T) {
 	t.Parallel()
@@ -146,13 +155,23 @@ func TestScaleRig(t *testing.T) {
 	if len(r.passes) != cfg.replicas || len(r.replicas) != cfg.replicas {
 		t.Errorf("%d passes and %d replica usages, want %d each", len(r.passes), len(r.replicas), cfg.replicas)
 	}
+	leaders := 0
 	for i, p := range r.passes {
-		if p.failed > 0 {
-			t.Errorf("replica %d: the measured reconcile pass failed", i)
+		switch {
+		case p.leads:
+			leaders++
+			if p.failed > 0 {
+				t.Errorf("replica %d: the measured reconcile pass failed", i)
+			}
+			if p.took <= 0 || p.redis <= 0 {
+				t.Errorf("replica %d: reconcile pass took %s with %g Redis commands; want both > 0", i, p.took, p.redis)
+			}
+		case p.passes > 0:
+			t.Errorf("replica %d does not hold the Lease but made %g reconcile passes", i, p.passes)
 		}
-		if p.took <= 0 || p.redis <= 0 {
-			t.Errorf("replica %d: reconcile pass took %s with %g Redis commands; want both > 0", i, p.took, p.redis)
-		}
+	}
+	if leaders != 1 {
+		t.Errorf("%d replicas made the measured reconcile pass, want 1 (the Lease holder)", leaders)
 	}
 	if r.reclaim.took <= 0 || r.reclaim.decisions != float64(cfg.servers) {
 		t.Errorf("reclaim cycle took %s judging %g servers; want > 0 and %d", r.reclaim.took, r.reclaim.decisions, cfg.servers)
@@ -222,7 +241,8 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	cpu0 := replicaCPU(tb, replicas)
 	r.broker, err = load("servers").Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
 		u := i % cfg.users
-		return createRunning(ctx, clients[u][i%len(replicas)], users[u], fmt.Sprintf("s%d", i))
+		name := fmt.Sprintf("s%d", i)
+		return createRunningSteps(ctx, clients[u][i%len(replicas)], users[u], name, &r.steps, managed.Running(spawner.PodName(users[u], name)))
 	})
 	if err != nil {
 		tb.Fatalf("servers through the brokers: %v", err)
@@ -239,22 +259,41 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		}
 	}
 
-	// At S servers: one reconcile pass on every replica, side by side.
-	progress("at %d servers: a reconcile pass on each replica", cfg.servers)
+	// At S servers: one reconcile pass on the Lease holder (only it makes
+	// the periodic passes), and what the other replicas sent meanwhile.
+	progress("at %d servers: a reconcile pass on the Lease holder", cfg.servers)
+	leader, err := reclaimLeader(ctx, replicas)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	steady0 := replicaCPU(tb, replicas)
 	steadyStart := time.Now()
 	r.passes = make([]passReport, len(replicas))
-	var wg sync.WaitGroup
-	errs := make([]error, len(replicas))
+	before := make([]harness.Metrics, len(replicas))
 	for i, b := range replicas {
-		wg.Go(func() {
-			r.passes[i], errs[i] = onePass(ctx, b, "gpubroker_reconcile_passes_total", "gpubroker_reconcile_pass_duration_seconds_sum",
-				3*cfg.reconcileInterval+time.Minute)
-		})
+		if before[i], err = b.Scrape(ctx); err != nil {
+			tb.Fatal(err)
+		}
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	pass, err := onePass(ctx, leader, "gpubroker_reconcile_passes_total", "gpubroker_reconcile_pass_duration_seconds_sum",
+		3*cfg.reconcileInterval+time.Minute)
+	if err != nil {
 		tb.Fatalf("reconcile pass: %v", err)
+	}
+	pass.leads = true
+	for i, b := range replicas {
+		if b == leader {
+			r.passes[i] = pass
+			continue
+		}
+		m, err := b.Scrape(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		d := m.Delta(before[i])
+		r.passes[i] = passReport{window: time.Since(steadyStart), redis: d.Sum("gpubroker_redis_commands_total"),
+			kube: d.Sum("gpubroker_kubernetes_requests_total"), topRedis: d.Top("gpubroker_redis_commands_total", 4),
+			passes: d.Sum("gpubroker_reconcile_passes_total")}
 	}
 	steady1 := replicaCPU(tb, replicas)
 	steadyWall := time.Since(steadyStart)
@@ -269,10 +308,6 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	}
 
 	progress("a reclaim cycle")
-	leader, err := reclaimLeader(ctx, replicas)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	r.reclaim, err = onePass(ctx, leader, `gpubroker_reclaim_cycles_total`, "gpubroker_reclaim_cycle_duration_seconds_sum",
 		3*cfg.reclaimInterval+time.Minute)
 	if err != nil {
@@ -288,6 +323,12 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		r.replicas[i].watchRSSMiB = r.watch.rssAfter[i]
 	}
 
+	pools0 := make([]harness.Metrics, len(replicas))
+	for i, b := range replicas {
+		if pools0[i], err = b.Scrape(ctx); err != nil {
+			tb.Fatal(err)
+		}
+	}
 	r.deletes, err = load("deletes").Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
 		u := i % cfg.users
 		t0 := time.Now()
@@ -310,6 +351,13 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		tb.Fatalf("deletes: %v", err)
 	}
 	deleted := time.Now()
+	for i, b := range replicas {
+		m, err := b.Scrape(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		r.deletePools = append(r.deletePools, m.Delta(pools0[i]))
+	}
 	err = harness.Poll(ctx, 200*time.Millisecond, 5*time.Minute, func(context.Context) (bool, string, error) {
 		n := managed.Count()
 		return n == 0, fmt.Sprintf("%d managed pods left", n), nil
@@ -325,10 +373,56 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 // until it runs (2 minutes at most); the latency is from the PUT to the
 // running event. The spawn benchmark and the scale rig both use it.
 func createRunning(ctx context.Context, c *harness.Client, user, name string) (time.Duration, error) {
+	return createRunningSteps(ctx, c, user, name, nil, nil)
+}
+
+// spawnSteps collects where the time of creates through the broker went,
+// step by step, from the times of their events (the broker's clock, which
+// is this machine's): the answer and the events' times against the PUT.
+type spawnSteps struct {
+	mu    sync.Mutex
+	steps map[string][]time.Duration
+}
+
+// spawnStepNames are the steps spawnSteps reports, in their order.
+var spawnStepNames = []string{
+	"PUT→pending (request to record)", "pending→creating (placement)", "creating→starting (Secret and pod created)",
+	"starting→running (the pod runs, its event reaches the record)", "running→client (event stream)", "PUT answered",
+	"  of starting→running: to the pod running (the rig's own watch)", "  of starting→running: pod running→record running",
+}
+
+func (s *spawnSteps) add(step string, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.steps == nil {
+		s.steps = map[string][]time.Duration{}
+	}
+	s.steps[step] = append(s.steps[step], d)
+}
+
+// createRunningSteps is createRunning, adding each create's steps to
+// steps when it is not nil; podRunning, when not nil, is closed when the
+// rig's own watch sees the server's pod running, which splits the step
+// from starting to running into the pod's start and the broker's handling
+// of it.
+func createRunningSteps(ctx context.Context, c *harness.Client, user, name string, steps *spawnSteps, podRunning <-chan struct{}) (time.Duration, error) {
 	start := time.Now()
+	seen := make(chan time.Time, 1)
+	if podRunning != nil {
+		wctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() {
+			select {
+			case <-podRunning:
+				seen <- time.Now()
+			case <-wctx.Done():
+			}
+		}()
+	}
 	if _, status, err := c.CreateServer(ctx, user, name, "", v1.CreateServerRequest{Profile: "tiny"}); err != nil {
 		return 0, fmt.Errorf("create %s/%s: %d %w", user, name, status, err)
 	}
+	answered := time.Since(start)
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	stream, err := c.Events(sctx, user, name, "")
@@ -336,14 +430,33 @@ func createRunning(ctx context.Context, c *harness.Client, user, name string) (t
 		return 0, err
 	}
 	defer stream.Close()
+	at := map[v1.ServerState]time.Time{}
 	for {
 		ev, err := stream.Next()
 		if err != nil {
 			return 0, fmt.Errorf("events of %s/%s: %w", user, name, err)
 		}
+		if _, seen := at[ev.State]; !seen {
+			at[ev.State] = ev.Time
+		}
 		switch ev.State {
 		case v1.StateRunning:
-			return time.Since(start), nil
+			took := time.Since(start)
+			if steps != nil {
+				steps.add(spawnStepNames[0], at[v1.StatePending].Sub(start))
+				steps.add(spawnStepNames[1], at[v1.StateCreating].Sub(at[v1.StatePending]))
+				steps.add(spawnStepNames[2], at[v1.StateStarting].Sub(at[v1.StateCreating]))
+				steps.add(spawnStepNames[3], at[v1.StateRunning].Sub(at[v1.StateStarting]))
+				steps.add(spawnStepNames[4], took-at[v1.StateRunning].Sub(start))
+				steps.add(spawnStepNames[5], answered)
+				select {
+				case t := <-seen:
+					steps.add(spawnStepNames[6], t.Sub(at[v1.StateStarting]))
+					steps.add(spawnStepNames[7], at[v1.StateRunning].Sub(t))
+				default: // the rig's watch has not seen it yet
+				}
+			}
+			return took, nil
 		case v1.StateFailed:
 			return 0, fmt.Errorf("%s/%s failed: %s", user, name, ev.Message)
 		}
@@ -412,14 +525,17 @@ func replicaCPU(tb testing.TB, replicas []*harness.Broker) []float64 {
 	return out
 }
 
-// onePass waits for the counter `passes` of b to move twice and measures
-// the interval between: the pass that ended it (its duration from the
-// histogram sum durSum) and the Redis commands and Kubernetes requests b
-// sent meanwhile.
+// onePass waits for the counter `passes` of b to move twice (polling its
+// metrics every 250 ms) and measures the interval between: the pass that
+// ended it (its duration from the histogram sum durSum) and the Redis
+// commands and Kubernetes requests b sent meanwhile.
 func onePass(ctx context.Context, b *harness.Broker, passes, durSum string, timeout time.Duration) (passReport, error) {
 	next := func(after float64) (harness.Metrics, time.Time, error) {
 		var m harness.Metrics
-		err := harness.Poll(ctx, 20*time.Millisecond, timeout, func(ctx context.Context) (bool, string, error) {
+		// Every scrape renders the replica's whole exposition (thousands of
+		// fleet series at this size): polled every 20 ms, the scrapes took
+		// more of the replica's CPU than the pass they waited for.
+		err := harness.Poll(ctx, 250*time.Millisecond, timeout, func(ctx context.Context) (bool, string, error) {
 			var err error
 			if m, err = b.Scrape(ctx); err != nil {
 				return false, err.Error(), nil
@@ -586,11 +702,20 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	say("server creates (brokers):      %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", r.broker.PerSecond(), ms(r.broker.Quantile(0.5)), ms(r.broker.Quantile(0.99)))
 	say("ratio %.2f (target ≥ 0.5); added by the broker: p50 %+.0f ms, p99 %+.0f ms (target p99 ≤ +100 ms)",
 		r.broker.PerSecond()/r.raw.PerSecond(), ms(r.broker.Quantile(0.5)-r.raw.Quantile(0.5)), ms(r.broker.Quantile(0.99)-r.raw.Quantile(0.99)))
+	for _, name := range spawnStepNames {
+		d := r.steps.steps[name]
+		say("  step %-62s p50 %6.0f ms  p99 %6.0f ms", name, ms(harness.Quantile(d, 0.5)), ms(harness.Quantile(d, 0.99)))
+	}
 	say("at %d servers (%d listed running):", cfg.servers, r.listed)
 	for i, p := range r.passes {
 		u := r.replicas[i]
-		say("  replica %d: reconcile pass %6.0f ms (target ≤ 1000; %g of it failed); in its %.1f s interval %g Redis commands (%s), %g API requests",
-			i, ms(p.took), p.failed, p.window.Seconds(), p.redis, strings.Join(p.topRedis, " "), p.kube)
+		if p.leads {
+			say("  replica %d (Lease holder): reconcile pass %6.0f ms (target ≤ 1000; %g of it failed); in its %.1f s interval %g Redis commands (%s), %g API requests",
+				i, ms(p.took), p.failed, p.window.Seconds(), p.redis, strings.Join(p.topRedis, " "), p.kube)
+		} else {
+			say("  replica %d (follower): %g reconcile passes (want 0) while the holder's was measured; in those %.1f s %g Redis commands (%s), %g API requests",
+				i, p.passes, p.window.Seconds(), p.redis, strings.Join(p.topRedis, " "), p.kube)
+		}
 		say("  replica %d: RSS %.0f MiB (target ≤ 512), %.3f cores at rest, %.2f CPU-ms per create while filling", i, u.rssMiB, u.cores, u.fillCPUms)
 	}
 	if r.reclaim.took == 0 {
@@ -608,4 +733,9 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 		ms(harness.Quantile(r.watch.all, 0.5)), ms(harness.Quantile(r.watch.all, 0.99)))
 	say("deletes: %d answered, %.1f/s (p50 %.0f ms, p99 %.0f ms, with %d sent again after a 503); every pod gone %.1f s after the last",
 		len(r.deletes.Latencies), r.deletes.PerSecond(), ms(r.deletes.Quantile(0.5)), ms(r.deletes.Quantile(0.99)), r.deleteRetries.Load(), r.podsGone.Seconds())
+	for i, d := range r.deletePools {
+		say("  replica %d over the deletes: main Redis pool %g waits for a connection (%.2f s waiting, %g timeouts); %g Redis commands, %g API requests",
+			i, d[`gpubroker_redis_pool_waits_total{pool="main"}`], d[`gpubroker_redis_pool_wait_seconds_total{pool="main"}`],
+			d[`gpubroker_redis_pool_timeouts_total{pool="main"}`], d.Sum("gpubroker_redis_commands_total"), d.Sum("gpubroker_kubernetes_requests_total"))
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -213,6 +214,31 @@ func (c *Client) managed(pod *corev1.Pod, now time.Time) (ManagedPod, error) {
 		m.URL = ""
 	}
 	return m, err
+}
+
+// HasPod reports whether the cache holds the pod of spawn spawnID of
+// server (user, server): a managed pod named PodName(user, server) whose
+// annotations name that user, server and spawn, as a pod Pods lists with
+// those User, Server and SpawnID. It is one lookup by name, not a listing
+// of every pod. The error wraps ErrNotSynced before the cache has synced
+// and after Run has returned.
+func (c *Client) HasPod(user, server, spawnID string) (bool, error) {
+	c.mu.Lock()
+	lister := c.lister
+	c.mu.Unlock()
+	if lister == nil {
+		return false, fmt.Errorf("find pod: %w", ErrNotSynced)
+	}
+	pod, err := lister.Pods(c.cfg.Namespace).Get(PodName(user, server))
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("find pod: %w", err)
+	}
+	a := pod.Annotations
+	return pod.Labels[v1.LabelManagedBy] == v1.ManagedByValue &&
+		a[v1.AnnotationUser] == user && a[v1.AnnotationServer] == server && a[v1.AnnotationSpawnID] == spawnID, nil
 }
 
 // PodBySlugs returns the cached pod whose user and server labels are

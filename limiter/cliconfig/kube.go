@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -54,8 +55,12 @@ func (k *Kube) Flags(d KubeDefaults) []Flag {
 
 // RESTConfig builds the client configuration from Kubeconfig, or from the
 // in-cluster service account when it is "", with userAgent and the rate
-// limit (QPS, Burst; zero values leave client-go's 5 and 10) set. It reads
-// files only and contacts nothing.
+// limit (QPS, Burst; zero values leave client-go's 5 and 10) set, speaking
+// protobuf to the API server (JSON where a resource has no protobuf form),
+// as Kubernetes' own controllers do (kube-controller-manager's
+// --kube-api-content-type): listing and watching thousands of pods and
+// Secrets then costs a fraction of JSON's decoding. It reads files only and
+// contacts nothing.
 func (k Kube) RESTConfig(userAgent string) (*rest.Config, error) {
 	var rc *rest.Config
 	var err error
@@ -69,6 +74,8 @@ func (k Kube) RESTConfig(userAgent string) (*rest.Config, error) {
 	}
 	rc.UserAgent = userAgent
 	rc.QPS, rc.Burst = float32(k.QPS), k.Burst
+	rc.ContentType = runtime.ContentTypeProtobuf
+	rc.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
 	return rc, nil
 }
 

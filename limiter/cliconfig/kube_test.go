@@ -27,6 +27,9 @@ current-context: x
 	if rc.QPS != 12.5 || rc.Burst != 7 || rc.UserAgent != "ua/1" || rc.Host != "https://api.example:6443" || k.Where() != rc.Host {
 		t.Errorf("rest config QPS %g burst %d agent %q host %q, where %q", rc.QPS, rc.Burst, rc.UserAgent, rc.Host, k.Where())
 	}
+	if rc.ContentType != "application/vnd.kubernetes.protobuf" || rc.AcceptContentTypes != "application/vnd.kubernetes.protobuf,application/json" {
+		t.Errorf("content type %q, accepts %q; want protobuf, JSON as the fallback", rc.ContentType, rc.AcceptContentTypes)
+	}
 	_, err = tab.Load([]string{"--kube-api-qps=0", "--kube-api-burst=0"}, nil)
 	want := "--kube-api-qps (T_KUBE_API_QPS): must be > 0, got 0\n--kube-api-burst (T_KUBE_API_BURST): must be at least 1, got 0"
 	if err == nil || err.Error() != want {

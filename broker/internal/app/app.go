@@ -189,8 +189,10 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listen
 		infra.Metrics = m
 	}
 	infra.Redis.AddHook(infra.Metrics.RedisHook())
+	infra.Metrics.CollectRedisPool("main", infra.Redis)
 	if infra.Streams != nil {
 		infra.Streams.AddHook(infra.Metrics.RedisHook())
+		infra.Metrics.CollectRedisPool("streams", infra.Streams)
 	}
 	p, err := assemble(cfg, log, infra)
 	if err != nil {
@@ -459,6 +461,9 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 		servers.WithMetrics(m))
 	rec = reconcile.New(store, sp, p.service, log.With("part", "reconcile"), cfg.OrphanGrace, cfg.ReconcileInterval, nil)
 	rec.SetMetrics(m)
+	if cfg.LeaderElectionNamespace != "" {
+		rec.SetLeading(false) // until this replica holds the Lease (runReclaimer)
+	}
 	p.reconciler = rec
 	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.Redis.Prefix), nil, log.With("part", "reclaim"))
 	var err error

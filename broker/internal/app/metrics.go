@@ -84,14 +84,14 @@ func recordFleet(ctx context.Context, store *redisstore.Store, agents *agentstor
 	}
 }
 
-// readFleet reads the GPUs with their allocation, the server records and
-// the agents' heartbeats.
+// readFleet reads the GPUs with their allocation, the server records'
+// states (not the whole records) and the agents' heartbeats.
 func readFleet(ctx context.Context, store *redisstore.Store, agents *agentstore.Store) (metrics.Fleet, error) {
 	gpus, err := store.GPUUsage(ctx)
 	if err != nil {
 		return metrics.Fleet{}, err
 	}
-	srvs, err := store.ListServers(ctx, "")
+	srvs, err := store.ListServerStates(ctx, "")
 	if err != nil {
 		return metrics.Fleet{}, err
 	}

@@ -87,8 +87,10 @@ func notebookTarget(sp *spawner.Client, hubToken string) reclaim.Target {
 
 var _ reclaim.Stopper = (*servers.Service)(nil)
 
-// runReclaimer runs the reclaimer while this replica holds the Lease, or
-// always when no Lease namespace is configured (one replica only).
+// runReclaimer runs the reclaimer, and has the reconciler make its
+// periodic passes (reconcile.Reconciler.SetLeading), while this replica
+// holds the Lease, or always when no Lease namespace is configured (one
+// replica only).
 func runReclaimer(ctx context.Context, cfg config.Config, p *parts) error {
 	if cfg.LeaderElectionNamespace == "" {
 		p.log.Warn("reclaimer runs without leader election; run one replica only", "reclaim_interval", cfg.ReclaimInterval)
@@ -105,7 +107,8 @@ func runReclaimer(ctx context.Context, cfg config.Config, p *parts) error {
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.LeaseDuration * 2 / 3, RetryPeriod: cfg.LeaseDuration * 2 / 15,
 		OnLeader: func(leading bool) {
 			p.metrics.SetLeader(leading)
-			p.log.Info("reclaimer leadership", "leading", leading, "identity", id)
+			p.reconciler.SetLeading(leading)
+			p.log.Info("reclaimer and reconciler leadership", "leading", leading, "identity", id)
 		},
 	}, p.reclaimer.Run)
 }

@@ -207,7 +207,7 @@ func (c *Config) Table() *cliconfig.Table {
 			return nil
 		}})
 	add(cliconfig.Flag{Name: "leader-election-namespace", Placeholder: "NAME", Value: cliconfig.String(&c.LeaderElectionNamespace),
-		Help: "Namespace of the Lease electing the replica that runs the reclaimer; empty: no election (run one replica only).",
+		Help: "Namespace of the Lease electing the replica that runs the reclaimer and the periodic reconcile passes; empty: no election (run one replica only).",
 		Check: func() error {
 			if c.LeaderElectionNamespace != "" && !dns1123Label.MatchString(c.LeaderElectionNamespace) {
 				return fmt.Errorf("%q is not a namespace name", c.LeaderElectionNamespace)

@@ -1,7 +1,8 @@
 // Package leader runs work on exactly one broker replica at a time: Run
 // campaigns for a Kubernetes Lease (client-go's leaderelection with a
 // LeaseLock) and runs the work while this replica holds it. The
-// composition root (broker/internal/app) uses it for the idle reclaimer;
+// composition root (broker/internal/app) uses it for the idle reclaimer
+// and the reconciler's periodic passes;
 // the reclaim domain itself knows nothing of Kubernetes.
 //
 // Invariants:

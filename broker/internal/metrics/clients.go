@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -87,4 +89,63 @@ func (t kubeTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		t.b.kubeErrs.WithLabelValues(r.Method, strconv.Itoa(resp.StatusCode)).Inc()
 	}
 	return resp, err
+}
+
+// RedisPool is what CollectRedisPool reads of a Redis client: its pool's
+// statistics (every go-redis client has them).
+type RedisPool interface{ PoolStats() *redis.PoolStats }
+
+// CollectRedisPool adds the connection pool of client, named pool (a fixed
+// name: "main", "streams"), to the series read at each scrape:
+// gpubroker_redis_pool_connections by state (idle, in_use),
+// gpubroker_redis_pool_waits_total (gets that found no idle connection
+// and waited for one), gpubroker_redis_pool_wait_seconds_total (the time
+// they waited) and gpubroker_redis_pool_timeouts_total (gets that gave up
+// waiting), each by pool. Call it once per client.
+func (b *Broker) CollectRedisPool(pool string, client RedisPool) {
+	b.pools.mu.Lock()
+	defer b.pools.mu.Unlock()
+	b.pools.pools = append(b.pools.pools, namedPool{pool, client})
+}
+
+type namedPool struct {
+	name   string
+	client RedisPool
+}
+
+// poolSeries is an unchecked collector of the pools CollectRedisPool added.
+type poolSeries struct {
+	mu    sync.Mutex
+	pools []namedPool
+}
+
+var (
+	poolConns = prometheus.NewDesc(Namespace+"_redis_pool_connections",
+		"Connections in this replica's Redis client pool, by pool (main, streams) and state (idle, in_use).", []string{"pool", "state"}, nil)
+	poolWaits = prometheus.NewDesc(Namespace+"_redis_pool_waits_total",
+		"Commands that found no idle connection in the pool and waited for one, by pool.", []string{"pool"}, nil)
+	poolWaitTime = prometheus.NewDesc(Namespace+"_redis_pool_wait_seconds_total",
+		"Time commands waited for a pool connection, seconds, by pool.", []string{"pool"}, nil)
+	poolTimeouts = prometheus.NewDesc(Namespace+"_redis_pool_timeouts_total",
+		"Commands that gave up waiting for a pool connection, by pool.", []string{"pool"}, nil)
+)
+
+// Describe sends nothing: the pools are added after registration.
+func (p *poolSeries) Describe(chan<- *prometheus.Desc) {}
+
+func (p *poolSeries) Collect(ch chan<- prometheus.Metric) {
+	p.mu.Lock()
+	pools := append([]namedPool(nil), p.pools...)
+	p.mu.Unlock()
+	for _, np := range pools {
+		st := np.client.PoolStats()
+		if st == nil {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.IdleConns), np.name, "idle")
+		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.TotalConns)-float64(st.IdleConns), np.name, "in_use")
+		ch <- prometheus.MustNewConstMetric(poolWaits, prometheus.CounterValue, float64(st.WaitCount), np.name)
+		ch <- prometheus.MustNewConstMetric(poolWaitTime, prometheus.CounterValue, float64(st.WaitDurationNs)/1e9, np.name)
+		ch <- prometheus.MustNewConstMetric(poolTimeouts, prometheus.CounterValue, float64(st.Timeouts), np.name)
+	}
 }

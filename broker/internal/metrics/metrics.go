@@ -88,6 +88,7 @@ type Broker struct {
 	depUp      *prometheus.GaugeVec   // dependency
 
 	fleet *fleetSeries
+	pools *poolSeries
 }
 
 // New registers the broker's series, the Go runtime's and the process's
@@ -116,7 +117,7 @@ func New(reg prometheus.Registerer, o Options) (*Broker, error) {
 		cycleTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "reclaim_cycle_duration_seconds",
 			Help: "Duration of one idle-reclaim cycle, seconds.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "reclaim_leader",
-			Help: "1 while this replica holds the reclaimer's Lease (or runs the reclaimer without election), else 0."}),
+			Help: "1 while this replica holds the reclaimer's Lease (or runs the reclaimer without election), else 0; the holder also makes the periodic reconcile passes."}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reclaim_decisions_total",
 			Help: "Running servers judged by the reclaimer, by verdict (active, idle, unknown) and reason."}, []string{"verdict", "reason"}),
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reclaim_actions_total",
@@ -149,12 +150,13 @@ func New(reg prometheus.Registerer, o Options) (*Broker, error) {
 		Help: "Always 1; the version label is the broker's build."}, []string{"version"})
 	build.WithLabelValues(o.Version).Set(1)
 	b.fleet = newFleetSeries(o.UserLabels)
+	b.pools = &poolSeries{}
 
 	cs := []prometheus.Collector{build, b.spawn, b.placement, b.refusals, b.reconcile, b.passes, b.repairs,
 		b.cycles, b.cycleTime, b.leader, b.decisions, b.actions, b.freed, b.freedTotal, b.requests, b.latency,
 		b.streams, b.proxied, b.redisErrs, b.redisCmds, b.kubeErrs, b.kubeReqs, b.depUp,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})}
-	cs = append(cs, b.fleet)
+	cs = append(cs, b.fleet, b.pools)
 	var errs []error
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {

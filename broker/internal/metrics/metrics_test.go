@@ -141,7 +141,7 @@ gpubroker_event_streams 1
 # HELP gpubroker_proxy_connections Connections to notebooks the broker's proxy holds open on this replica.
 # TYPE gpubroker_proxy_connections gauge
 gpubroker_proxy_connections 1
-# HELP gpubroker_reclaim_leader 1 while this replica holds the reclaimer's Lease (or runs the reclaimer without election), else 0.
+# HELP gpubroker_reclaim_leader 1 while this replica holds the reclaimer's Lease (or runs the reclaimer without election), else 0; the holder also makes the periodic reconcile passes.
 # TYPE gpubroker_reclaim_leader gauge
 gpubroker_reclaim_leader 1
 # HELP gpubroker_reclaim_freed_gpus Guaranteed GPU compute the reclaimer holds freed at its last cycle, in GPUs (a 25 % slice is 0.25), by action: stop (servers it stopped that were not started again) and shrink (compute taken from shrunk servers).
@@ -290,6 +290,52 @@ func TestRedisHookCountsCommandsAndFailures(t *testing.T) {
 	}
 	if got := value(t, reg, "gpubroker_redis_commands_total", prometheus.Labels{"command": "rpush"}); got != 1 {
 		t.Errorf("rpush commands = %v, want 1", got)
+	}
+}
+
+// TestRedisPoolSeriesCountWaits: with a pool of one connection held by a
+// blocking read, the next command waits for it, and the pool's series say
+// so at the next scrape.
+func TestRedisPoolSeriesCountWaits(t *testing.T) {
+	b, reg := newBroker(t, metrics.Options{})
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, PoolSize: 1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	b.CollectRedisPool("main", rdb)
+	ctx := t.Context()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pool := prometheus.Labels{"pool": "main"}
+	if got := value(t, reg, "gpubroker_redis_pool_connections", prometheus.Labels{"pool": "main", "state": "idle"}); got != 1 {
+		t.Errorf("idle connections after a PING = %v, want 1", got)
+	}
+	blocked := make(chan error, 1)
+	go func() { blocked <- rdb.BLPop(ctx, 300*time.Millisecond, srv.Prefix(t)+"empty").Err() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for rdb.PoolStats().IdleConns != 0 { // the BLPOP holds the one connection
+		if time.Now().After(deadline) {
+			t.Fatal("the blocking read never took the connection")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := value(t, reg, "gpubroker_redis_pool_connections", prometheus.Labels{"pool": "main", "state": "in_use"}); got != 1 {
+		t.Errorf("connections in use during the blocking read = %v, want 1", got)
+	}
+	if err := rdb.Ping(ctx).Err(); err != nil { // waits until the BLPOP gives the connection back
+		t.Fatal(err)
+	}
+	if err := <-blocked; !errors.Is(err, redis.Nil) {
+		t.Fatalf("BLPOP = %v, want redis.Nil after its timeout", err)
+	}
+	if got := value(t, reg, "gpubroker_redis_pool_waits_total", pool); got != 1 {
+		t.Errorf("waits = %v, want 1 (the PING behind the BLPOP)", got)
+	}
+	if got := value(t, reg, "gpubroker_redis_pool_wait_seconds_total", pool); got <= 0 {
+		t.Errorf("wait seconds = %v, want > 0", got)
+	}
+	if got := value(t, reg, "gpubroker_redis_pool_timeouts_total", pool); got != 0 {
+		t.Errorf("timeouts = %v, want 0", got)
 	}
 }
 

@@ -46,8 +46,18 @@
 // before it places, so an allocation seen first always has its record in the
 // later read unless the record really moved on.
 //
+// A pass reads each record's state, not the whole record
+// (Store.ListServerStates): key, spawn id, state and times are all it
+// decides on.
+//
 // Every action is idempotent and checked by spawn id in the store, so it is
-// safe for several broker replicas to reconcile at once; no lease is taken.
+// safe for several broker replicas to reconcile at once. They do not all
+// make the periodic passes, though: each would read the whole fleet every
+// interval. Only the replica that leads (SetLeading; the composition root
+// follows the Lease the reclaimer runs under) makes them; every replica
+// makes its first pass at start and any pass asked for with Trigger, and a
+// replica that takes the lead over makes one at once, so when the leader
+// dies the next holder of the Lease goes on within the lease duration.
 package reconcile
 
 import (
@@ -57,6 +67,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
@@ -67,7 +78,9 @@ import (
 // Store is what a reconcile pass needs from storage.
 type Store interface {
 	Allocations(ctx context.Context) ([]fleet.Allocation, error)
-	ListServers(ctx context.Context, user string) ([]fleet.Server, error)
+	// ListServerStates returns user's records (every user's for "") with
+	// at least ServerKey, SpawnID, State, CreatedAt and UpdatedAt set.
+	ListServerStates(ctx context.Context, user string) ([]fleet.Server, error)
 	Restore(ctx context.Context, a fleet.Allocation) (bool, error)
 	RestoreServer(ctx context.Context, s fleet.Server) (bool, error)
 	Release(ctx context.Context, sliceID string) (bool, error)
@@ -90,6 +103,9 @@ type Pods interface {
 }
 
 // Lifecycle settles one server from what was observed (servers.Service).
+// The records Resume and Abandon get are as the pass read them
+// (Store.ListServerStates): what they act on is the key, spawn id and
+// state; each step they take reads or writes the whole record in the store.
 type Lifecycle interface {
 	HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error
 	Abandon(ctx context.Context, rec fleet.Server, reason string)
@@ -144,8 +160,9 @@ type Reconciler struct {
 	interval  time.Duration
 	now       func() time.Time
 	trigger   chan struct{}
-	metrics   Metrics    // nil: none
-	mu        sync.Mutex // serialises passes; guards unheldSecrets
+	metrics   Metrics     // nil: none
+	leading   atomic.Bool // Run makes the periodic passes (SetLeading)
+	mu        sync.Mutex  // serialises passes; guards unheldSecrets
 	// unheldSecrets maps "uid/resourceVersion" of each Secret that the
 	// last pass found held by no pod and no unfinished record to when a
 	// pass first found it so.
@@ -174,8 +191,21 @@ func New(store Store, pods Pods, lifecycle Lifecycle, log *slog.Logger, grace, i
 	if now == nil {
 		now = time.Now
 	}
-	return &Reconciler{store: store, pods: pods, lifecycle: lifecycle, log: log,
+	r := &Reconciler{store: store, pods: pods, lifecycle: lifecycle, log: log,
 		grace: grace, interval: interval, now: now, trigger: make(chan struct{}, 1)}
+	r.leading.Store(true)
+	return r
+}
+
+// SetLeading says whether this replica makes Run's periodic passes:
+// true (the default, for a single replica) while it leads, false while
+// another replica does. A replica that starts leading makes a pass at
+// once (Trigger). Passes asked for with Trigger run either way. Safe to
+// call at any time, from any goroutine.
+func (r *Reconciler) SetLeading(leading bool) {
+	if r.leading.Swap(leading) != leading && leading {
+		r.Trigger()
+	}
 }
 
 // Trigger asks Run for a pass now; it never blocks.
@@ -186,28 +216,40 @@ func (r *Reconciler) Trigger() {
 	}
 }
 
-// Run makes a pass at once, then every interval and on Trigger, until ctx
-// ends. A failed pass is logged and retried at the next tick. It returns
-// ctx's error.
+// Run makes a pass at once and then every interval while this replica
+// leads (SetLeading), and one on every Trigger, until ctx ends. A failed
+// pass is logged and retried at the next tick while this replica leads.
+// While no replica leads (none can renew the Lease), only the passes asked
+// for run. It returns ctx's error.
 func (r *Reconciler) Run(ctx context.Context) error {
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
+	pass := r.leading.Load()
 	for {
-		rep, err := r.Once(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			r.log.WarnContext(ctx, "reconcile pass failed", "err", err)
-		case err == nil && rep.repaired():
-			r.log.InfoContext(ctx, "reconciled", "pods", rep.Pods, "restored_servers", rep.RestoredServers,
-				"restored_slices", rep.RestoredSlices, "released_slices", rep.ReleasedSlices,
-				"deleted_pods", rep.DeletedPods, "deleted_secrets", rep.DeletedSecrets, "settled", rep.Settled, "resumed_servers", rep.ResumedServers, "complete", rep.Complete)
+		if pass {
+			r.runOnce(ctx)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
+			pass = r.leading.Load()
 		case <-r.trigger:
+			pass = true
 		}
+	}
+}
+
+// runOnce makes one pass of Run and logs what it did.
+func (r *Reconciler) runOnce(ctx context.Context) {
+	rep, err := r.Once(ctx)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		r.log.WarnContext(ctx, "reconcile pass failed", "err", err)
+	case err == nil && rep.repaired():
+		r.log.InfoContext(ctx, "reconciled", "pods", rep.Pods, "restored_servers", rep.RestoredServers,
+			"restored_slices", rep.RestoredSlices, "released_slices", rep.ReleasedSlices,
+			"deleted_pods", rep.DeletedPods, "deleted_secrets", rep.DeletedSecrets, "settled", rep.Settled, "resumed_servers", rep.ResumedServers, "complete", rep.Complete)
 	}
 }
 
@@ -237,7 +279,7 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: allocations: %w", err)
 	}
-	recs, err := r.store.ListServers(ctx, "")
+	recs, err := r.store.ListServerStates(ctx, "")
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: servers: %w", err)
 	}

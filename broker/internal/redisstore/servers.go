@@ -237,6 +237,78 @@ const listBatch = 256
 // dropped from the sets on the way. The records are read listBatch at a
 // time, each batch under its own operation deadline.
 func (s *Store) ListServers(ctx context.Context, user string) ([]fleet.Server, error) {
+	return s.listServers(ctx, user, func(ctx context.Context, p redis.Pipeliner, key string) recordAnswer {
+		c := p.HGetAll(ctx, key)
+		return func() (fleet.Server, bool, error) {
+			h := c.Val()
+			if len(h) == 0 {
+				return fleet.Server{}, false, nil
+			}
+			srv, err := decodeServer(h)
+			return srv, true, err
+		}
+	})
+}
+
+// recordStateFields are the record fields ListServerStates reads, in the order
+// decodeServerState takes them.
+var recordStateFields = []string{"user", "name", "profile", "spawn", "state", "slice", "alloc", "created", "updated"}
+
+// ListServerStates is ListServers (same order, batches and dropping of
+// expired members) for the passes that read the whole fleet, the
+// reconciler and the fleet series: of each record it reads only the fields
+// they use (HMGET of user, name, profile, spawn, state, slice, alloc,
+// created and updated, not the whole hash) and returns records with only
+// ServerKey, Profile, SpawnID, State, Slice, CreatedAt and UpdatedAt set,
+// and, for a record that holds an allocation, Allocation with only
+// SliceID and Slice set (a placed record's Slice is its allocation's,
+// fleet.Server.Slice). The allocation's JSON is not decoded.
+func (s *Store) ListServerStates(ctx context.Context, user string) ([]fleet.Server, error) {
+	return s.listServers(ctx, user, func(ctx context.Context, p redis.Pipeliner, key string) recordAnswer {
+		c := p.HMGet(ctx, key, recordStateFields...)
+		return func() (fleet.Server, bool, error) {
+			return decodeServerState(c.Val())
+		}
+	})
+}
+
+// decodeServerState reads the HMGET answer of recordStateFields; false when the
+// record is gone (no user field).
+func decodeServerState(v []any) (fleet.Server, bool, error) {
+	if len(v) != len(recordStateFields) || v[0] == nil {
+		return fleet.Server{}, false, nil
+	}
+	f := make([]string, len(v))
+	for i, x := range v {
+		f[i], _ = x.(string) // a missing field reads as ""
+	}
+	srv := fleet.Server{ServerKey: fleet.ServerKey{User: f[0], Name: f[1]}, Profile: f[2], SpawnID: f[3], State: fleet.State(f[4])}
+	var errs []error
+	if err := json.Unmarshal([]byte(f[5]), &srv.Slice); err != nil {
+		errs = append(errs, fmt.Errorf("field slice: %w", err))
+	}
+	if f[6] != "" {
+		srv.Allocation = &fleet.Allocation{SliceID: srv.SpawnID, Slice: srv.Slice}
+	}
+	var err error
+	srv.CreatedAt, err = parseUnixNano("created", f[7])
+	errs = append(errs, err)
+	srv.UpdatedAt, err = parseUnixNano("updated", f[8])
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return fleet.Server{}, false, fmt.Errorf("decode server %s/%s: %w", f[0], f[1], err)
+	}
+	return srv, true, nil
+}
+
+// recordAnswer decodes the answer of one queued record read, once its
+// pipeline has run: the record, or false when it has expired.
+type recordAnswer func() (fleet.Server, bool, error)
+
+// listServers lists user's servers (every user's for "") as ListServers
+// says, reading each record with read, which queues the read of the record
+// at key on a pipeline.
+func (s *Store) listServers(ctx context.Context, user string, read func(ctx context.Context, p redis.Pipeliner, key string) recordAnswer) ([]fleet.Server, error) {
 	var setKey string
 	var members, recordKeys []string
 	var err error
@@ -260,11 +332,11 @@ func (s *Store) ListServers(ctx context.Context, user string) ([]fleet.Server, e
 	var gone []any
 	for lo := 0; lo < len(recordKeys); lo += listBatch {
 		hi := min(lo+listBatch, len(recordKeys))
-		cmds := make([]*redis.MapStringStringCmd, hi-lo)
+		answers := make([]recordAnswer, hi-lo)
 		octx, cancel := s.op(ctx)
 		_, err := s.rdb.Pipelined(octx, func(p redis.Pipeliner) error {
 			for i, k := range recordKeys[lo:hi] {
-				cmds[i] = p.HGetAll(octx, k)
+				answers[i] = read(octx, p, k)
 			}
 			return nil
 		})
@@ -272,15 +344,14 @@ func (s *Store) ListServers(ctx context.Context, user string) ([]fleet.Server, e
 		if err != nil {
 			return nil, fmt.Errorf("list servers: %w", err)
 		}
-		for i, c := range cmds {
-			h := c.Val()
-			if len(h) == 0 {
-				gone = append(gone, members[lo+i])
-				continue
-			}
-			srv, err := decodeServer(h)
+		for i, answer := range answers {
+			srv, ok, err := answer()
 			if err != nil {
 				return nil, err
+			}
+			if !ok {
+				gone = append(gone, members[lo+i])
+				continue
 			}
 			out = append(out, srv)
 		}

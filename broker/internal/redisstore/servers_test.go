@@ -476,3 +476,68 @@ func TestListServersReadsManyInBatches(t *testing.T) {
 		t.Errorf("all-servers set has %d members, want the 3 expired ones removed (%d)", got, n-3)
 	}
 }
+
+// TestListServerStatesReadsTheStateFields: ListServerStates returns the
+// records ListServers does, in the same order, with the fields it
+// promises equal to the whole records' (and the allocation's slice for a
+// placed one, without the rest of the allocation), and drops an expired
+// member as ListServers does.
+func TestListServerStatesReadsTheStateFields(t *testing.T) {
+	srv := redistest.Start(t)
+	s, clk := newStore(t, srv)
+	ctx := t.Context()
+	for _, k := range []fleet.ServerKey{{User: "bob", Name: "z"}, {User: "alice", Name: "b"}, {User: "alice", Name: "gone"}} {
+		if _, _, err := s.CreateServer(ctx, pendingServer(k.User, k.Name, "sp-"+k.User+"-"+k.Name, "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.Advance(time.Minute)
+	held := fleet.Slice{MemoryMiB: 4096, ComputePercent: 10, ComputeLimitPercent: 30}
+	alloc := fleet.Allocation{SliceID: "sp-bob-z", User: "bob", GPUUUID: "GPU-1", Node: "n1", Slice: held}
+	if _, err := s.Transition(ctx, fleet.ServerKey{User: "bob", Name: "z"}, "sp-bob-z", v1.StatePlacing, "placing", Patch{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Transition(ctx, fleet.ServerKey{User: "bob", Name: "z"}, "sp-bob-z", v1.StateCreating, "placed", Patch{Allocation: &alloc}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Transition(ctx, fleet.ServerKey{User: "alice", Name: "b"}, "sp-alice-b", v1.StateFailed, "refused", Patch{}); err != nil {
+		t.Fatal(err)
+	}
+	rdb := srv.Client(t)
+	if err := rdb.Del(ctx, s.k.Server("alice", "gone")).Err(); err != nil { // as if its TTL passed
+		t.Fatal(err)
+	}
+	whole, err := s.ListServers(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.SAdd(ctx, s.k.AllServers(), s.k.Server("alice", "gone")).Err(); err != nil { // expired again for the second listing
+		t.Fatal(err)
+	}
+	states, err := s.ListServerStates(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []fleet.Server
+	for _, w := range whole {
+		st := fleet.Server{ServerKey: w.ServerKey, Profile: w.Profile, SpawnID: w.SpawnID, State: w.State, Slice: w.Slice,
+			CreatedAt: w.CreatedAt, UpdatedAt: w.UpdatedAt}
+		if w.Allocation != nil {
+			st.Allocation = &fleet.Allocation{SliceID: w.SpawnID, Slice: w.Allocation.Slice}
+		}
+		want = append(want, st)
+	}
+	if diff := cmp.Diff(want, states); diff != "" {
+		t.Errorf("ListServerStates (-want: ListServers' fields, +got):\n%s", diff)
+	}
+	if len(states) != 2 || states[1].Allocation == nil || states[1].Allocation.Slice != held {
+		t.Errorf("ListServerStates = %+v, want alice/b and bob/z, bob/z holding %+v", states, held)
+	}
+	if n := rdb.SCard(ctx, s.k.AllServers()).Val(); n != 2 {
+		t.Errorf("all-servers set has %d members, want the expired one removed (2)", n)
+	}
+	mine, err := s.ListServerStates(ctx, "alice")
+	if err != nil || len(mine) != 1 || mine[0].Name != "b" || mine[0].State != v1.StateFailed {
+		t.Errorf("ListServerStates(alice) = %+v, %v; want alice/b failed", mine, err)
+	}
+}

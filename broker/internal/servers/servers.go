@@ -43,7 +43,9 @@ type AuditLog interface {
 type Pods interface {
 	Create(ctx context.Context, s spawner.Spec, secretEnv map[string]string) error
 	Delete(ctx context.Context, user, server, spawnID string) error
-	Pods() ([]spawner.ManagedPod, error)
+	// HasPod reports whether the pod cache holds the pod of spawn spawnID
+	// of (user, server); before the cache has synced it fails.
+	HasPod(user, server, spawnID string) (bool, error)
 }
 
 // Catalog is the admin-defined offer (implemented by catalog.Catalog).
@@ -617,19 +619,13 @@ func (s *Service) Remove(ctx context.Context, by audit.Actor, key fleet.ServerKe
 	return err
 }
 
-// podPresent reports whether the spawner's cache still holds rec's pod. An
-// unsynced cache counts as present, so nothing is released early.
+// podPresent reports whether the spawner's cache still holds rec's pod (a
+// lookup by name: every stop asks, so a listing of the fleet's pods here
+// made each stop cost as much as the fleet is large). An unsynced cache
+// counts as present, so nothing is released early.
 func (s *Service) podPresent(rec fleet.Server) bool {
-	pods, err := s.pods.Pods()
-	if err != nil {
-		return true
-	}
-	for _, p := range pods {
-		if p.User == rec.User && p.Server == rec.Name && p.SpawnID == rec.SpawnID {
-			return true
-		}
-	}
-	return false
+	present, err := s.pods.HasPod(rec.User, rec.Name, rec.SpawnID)
+	return present || err != nil
 }
 
 // msgStopping starts the message of a stop that was asked for (who asked

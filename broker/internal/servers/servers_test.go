@@ -392,7 +392,9 @@ func (p *eagerPods) Delete(ctx context.Context, user, server, spawnID string) er
 	return p.inner.Delete(ctx, user, server, spawnID)
 }
 
-func (p *eagerPods) Pods() ([]spawner.ManagedPod, error) { return p.inner.Pods() }
+func (p *eagerPods) HasPod(user, server, spawnID string) (bool, error) {
+	return p.inner.HasPod(user, server, spawnID)
+}
 
 func (p *eagerPods) Create(ctx context.Context, s spawner.Spec, secret map[string]string) error {
 	if err := p.inner.Create(ctx, s, secret); err != nil {
