@@ -559,11 +559,11 @@ func (p *flushingPods) Delete(ctx context.Context, user, server, spawnID string)
 	return nil
 }
 
-func (p *flushingPods) Pods() ([]spawner.ManagedPod, error) {
+func (p *flushingPods) HasPod(user, server, spawnID string) (bool, error) {
 	if p.gone.Load() {
-		return nil, nil
+		return false, nil
 	}
-	return p.inner.Pods()
+	return p.inner.HasPod(user, server, spawnID)
 }
 
 // TestAStopThatRedisLostMidwayAnswersStopped: Redis lost its data after the
