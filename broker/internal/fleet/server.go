@@ -27,8 +27,13 @@ type Server struct {
 	Profile        string
 	SpawnID        string // new on every start; the slice id
 	IdempotencyKey string // of the create that started this spawn
-	State          State
-	Message        string
+	// RequestDigest is a SHA-256 digest (hex) of the create request that
+	// started this spawn, so that a same-key retry with another request is
+	// told apart from a real retry; "" for records made before it existed
+	// or rebuilt from pods (then only the profile is compared).
+	RequestDigest string
+	State         State
+	Message       string
 	// Slice is the profile's slice until placed, then the allocation's
 	// (for exclusive and mig servers, the size of the device they hold).
 	Slice Slice

@@ -48,7 +48,7 @@ func patchFields(p Patch) ([]any, error) {
 		out = append(out, "url", *p.URL)
 	}
 	if p.ForgetIdempotencyKey {
-		out = append(out, "idem", "")
+		out = append(out, "idem", "", "reqsum", "")
 	}
 	return out, nil
 }
@@ -69,7 +69,7 @@ func serverFields(s fleet.Server) ([]any, error) {
 	}
 	return []any{
 		"user", s.User, "name", s.Name, "profile", s.Profile,
-		"spawn", s.SpawnID, "idem", s.IdempotencyKey,
+		"spawn", s.SpawnID, "idem", s.IdempotencyKey, "reqsum", s.RequestDigest,
 		"state", string(s.State), "msg", s.Message,
 		"slice", string(slice), "alloc", alloc,
 		"pod", s.Pod, "url", s.URL,
@@ -95,6 +95,7 @@ func decodeServer(h map[string]string) (fleet.Server, error) {
 		Profile:        h["profile"],
 		SpawnID:        h["spawn"],
 		IdempotencyKey: h["idem"],
+		RequestDigest:  h["reqsum"],
 		State:          fleet.State(h["state"]),
 		Message:        h["msg"],
 		Pod:            h["pod"],

@@ -3,10 +3,12 @@ package servers
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -225,6 +227,7 @@ func (s *Service) Create(ctx context.Context, by audit.Actor, user string, group
 		Profile:        prof.Name,
 		SpawnID:        s.newID(),
 		IdempotencyKey: idempotencyKey,
+		RequestDigest:  requestDigest(req, plain, secret),
 		State:          v1.StatePending,
 		Message:        fmt.Sprintf("server requested with profile %s (%s)", prof.DisplayName, prof.Words()),
 		Slice:          prof.Slice,
@@ -239,6 +242,10 @@ func (s *Service) Create(ctx context.Context, by audit.Actor, user string, group
 	if !created && rec.Profile != prof.Name {
 		return rec, false, fmt.Errorf("%w: Idempotency-Key %q was already used for a create with profile %q; use a new key for another request",
 			fleet.ErrConflict, idempotencyKey, rec.Profile)
+	}
+	if !created && rec.RequestDigest != "" && rec.RequestDigest != requestDigest(req, plain, secret) {
+		return rec, false, fmt.Errorf("%w: Idempotency-Key %q was already used for a create with other env, secretEnv, command or args; use a new key for another request",
+			fleet.ErrConflict, idempotencyKey)
 	}
 	// From here on the server exists: finish on a context the caller cannot
 	// cancel, so a hung-up client leaves no half-created server.
@@ -269,6 +276,39 @@ func (s *Service) Create(ctx context.Context, by audit.Actor, user string, group
 		s.record(ctx, by, auditCreate, key, createInputs(rec, prof, req, err), err)
 	}
 	return out, created, err
+}
+
+// requestDigest is the hex SHA-256 of what a create request asks for: the
+// profile, the plain environment (names and values), the names of the
+// secret environment (secretEnv and env entries whose names look like
+// credentials, as splitEnv parted them; not their values, so the record
+// holds no digest of a secret that could be guessed offline), command and
+// args, with an absent list told apart from an empty one (they mean the
+// profile's command and the image's). Maps are taken in key order.
+func requestDigest(req v1.CreateServerRequest, plain, secret map[string]string) string {
+	h := sha256.New()
+	field := func(s string) { fmt.Fprintf(h, "%d:%s", len(s), s) }
+	field(req.Profile)
+	for _, k := range slices.Sorted(maps.Keys(plain)) {
+		field("env")
+		field(k)
+		field(plain[k])
+	}
+	for _, k := range slices.Sorted(maps.Keys(secret)) {
+		field("secret")
+		field(k)
+	}
+	for _, list := range [][]string{req.Command, req.Args} {
+		if list == nil {
+			field("absent")
+			continue
+		}
+		field(fmt.Sprintf("list %d", len(list)))
+		for _, a := range list {
+			field(a)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // errUndone means that the start a step belonged to was undone (refused

@@ -430,6 +430,40 @@ func TestIdempotencyKeyReusedForAnotherProfileIsAConflict(t *testing.T) {
 	}
 }
 
+// TestIdempotencyKeyReusedForAnotherRequestIsAConflict checks that a
+// same-key create asking for other env, secret names, command or args is
+// refused rather than answered with the first spawn (which runs without
+// them), while a real retry, secret values included, still finds it.
+func TestIdempotencyKeyReusedForAnotherRequestIsAConflict(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	first := v1.CreateServerRequest{Profile: "small", Env: map[string]string{"A": "1", "HF_TOKEN": "s1"}, SecretEnv: map[string]string{"DB_PASS": "p1"}}
+	s, _, err := f.Service.Create(ctx, serverstest.By, "ivy", nil, "nb", first, "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	retry := first
+	retry.Env = map[string]string{"HF_TOKEN": "s2", "A": "1"} // a secret's value is not compared
+	if again, created, err := f.Service.Create(ctx, serverstest.By, "ivy", nil, "nb", retry, "k1"); err != nil || created || again.SpawnID != s.SpawnID {
+		t.Fatalf("same-key retry = spawn %s created %v err %v, want spawn %s", again.SpawnID, created, err, s.SpawnID)
+	}
+	for name, req := range map[string]v1.CreateServerRequest{
+		"env value":     {Profile: "small", Env: map[string]string{"A": "2", "HF_TOKEN": "s1"}, SecretEnv: first.SecretEnv},
+		"env added":     {Profile: "small", Env: map[string]string{"A": "1", "B": "1", "HF_TOKEN": "s1"}, SecretEnv: first.SecretEnv},
+		"secret name":   {Profile: "small", Env: map[string]string{"A": "1"}, SecretEnv: first.SecretEnv},
+		"args":          {Profile: "small", Env: first.Env, SecretEnv: first.SecretEnv, Args: []string{"start.sh"}},
+		"empty command": {Profile: "small", Env: first.Env, SecretEnv: first.SecretEnv, Command: []string{}},
+	} {
+		_, _, err := f.Service.Create(ctx, serverstest.By, "ivy", nil, "nb", req, "k1")
+		if !errors.Is(err, fleet.ErrConflict) || !strings.Contains(fleet.Message(err), `Idempotency-Key "k1" was already used for a create with other env`) {
+			t.Errorf("%s: reuse = %v, want a conflict saying the key was used for another request", name, err)
+		}
+	}
+	if got, err := f.Store.GetServer(ctx, fleet.ServerKey{User: "ivy", Name: "nb"}); err != nil || got.SpawnID != s.SpawnID {
+		t.Errorf("after the refused reuses the record is %+v (%v), want spawn %s untouched", got, err, s.SpawnID)
+	}
+}
+
 // TestStoppedServerKeepsWhyItEnded checks that a running server whose
 // notebook ended by itself says so once stopped, while a stop that was
 // asked for just says stopped.

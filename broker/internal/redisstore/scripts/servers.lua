@@ -2,6 +2,7 @@
 --
 -- A server hash (srv:<user>:<name>) has the fields
 --   user name profile spawn idem state msg pod url   strings
+--   reqsum                                            hex SHA-256 of the create request
 --   slice alloc                                       JSON ("" alloc = not placed)
 --   created updated                                   Unix nanoseconds
 -- Its event stream has entries {spawn, state, msg, time (Unix ns)}.
