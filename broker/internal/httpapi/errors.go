@@ -57,7 +57,7 @@ var errorTable = []errorRule{
 		message: func(err error) string {
 			var e *http.MaxBytesError
 			errors.As(err, &e)
-			return fmt.Sprintf("the request body is larger than %d bytes", e.Limit)
+			return "the request body is larger than " + byteSize(e.Limit)
 		},
 	},
 	{
@@ -398,4 +398,17 @@ func httpErrorMessage(he *echo.HTTPError) string {
 		return strings.ToLower(m[:1]) + m[1:]
 	}
 	return strings.ToLower(http.StatusText(he.Code))
+}
+
+// byteSize words a body limit for people: whole MiB or KiB with the exact
+// bytes after it ("1 MiB (1048576 bytes)"), else bytes ("64 bytes").
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB (%d bytes)", n>>20, n)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB (%d bytes)", n>>10, n)
+	default:
+		return fmt.Sprintf("%d bytes", n)
+	}
 }

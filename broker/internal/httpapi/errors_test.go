@@ -155,7 +155,7 @@ func TestEchoErrors(t *testing.T) {
 			want: v1.Error{Code: v1.CodeMethodNotAllowed, Message: "method PATCH is not allowed on /api/v1/users/alice/servers/nb"}},
 		{name: "body over 1 MiB", method: "PUT", path: "/api/v1/users/alice/servers/nb",
 			body: `{"profile":"small","env":{"A":"` + strings.Repeat("x", 1<<20) + `"}}`, wantStatus: 413,
-			want: v1.Error{Code: v1.CodePayloadTooLarge, Message: "the request body is larger than 1048576 bytes"}},
+			want: v1.Error{Code: v1.CodePayloadTooLarge, Message: "the request body is larger than 1 MiB (1048576 bytes)"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
