@@ -7,13 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
-	nvmlgpus "github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
-	nvmlserver "github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"k8s.io/klog/v2"
@@ -153,6 +151,13 @@ func build(ctx context.Context, c Config, log *slog.Logger, ln net.Listener, std
 	}
 	in.Bearer, in.Hub = bearer, auth.NewHubToken(hub.Reveal())
 
+	// The node's filesystem: the pods' host paths and the node agent's
+	// slice files are under it.
+	nodeRoot, err := os.MkdirTemp("", "gpubroker-dev-node-")
+	if err != nil {
+		return fail(fmt.Errorf("dev node: %w", err))
+	}
+	in.Closers = append(in.Closers, func() { _ = os.RemoveAll(nodeRoot) })
 	if cfg.Kube.Kubeconfig == "" {
 		cl := devcluster.New([]string{devNode}, log.With("part", "devcluster"), devcluster.WithNamespace(cfg.Namespace))
 		in.Kube = cl.Clientset()
@@ -160,7 +165,7 @@ func build(ctx context.Context, c Config, log *slog.Logger, ln net.Listener, std
 		why := "--dev-notebooks=simulated"
 		if c.Notebooks != "simulated" {
 			var cleanup func()
-			if nb, cleanup, why, err = localNotebooks(ctx, log, in.Kube, cfg.Namespace, cfg.HostRoot, in.Catalog.Profiles()); err != nil {
+			if nb, cleanup, why, err = localNotebooks(ctx, log, in.Kube, cfg.Namespace, nodeRoot, cfg.HostRoot, in.Catalog.Profiles()); err != nil {
 				return fail(err)
 			}
 			if cleanup != nil {
@@ -178,11 +183,18 @@ func build(ctx context.Context, c Config, log *slog.Logger, ln net.Listener, std
 		return fail(err)
 	}
 
-	simulated = append(simulated, fmt.Sprintf("the GPUs are simulated (%d× NVIDIA H200 from go-nvml's mock/dgxh200) on node %s", c.GPUs, devNode))
+	simulated = append(simulated, fmt.Sprintf("the GPUs are simulated (%d× idle NVIDIA H200 from go-nvml's mock/dgxh200) on node %s, "+
+		"where the real node agent applies resizes and samples use (it reports bypasses, never kills)", c.GPUs, devNode))
 	in.Mode = httpapi.Mode{Simulated: true, Notice: "LOCAL DEV MODE: " + strings.Join(simulated, "; ") + "."}
-	if err := registerSimulatedGPUs(ctx, redisstore.New(rdb, cfg.Redis.Prefix), devNode, c.GPUs); err != nil {
+	lib := simulatedNVML(c.GPUs)
+	if err := registerSimulatedGPUs(ctx, redisstore.New(rdb, cfg.Redis.Prefix), devNode, lib); err != nil {
 		return fail(err)
 	}
+	runAgent, err := nodeAgent(in.Kube, cfg.Namespace, rdb, cfg.Redis.Prefix, nodeRoot, cfg.HostRoot, lib, log)
+	if err != nil {
+		return fail(err)
+	}
+	in.Background = append(in.Background, runAgent)
 	for _, s := range simulated {
 		log.Warn("dev mode: " + s)
 	}
@@ -222,17 +234,10 @@ func listenURL(ln net.Listener) string {
 	return "http://" + net.JoinHostPort(host, port)
 }
 
-// registerSimulatedGPUs registers count simulated H200 GPUs for placement,
-// discovered through the same code the node agent uses. Their UUIDs are fixed
-// (GPU-00000000-0000-4000-8000-00000000000N; go-nvml's mock draws random
-// ones), so dev runs against one real Redis reuse the same GPUs instead of
-// adding phantom ones each time.
-func registerSimulatedGPUs(ctx context.Context, store *redisstore.Store, node string, count int) error {
-	lib := dgxh200.NewWithGPUs(nvmlgpus.Multiple(count, nvmlgpus.H200_SXM5_141GB)...)
-	for i, d := range lib.Devices {
-		uuid := fmt.Sprintf("GPU-00000000-0000-4000-8000-%012d", i)
-		d.(*nvmlserver.Device).GetUUIDFunc = func() (string, nvml.Return) { return uuid, nvml.SUCCESS }
-	}
+// registerSimulatedGPUs registers the GPUs of lib for placement,
+// discovered through the same code the node agent uses, so that they are
+// placeable before the agent's first heartbeat.
+func registerSimulatedGPUs(ctx context.Context, store *redisstore.Store, node string, lib nvml.Interface) error {
 	gpus, err := agent.Discover(lib, node)
 	if err != nil {
 		return fmt.Errorf("simulated gpus: %w", err)

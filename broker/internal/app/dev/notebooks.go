@@ -82,9 +82,11 @@ exec %[1]q "$@" --ip="$GPUBROKER_POD_IP" --port=8888 --allow-root --NotebookApp.
 // localNotebooks prepares the pod runner that makes dev mode's notebook
 // pods real local Jupyter servers: a directory for the runner (removed by
 // the returned cleanup), the start script standing in for every profile's
-// image, and the node's hook directory that the pods mount. It returns nil
+// image, and the node's hook directory that the pods mount, under node
+// (the simulated node's filesystem root, where the node agent keeps the
+// slices' files under hostRoot too). It returns nil
 // and the reason when Jupyter is missing or pod IPs cannot be bound here.
-func localNotebooks(ctx context.Context, log *slog.Logger, kube kubernetes.Interface, namespace, hostRoot string, profiles []fleet.Profile) (*runner.Runner, func(), string, error) {
+func localNotebooks(ctx context.Context, log *slog.Logger, kube kubernetes.Interface, namespace, node, hostRoot string, profiles []fleet.Profile) (*runner.Runner, func(), string, error) {
 	py, err := findJupyter(ctx)
 	if err != nil {
 		return nil, nil, fmt.Sprintf("no local Jupyter server (%v); %s", err, installHint), nil
@@ -117,7 +119,6 @@ func localNotebooks(ctx context.Context, log *slog.Logger, kube kubernetes.Inter
 			return fail(err)
 		}
 	}
-	node := filepath.Join(dir, "node")
 	hook := filepath.Join(node, hostRoot, v1.HostHookSubdir)
 	if err := os.MkdirAll(hook, 0o755); err != nil {
 		return fail(err)
