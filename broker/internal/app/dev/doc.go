@@ -20,8 +20,16 @@
 //     hub with the spawner class (spawner/jupyterhub) can act for its
 //     users; the banner prints the hub's settings;
 //   - the GPUs: --dev-gpus NVIDIA H200s from go-nvml's mock/dgxh200,
-//     discovered through the node agent's own code and registered with
-//     fixed UUIDs (so a run against a real Redis reuses them);
+//     simulated idle (no process runs on them), discovered through the
+//     node agent's own code and registered with fixed UUIDs (so a run
+//     against a real Redis reuses them);
+//   - the node agent: the real one (limiter/agent) of the simulated node
+//     over those GPUs, with a pod watcher on the cluster: it heartbeats,
+//     lays out each slice's quota and usage files under a temporary node
+//     directory (the one the pod runner's pods mount as the node's),
+//     applies and acknowledges resizes, and writes a usage sample per
+//     slice every second (0 MiB, 0 % SM: idle). It only reports bypasses
+//     (ModeReport): its view is simulated, so it never signals a process;
 //   - the profiles: catalog.Default (--profiles-file: the real one).
 //
 // Every simulated part is named in the log, in the banner and in every API
