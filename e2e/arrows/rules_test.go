@@ -171,9 +171,9 @@ var rules = []rule{
 	{
 		group: "app/dev", pkgs: []string{"broker/internal/app/dev"},
 		may: []string{"broker/api/v1", "broker/internal/...", "broker/devissuer", "spawner/...", "limiter/agent",
-			"limiter/cliconfig"},
+			"limiter/agent/agentstore", "limiter/cliconfig"},
 		why: "dev mode's composition root: app.Run on embedded and simulated parts (miniredis, the dev issuer, " +
-			"the spawner's simulated cluster and pod runner, the agent on go-nvml's mock GPUs)",
+			"the spawner's simulated cluster and pod runner, the node agent with its store on go-nvml's mock GPUs)",
 	},
 	{
 		group: "broker main", pkgs: []string{"broker/cmd/gpubroker"},
