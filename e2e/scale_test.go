@@ -5,8 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +38,7 @@ var (
 	scaleRate      = flag.Float64("scale-rate", 0, "BenchmarkScale: creates started per second at most, 0 = as fast as the workers go")
 	scaleWatchers  = flag.Int("scale-watchers", 1000, "BenchmarkScale: event-stream watchers of one server")
 	scaleEvents    = flag.Int("scale-events", 20, "BenchmarkScale: events fanned out to the watchers")
+	scalePprof     = flag.String("scale-pprof", "", "BenchmarkScale: a folder to write the Lease holder's CPU profile of the measured reconcile passes to (its --debug-pprof-listen); empty: none")
 	scaleReconcile = flag.Duration("scale-reconcile-interval", 10*time.Second, "BenchmarkScale: the brokers' --reconcile-interval")
 )
 
@@ -194,10 +199,24 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		"--orphan-grace=2m"} // the default: the env's 2 s would settle servers whose pods the informer has yet to see
 	progress := sayer(tb)
 	start := time.Now()
-	e := newEnv(tb, envOptions{nodes: cfg.nodes, gpusPerNode: cfg.gpus, profiles: spawnProfiles, leaderElection: true, brokerArgs: args})
+	var pprofAddrs []string // by replica, with -scale-pprof
+	pprofArgs := func() []string {
+		if *scalePprof == "" {
+			return args
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		_ = ln.Close()
+		pprofAddrs = append(pprofAddrs, addr)
+		return append(slices.Clone(args), "--debug-pprof-listen="+addr)
+	}
+	e := newEnv(tb, envOptions{nodes: cfg.nodes, gpusPerNode: cfg.gpus, profiles: spawnProfiles, leaderElection: true, brokerArgs: pprofArgs()})
 	replicas := []*harness.Broker{e.broker}
 	for len(replicas) < cfg.replicas {
-		replicas = append(replicas, e.startBroker(args...))
+		replicas = append(replicas, e.startBroker(pprofArgs()...))
 	}
 	progress("scale rig: %d nodes × %d GPUs (%d), %d replicas, ready in %s", cfg.nodes, cfg.gpus, len(e.gpus), len(replicas),
 		time.Since(start).Round(time.Millisecond))
@@ -275,12 +294,22 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 			tb.Fatal(err)
 		}
 	}
+	profiled := make(chan error, 1)
+	if *scalePprof != "" {
+		i := slices.Index(replicas, leader)
+		go func() { profiled <- fetchProfile(ctx, pprofAddrs[i], 2*cfg.reconcileInterval, *scalePprof) }()
+	} else {
+		profiled <- nil
+	}
 	pass, err := onePass(ctx, leader, "gpubroker_reconcile_passes_total", "gpubroker_reconcile_pass_duration_seconds_sum",
 		3*cfg.reconcileInterval+time.Minute)
 	if err != nil {
 		tb.Fatalf("reconcile pass: %v", err)
 	}
 	pass.leads = true
+	if err := <-profiled; err != nil {
+		tb.Errorf("profile of the Lease holder: %v", err)
+	}
 	for i, b := range replicas {
 		if b == leader {
 			r.passes[i] = pass
@@ -738,4 +767,26 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 			i, d[`gpubroker_redis_pool_waits_total{pool="main"}`], d[`gpubroker_redis_pool_wait_seconds_total{pool="main"}`],
 			d[`gpubroker_redis_pool_timeouts_total{pool="main"}`], d.Sum("gpubroker_redis_commands_total"), d.Sum("gpubroker_kubernetes_requests_total"))
 	}
+}
+
+// fetchProfile writes a CPU profile of d from the pprof listener at addr to
+// dir/leader-cpu.pprof.
+func fetchProfile(ctx context.Context, addr string, d time.Duration, dir string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s", req.URL, resp.Status)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "leader-cpu.pprof"), body, 0o644)
 }

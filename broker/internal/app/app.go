@@ -236,6 +236,9 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, ln net.Listen
 	g.Go(func() error {
 		return serveMetrics(gctx, cfg.MetricsListen, p.metrics.Registry, log, cfg.ShutdownTimeout)
 	})
+	g.Go(func() error {
+		return servePprof(gctx, cfg.DebugPprofListen, log, cfg.ShutdownTimeout)
+	})
 	log.Info("gpubroker started", "listen", ln.Addr().String(), "mode", string(cfg.Mode), "version", cliconfig.Version())
 	err = g.Wait()
 	log.Info("gpubroker stopped")

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -174,4 +175,44 @@ func serveMetrics(ctx context.Context, addr string, gatherer prometheus.Gatherer
 	mux.Handle("/metrics", metrics.Handler(gatherer))
 	log.Info("metrics listener started", "metrics_listen", ln.Addr().String())
 	return serveUntil(ctx, "metrics server", newServer(mux, log), ln, timeout, log)
+}
+
+// servePprof serves Go's pprof handlers (pprofMux) on addr
+// (listenPprof) until ctx ends; "" serves nothing.
+func servePprof(ctx context.Context, addr string, log *slog.Logger, timeout time.Duration) error {
+	if addr == "" {
+		return nil
+	}
+	ln, err := listenPprof(addr)
+	if err != nil {
+		return err
+	}
+	log.Warn("pprof listener started: profiles and goroutine dumps of this process are served there", "debug_pprof_listen", ln.Addr().String())
+	return serveUntil(ctx, "pprof server", newServer(pprofMux(), log), ln, timeout, log)
+}
+
+// listenPprof listens on addr, host:port; a host-less addr (":6060")
+// binds to loopback only, since profiles and goroutine dumps are for the
+// operator on the host, not for the network.
+func listenPprof(addr string) (net.Listener, error) {
+	if host, port, err := net.SplitHostPort(addr); err == nil && host == "" {
+		addr = net.JoinHostPort("127.0.0.1", port)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("pprof listener on %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// pprofMux serves net/http/pprof's handlers under /debug/pprof/ (the
+// index, cmdline, profile, symbol, trace and every named profile).
+func pprofMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }

@@ -50,6 +50,10 @@ type Config struct {
 	// host:port, separate from Listen; "" means none. Default ":9090" in
 	// serve mode, "" in dev mode.
 	MetricsListen string
+	// DebugPprofListen is the address of the Go pprof listener
+	// (/debug/pprof/), host:port; an empty host binds to 127.0.0.1; ""
+	// (the default) means none.
+	DebugPprofListen string
 	// MetricsUserLabels adds per-user series (label user); off by default
 	// for cardinality.
 	MetricsUserLabels bool

@@ -56,6 +56,9 @@ func (c *Config) Table() *cliconfig.Table {
 	add(cliconfig.Flag{Name: "metrics-listen", Placeholder: "ADDR", Value: cliconfig.String(&c.MetricsListen), Default: metricsListen,
 		Help:  "Address of the Prometheus /metrics listener, host:port, apart from the API so that it is never exposed with it; empty: no metrics listener.",
 		Check: func() error { return optional(c.MetricsListen, cliconfig.CheckHostPort) }})
+	add(cliconfig.Flag{Name: "debug-pprof-listen", Placeholder: "ADDR", Value: cliconfig.String(&c.DebugPprofListen),
+		Help:  "Address of a Go pprof listener (/debug/pprof/), host:port, for profiling the broker; an empty host binds to loopback (127.0.0.1); empty: none (the default). An admin tool: never expose it.",
+		Check: func() error { return optional(c.DebugPprofListen, cliconfig.CheckHostPort) }})
 	add(cliconfig.Flag{Name: "metrics-user-labels", Value: cliconfig.Bool(&c.MetricsUserLabels),
 		Help: "Also export per-user series (servers and allocated GPU memory and compute by user name); off by default, since every user adds series."})
 	add(cliconfig.Flag{Name: "public-url", Placeholder: "URL", Value: cliconfig.String(&c.PublicURL),

@@ -48,7 +48,8 @@
 //
 // A pass reads each record's state, not the whole record
 // (Store.ListServerStates): key, spawn id, state and times are all it
-// decides on.
+// decides on; and of the allocations only their slice ids
+// (Store.AllocationIDs), not the allocations.
 //
 // Every action is idempotent and checked by spawn id in the store, so it is
 // safe for several broker replicas to reconcile at once. They do not all
@@ -65,6 +66,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -77,7 +79,10 @@ import (
 
 // Store is what a reconcile pass needs from storage.
 type Store interface {
-	Allocations(ctx context.Context) ([]fleet.Allocation, error)
+	// AllocationIDs returns the slice id of every allocation: which
+	// slices are held is all a pass decides on, so it never reads or
+	// decodes the allocations themselves.
+	AllocationIDs(ctx context.Context) ([]string, error)
 	// ListServerStates returns user's records (every user's for "") with
 	// at least ServerKey, SpawnID, State, CreatedAt and UpdatedAt set.
 	ListServerStates(ctx context.Context, user string) ([]fleet.Server, error)
@@ -275,7 +280,7 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: epoch: %w", err)
 	}
-	allocs, err := r.store.Allocations(ctx)
+	allocs, err := r.store.AllocationIDs(ctx)
 	if err != nil {
 		return rep, fmt.Errorf("reconcile: allocations: %w", err)
 	}
@@ -290,9 +295,9 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 	rep.Pods, rep.Allocations, rep.Servers = len(pods), len(allocs), len(recs)
 	now := r.now()
 
-	allocBySlice := make(map[string]fleet.Allocation, len(allocs))
-	for _, a := range allocs {
-		allocBySlice[a.SliceID] = a
+	allocated := make(map[string]bool, len(allocs))
+	for _, id := range allocs {
+		allocated[id] = true
 	}
 	recByKey := make(map[fleet.ServerKey]fleet.Server, len(recs))
 	recBySpawn := make(map[string]fleet.Server, len(recs))
@@ -305,10 +310,7 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 	var errs []error
 	// holds are the slices recorded once the pass is done: those read,
 	// plus those it restores, minus those it releases.
-	holds := make(map[string]bool, len(allocs))
-	for _, a := range allocs {
-		holds[a.SliceID] = true
-	}
+	holds := maps.Clone(allocated)
 	api := &apiView{pods: r.pods}
 
 	for _, p := range pods {
@@ -333,7 +335,7 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 			current = true
 		}
 		if !current {
-			if _, held := allocBySlice[p.SpawnID]; !held && !p.Deleting {
+			if !allocated[p.SpawnID] && !p.Deleting {
 				// A pod of an earlier spawn still runs on its GPU (its
 				// record moved on or was replaced after Redis lost its
 				// data): its slice counts until the pod is gone, or a
@@ -356,7 +358,7 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 			continue
 		}
 		alloc := allocationOf(p)
-		if _, held := allocBySlice[p.SpawnID]; !held {
+		if !allocated[p.SpawnID] {
 			a, err := r.restoreSlice(ctx, p, &rep)
 			if err != nil {
 				complete = false
@@ -444,14 +446,14 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 	}
 
 	// Allocations that no current spawn holds.
-	for _, a := range allocs {
-		if _, ok := podBySpawn[a.SliceID]; ok {
+	for _, id := range allocs {
+		if _, ok := podBySpawn[id]; ok {
 			continue
 		}
-		if rec, ok := recBySpawn[a.SliceID]; ok && !fleet.Terminal(rec.State) {
+		if rec, ok := recBySpawn[id]; ok && !fleet.Terminal(rec.State) {
 			continue // settled above once quiet for the grace period
 		}
-		if absent, err := api.absent(ctx, a.SliceID); !absent {
+		if absent, err := api.absent(ctx, id); !absent {
 			// The pod runs, the cache has not seen it yet: its slice stays.
 			complete = false
 			if err != nil {
@@ -459,15 +461,15 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 			}
 			continue
 		}
-		released, err := r.store.Release(ctx, a.SliceID)
+		released, err := r.store.Release(ctx, id)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("release slice %s: %w", a.SliceID, err))
+			errs = append(errs, fmt.Errorf("release slice %s: %w", id, err))
 			continue
 		}
 		if released {
 			rep.ReleasedSlices++
 		}
-		delete(holds, a.SliceID)
+		delete(holds, id)
 	}
 
 	secrets, serr := r.pods.Secrets(ctx)

@@ -465,6 +465,22 @@ func (s *Store) Allocations(ctx context.Context) ([]fleet.Allocation, error) {
 	return out, nil
 }
 
+// AllocationIDs returns the slice id of every allocation, sorted: the
+// allocations hash's field names (HKEYS), without reading or decoding the
+// allocations themselves, for a caller that only asks which slices are
+// held (the reconcile pass: 4,000 allocations' JSON cost it more than the
+// rest of its Redis reads).
+func (s *Store) AllocationIDs(ctx context.Context) ([]string, error) {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	ids, err := s.rdb.HKeys(ctx, s.k.Allocs()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("list allocation ids: %w", err)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
 // Allocation returns the allocation of sliceID, or an error wrapping
 // fleet.ErrNotFound.
 func (s *Store) Allocation(ctx context.Context, sliceID string) (fleet.Allocation, error) {

@@ -326,6 +326,43 @@ func TestPlaceQuotaErrors(t *testing.T) {
 	})
 }
 
+func TestAllocationIDsAreTheAllocationsSliceIDs(t *testing.T) {
+	srv := redistest.Start(t)
+	s, _ := newStore(t, srv)
+	register(t, s, h200("GPU-1", "n1"))
+	ids := func() []string {
+		t.Helper()
+		got, err := s.AllocationIDs(t.Context())
+		if err != nil {
+			t.Fatalf("AllocationIDs: %v", err)
+		}
+		return got
+	}
+	if got := ids(); len(got) != 0 {
+		t.Fatalf("AllocationIDs with nothing placed = %q, want none", got)
+	}
+	for _, id := range []string{"spawn-c", "spawn-a", "spawn-b"} {
+		mustPlace(t, s, fleet.PlaceRequest{SliceID: id, User: "alice", Slice: slice(8192, 10)})
+	}
+	if _, err := s.Release(t.Context(), "spawn-b"); err != nil {
+		t.Fatal(err)
+	}
+	all, err := s.Allocations(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, a := range all {
+		want = append(want, a.SliceID)
+	}
+	if diff := cmp.Diff([]string{"spawn-a", "spawn-c"}, want); diff != "" {
+		t.Fatalf("Allocations' slice ids (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(want, ids()); diff != "" {
+		t.Errorf("AllocationIDs (-Allocations' slice ids +got):\n%s", diff)
+	}
+}
+
 func TestReleaseIsIdempotentAndFreesEverything(t *testing.T) {
 	srv := redistest.Start(t)
 	s, _ := newStore(t, srv)

@@ -99,7 +99,7 @@ type Fixture struct {
 // on node n2, and the allocations marked as rebuilt. Pod events reach the
 // service as in the broker; everything stops in t.Cleanup. opts go to the
 // service after the fixture's own (clock, spawn ids, audit).
-func New(t *testing.T, opts ...servers.Option) *Fixture {
+func New(t testing.TB, opts ...servers.Option) *Fixture {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	rs := redistest.Start(t)
@@ -168,7 +168,7 @@ func New(t *testing.T, opts ...servers.Option) *Fixture {
 }
 
 // Pod returns the current pod of a server from the API server.
-func (f *Fixture) Pod(t *testing.T, user, server string) *corev1.Pod {
+func (f *Fixture) Pod(t testing.TB, user, server string) *corev1.Pod {
 	t.Helper()
 	p, err := f.Kube.CoreV1().Pods(Namespace).Get(t.Context(), spawner.PodName(user, server), metav1.GetOptions{})
 	if err != nil {
@@ -178,7 +178,7 @@ func (f *Fixture) Pod(t *testing.T, user, server string) *corev1.Pod {
 }
 
 // SetPodRunning makes a server's pod Ready with the given IP, as a kubelet would.
-func (f *Fixture) SetPodRunning(t *testing.T, user, server, ip string) {
+func (f *Fixture) SetPodRunning(t testing.TB, user, server, ip string) {
 	t.Helper()
 	p := f.Pod(t, user, server).DeepCopy()
 	now := metav1.NewTime(f.Clock.Now())
@@ -196,7 +196,7 @@ func (f *Fixture) SetPodRunning(t *testing.T, user, server, ip string) {
 
 // SetPodWaiting puts a server's pod's container in a waiting state with the
 // given reason (for example CrashLoopBackOff).
-func (f *Fixture) SetPodWaiting(t *testing.T, user, server, reason, message string) {
+func (f *Fixture) SetPodWaiting(t testing.TB, user, server, reason, message string) {
 	t.Helper()
 	p := f.Pod(t, user, server).DeepCopy()
 	p.Status = corev1.PodStatus{
@@ -208,7 +208,7 @@ func (f *Fixture) SetPodWaiting(t *testing.T, user, server, reason, message stri
 	f.updateStatus(t, p)
 }
 
-func (f *Fixture) updateStatus(t *testing.T, p *corev1.Pod) {
+func (f *Fixture) updateStatus(t testing.TB, p *corev1.Pod) {
 	t.Helper()
 	if _, err := f.Kube.CoreV1().Pods(Namespace).UpdateStatus(t.Context(), p, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("update status of %s: %v", p.Name, err)
@@ -218,7 +218,7 @@ func (f *Fixture) updateStatus(t *testing.T, p *corev1.Pod) {
 // WaitState waits until the server's state is want, blocking on its event
 // stream between looks; it fails the test after a deadline with the last
 // state seen.
-func (f *Fixture) WaitState(t *testing.T, key fleet.ServerKey, want fleet.State) fleet.Server {
+func (f *Fixture) WaitState(t testing.TB, key fleet.ServerKey, want fleet.State) fleet.Server {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	var last fleet.Server
@@ -240,7 +240,7 @@ func (f *Fixture) WaitState(t *testing.T, key fleet.ServerKey, want fleet.State)
 
 // RegisterGPUs registers the fixture's GPUs again, as the node agents'
 // heartbeats would after Redis lost its data.
-func (f *Fixture) RegisterGPUs(t *testing.T) {
+func (f *Fixture) RegisterGPUs(t testing.TB) {
 	t.Helper()
 	for _, g := range GPUs {
 		if err := f.Store.RegisterGPU(t.Context(), g); err != nil {
@@ -250,7 +250,7 @@ func (f *Fixture) RegisterGPUs(t *testing.T) {
 }
 
 // Verify fails the test if any store invariant is broken.
-func (f *Fixture) Verify(t *testing.T) {
+func (f *Fixture) Verify(t testing.TB) {
 	t.Helper()
 	if err := f.Store.Verify(t.Context()); err != nil {
 		t.Fatalf("store invariants: %v", err)
