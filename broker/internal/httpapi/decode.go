@@ -44,6 +44,11 @@ func decodeJSON(c echo.Context, dst any) error {
 	if err := scanJSON(body, reflect.TypeOf(dst)); err != nil {
 		return err
 	}
+	if string(bytes.TrimSpace(body)) == "null" {
+		// encoding/json takes null for any object as "no change": a body
+		// that asks for nothing must say so, not pass as an empty object.
+		return fmt.Errorf("the body holds JSON null where an object is expected: %w", fleet.ErrInvalid)
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {

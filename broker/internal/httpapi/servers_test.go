@@ -177,6 +177,8 @@ func TestValidation(t *testing.T) {
 			wantMsg: `field "env" holds a JSON number where a string is expected (byte 31)`},
 		{name: "not an object", method: "PUT", path: "/api/v1/users/alice/servers/nb", body: `["small"]`,
 			wantMsg: "the body holds a JSON array where an object is expected (byte 1)"},
+		{name: "null", method: "PUT", path: "/api/v1/users/alice/servers/nb", body: ` null `,
+			wantMsg: "the body holds JSON null where an object is expected"},
 		{name: "truncated", method: "PUT", path: "/api/v1/users/alice/servers/nb", body: `{"profile":"sm`,
 			wantMsg: "the body ends before the JSON object is complete"},
 		{name: "two objects", method: "PUT", path: "/api/v1/users/alice/servers/nb", body: `{"profile":"small"}{}`,
