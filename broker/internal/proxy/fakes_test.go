@@ -106,7 +106,7 @@ func (f *fakeAuth) Session(_ context.Context, r *http.Request) (auth.Session, er
 		return auth.Session{}, auth.ErrNoCredentials
 	}
 	if c.Value == "redis-down" {
-		return auth.Session{}, errors.New("auth: session storage: dial tcp 127.0.0.1:6379: connect: connection refused")
+		return auth.Session{}, errors.New("auth: session storage: dial tcp 127.0.0.1:40817: connect: connection refused")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
