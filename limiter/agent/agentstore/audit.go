@@ -194,7 +194,10 @@ func (st *Store) FollowAudit(ctx context.Context, group, consumer string, fn fun
 					continue // left pending: handed out again after auditClaimIdle
 				}
 			}
-			cctx, cancel := st.op(ctx)
+			// fn has handled it: acknowledge it even if ctx ended meanwhile,
+			// or another consumer would be handed it again after the claim
+			// delay (a shutdown must not repeat a record).
+			cctx, cancel := st.op(context.WithoutCancel(ctx))
 			err := st.rdb.XAck(cctx, key, group, m.ID).Err()
 			cancel()
 			if err != nil {
