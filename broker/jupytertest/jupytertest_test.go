@@ -39,8 +39,17 @@ func TestRunsCodeOnARealKernel(t *testing.T) {
 	if _, err := c.Execute(ctx, id, "import time; time.sleep(600)", false); err != nil {
 		t.Fatal(err)
 	}
-	ks, err := c.Kernels(ctx)
-	if err != nil || len(ks) != 1 || ks[0].ExecutionState != "busy" {
-		t.Errorf("kernels during a silent cell: %+v, %v; want one busy", ks, err)
+	// The kernel reports busy once it has taken the request, which the
+	// send does not wait for: wait for that state (within ctx's deadline).
+	for {
+		ks, err := c.Kernels(ctx)
+		if err == nil && len(ks) == 1 && ks[0].ExecutionState == "busy" {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("kernels during a silent cell: %+v, %v; want one busy", ks, err)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }
