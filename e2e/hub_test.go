@@ -131,6 +131,15 @@ func newHubEnv(t testing.TB, o envOptions) *hubEnv {
 	return h
 }
 
+// The test hub's own limits on a spawn (Spawner.start_timeout: for
+// start(), here until the broker reports the server running;
+// Spawner.http_timeout: then for the server's first answer). When one
+// passes, the hub gives the spawn up and drops the server.
+const (
+	hubStartTimeout = 300 * time.Second
+	hubHTTPTimeout  = 120 * time.Second
+)
+
 // startHub starts Debian's JupyterHub with GPUBrokerSpawner (from the
 // source tree) in front of the broker at brokerURL, which accepts the
 // token in tokenFile, with DummyAuthenticator, the users hubUsers in group
@@ -152,13 +161,13 @@ c.JupyterHub.allow_named_servers = True
 # 3.0 counts every failed spawn, refusals included (deploy/jupyterhub).
 c.JupyterHub.consecutive_failure_limit = 0
 # Two shared cores, ten notebooks starting at once, the race detector.
-c.Spawner.start_timeout = 300
-c.Spawner.http_timeout = 120
+c.Spawner.start_timeout = %d
+c.Spawner.http_timeout = %d
 c.JupyterHub.load_groups = {"ml": %s}
 c.JupyterHub.services = [{"name": "e2e", "api_token": %s}]
 c.JupyterHub.load_roles = [{"name": "e2e", "services": ["e2e"],
     "scopes": ["admin:users", "admin:servers", "access:servers", "read:users"]}]
-`, py(brokerURL), py(tokenFile), py(hubUsers), py(service))
+`, py(brokerURL), py(tokenFile), int(hubStartTimeout/time.Second), int(hubHTTPTimeout/time.Second), py(hubUsers), py(service))
 	hub, err := harness.StartHub(t.Context(), harness.HubOptions{
 		Dir: filepath.Join(t.TempDir(), "hub"), Config: cfg,
 		Env: []string{"PYTHONPATH=" + pytest.Dir()},
@@ -271,6 +280,85 @@ func (h *hubEnv) waitHubReady(ctx context.Context, user string, timeout time.Dur
 		d, ok := s[""]
 		return ok && d.Ready, fmt.Sprintf("%+v", s), nil
 	})
+}
+
+// waitSpawnsReady waits until the hub reports the default server of every
+// user ready, each spawn having been asked for. It has no deadline of its
+// own: it fails when a spawn failed (the hub dropped the server, or the
+// broker reports it failed or stopped), or when no spawn made progress
+// (see spawnStage) for hubStartTimeout + hubHTTPTimeout: by then the hub
+// itself has either got a spawn ready or given it up, so a longer stall
+// means the hub or the broker hangs. The error names each spawn not yet
+// ready with its stage.
+func (h *hubEnv) waitSpawnsReady(ctx context.Context, users []string) error {
+	return harness.PollProgress(ctx, 250*time.Millisecond, hubStartTimeout+hubHTTPTimeout, func(ctx context.Context) (bool, string, error) {
+		pods, err := h.pods(ctx)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		var waiting []string
+		for _, u := range users {
+			stage, ready, err := h.spawnStage(ctx, u, pods)
+			if err != nil {
+				return false, "", fmt.Errorf("%s's spawn: %w (%s)", u, err, stage)
+			}
+			if !ready {
+				waiting = append(waiting, u+": "+stage)
+			}
+		}
+		return len(waiting) == 0, fmt.Sprintf("%d of %d not ready: %s", len(waiting), len(users), strings.Join(waiting, "; ")), nil
+	})
+}
+
+// spawnStage describes where user's spawn of the default server stands:
+// what the hub says of it (pending or ready), what the broker says of its
+// server (state and message) and its pod's phase and readiness. Any
+// change of it is progress. ready is true once the hub reports it ready;
+// err is set when the spawn has failed: the hub no longer has the server,
+// or the broker's server failed or stopped. A part that could not be read
+// is described by its error (a failed read is not a failure).
+func (h *hubEnv) spawnStage(ctx context.Context, user string, pods []corev1.Pod) (stage string, ready bool, err error) {
+	at := "the hub: unread"
+	hs, herr := h.hubServers(ctx, user)
+	d, listed := hs[""]
+	switch {
+	case herr != nil:
+		at = "the hub: " + herr.Error()
+	case d.Ready:
+		return "ready", true, nil
+	case listed:
+		at = "the hub: pending " + d.Pending
+	default:
+		at = "the hub: no server"
+	}
+	bs, ok, berr := h.brokerServer(ctx, user)
+	switch {
+	case berr != nil:
+		at += ", the broker: " + berr.Error()
+	case !ok:
+		at += ", the broker: no server"
+	default:
+		at += fmt.Sprintf(", the broker: %s %q", bs.State, bs.Message)
+	}
+	for _, p := range pods {
+		if p.Labels[v1.LabelUser] != user {
+			continue
+		}
+		var restarts int32
+		podReady := false
+		for _, cs := range p.Status.ContainerStatuses {
+			restarts += cs.RestartCount
+			podReady = cs.Ready
+		}
+		at += fmt.Sprintf(", pod %s %s ready=%v restarts=%d", p.Name, p.Status.Phase, podReady, restarts)
+	}
+	switch {
+	case herr == nil && !listed:
+		return at, false, errors.New("the hub gave it up")
+	case berr == nil && ok && (bs.State == v1.StateFailed || bs.State == v1.StateStopped):
+		return at, false, errors.New("the broker's server " + string(bs.State))
+	}
+	return at, false, nil
 }
 
 // stopHub stops user's default server through the hub's REST API and
@@ -615,18 +703,15 @@ func (h *hubEnv) manyAtOnce(t *testing.T) {
 	errs := make([]error, len(users))
 	var wg sync.WaitGroup
 	for i, u := range users {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := h.spawn(ctx, u, profile(i)); err != nil {
-				errs[i] = err
-				return
-			}
-			errs[i] = h.waitHubReady(ctx, u, 5*time.Minute)
-		}()
+		wg.Go(func() {
+			_, errs[i] = h.spawn(ctx, u, profile(i))
+		})
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("spawns: %v", err)
+	}
+	if err := h.waitSpawnsReady(ctx, users); err != nil {
 		t.Fatalf("spawns: %v", err)
 	}
 	t.Logf("10 hub spawns ready in %s", time.Since(start).Round(time.Millisecond))

@@ -13,5 +13,7 @@
 //     waits, then sends SIGKILL, and returns only after the process was reaped.
 //   - Ports are ephemeral loopback ports chosen at start; nothing listens on a
 //     fixed port.
-//   - Waiting is polling with a deadline (Poll), never a fixed sleep.
+//   - Waiting is polling with a deadline (Poll), or, where how long a wait
+//     takes depends on the machine's load, with a limit on how long nothing
+//     moves (PollProgress); never a fixed sleep.
 package harness

@@ -53,6 +53,42 @@ func TestPoll(t *testing.T) {
 	}
 }
 
+func TestPollProgress(t *testing.T) {
+	errStop := errors.New("stop")
+	tests := []struct {
+		name      string
+		cond      func(calls int) (bool, string, error)
+		wantErr   error
+		wantCalls int // 0: any
+	}{
+		{name: "done at once is one call", cond: func(int) (bool, string, error) { return true, "", nil }, wantCalls: 1},
+		{name: "an error stops at once", cond: func(int) (bool, string, error) { return false, "", errStop }, wantErr: errStop, wantCalls: 1},
+		{name: "no change stalls", cond: func(int) (bool, string, error) { return false, "waiting", nil }, wantErr: ErrTimeout},
+		// 200 calls 1 ms apart outlast the 50 ms stall many times over:
+		// only the changing status keeps the wait going.
+		{name: "a changing status waits past the stall", cond: func(n int) (bool, string, error) { return n == 200, strconv.Itoa(n), nil }, wantCalls: 200},
+		{name: "a status that stops changing stalls", cond: func(n int) (bool, string, error) { return false, strconv.Itoa(min(n, 5)), nil }, wantErr: ErrTimeout},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			err := PollProgress(t.Context(), time.Millisecond, 50*time.Millisecond, func(context.Context) (bool, string, error) {
+				calls++
+				return tc.cond(calls)
+			})
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
+				t.Errorf("PollProgress: %v, want %v", err, tc.wantErr)
+			}
+			if tc.wantCalls != 0 && calls != tc.wantCalls {
+				t.Errorf("cond called %d times, want %d", calls, tc.wantCalls)
+			}
+			if errors.Is(err, ErrTimeout) && !strings.Contains(err.Error(), "no progress") {
+				t.Errorf("stall error %q does not say it made no progress", err)
+			}
+		})
+	}
+}
+
 func TestUniqueName(t *testing.T) {
 	tests := []struct{ name, base string }{
 		{name: "plain", base: "TestServerLifecycle"},

@@ -42,3 +42,35 @@ func Poll(ctx context.Context, interval, timeout time.Duration, cond Condition) 
 		}
 	}
 }
+
+// PollProgress calls cond at once and then every interval until cond
+// reports done, cond returns an error or ctx ends, as Poll does, but has no
+// deadline of its own: it fails only when cond's status has stayed the
+// same for stall, that is when nothing cond watches moved. cond's status
+// must therefore describe the progress of what is waited for (states,
+// messages, counts) and nothing that changes by itself (no times). On a
+// stall the error wraps ErrTimeout and carries the last status.
+func PollProgress(ctx context.Context, interval, stall time.Duration, cond Condition) error {
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	last, since := "", time.Now()
+	for first := true; ; first = false {
+		done, status, err := cond(ctx)
+		if err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		if first || status != last {
+			last, since = status, time.Now()
+		} else if time.Since(since) >= stall {
+			return fmt.Errorf("no progress for %s (last: %s): %w", stall, status, ErrTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("last: %s: %w", status, ctx.Err())
+		case <-ticker.C:
+		}
+	}
+}
