@@ -19,71 +19,52 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// TestPoll covers Poll and PollProgress (progress: the limit is a stall,
+// not a deadline).
 func TestPoll(t *testing.T) {
 	errStop := errors.New("stop")
 	tests := []struct {
 		name      string
+		progress  bool
 		cond      func(calls int) (bool, string, error)
-		timeout   time.Duration
+		limit     time.Duration // Poll's timeout or PollProgress's stall
 		wantErr   error
-		wantCalls int // 0: at least one
+		wantCalls int    // 0: at least one
+		wantText  string // in a timeout's error
 	}{
-		{name: "done at once is one call", cond: func(int) (bool, string, error) { return true, "", nil }, timeout: time.Second, wantCalls: 1},
-		{name: "done on the third call", cond: func(n int) (bool, string, error) { return n == 3, "", nil }, timeout: 10 * time.Second, wantCalls: 3},
-		{name: "an error stops at once", cond: func(int) (bool, string, error) { return false, "", errStop }, timeout: time.Second, wantErr: errStop, wantCalls: 1},
-		{name: "never done times out", cond: func(int) (bool, string, error) { return false, "waiting", nil }, timeout: 50 * time.Millisecond, wantErr: ErrTimeout},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			calls := 0
-			err := Poll(t.Context(), time.Millisecond, tc.timeout, func(context.Context) (bool, string, error) {
-				calls++
-				return tc.cond(calls)
-			})
-			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
-				t.Errorf("Poll: %v, want %v", err, tc.wantErr)
-			}
-			if tc.wantCalls != 0 && calls != tc.wantCalls {
-				t.Errorf("cond called %d times, want %d", calls, tc.wantCalls)
-			}
-			if errors.Is(err, ErrTimeout) && !strings.Contains(err.Error(), "waiting") {
-				t.Errorf("timeout error %q lacks the last status", err)
-			}
-		})
-	}
-}
-
-func TestPollProgress(t *testing.T) {
-	errStop := errors.New("stop")
-	tests := []struct {
-		name      string
-		cond      func(calls int) (bool, string, error)
-		wantErr   error
-		wantCalls int // 0: any
-	}{
-		{name: "done at once is one call", cond: func(int) (bool, string, error) { return true, "", nil }, wantCalls: 1},
-		{name: "an error stops at once", cond: func(int) (bool, string, error) { return false, "", errStop }, wantErr: errStop, wantCalls: 1},
-		{name: "no change stalls", cond: func(int) (bool, string, error) { return false, "waiting", nil }, wantErr: ErrTimeout},
+		{name: "done at once is one call", cond: func(int) (bool, string, error) { return true, "", nil }, limit: time.Second, wantCalls: 1},
+		{name: "done on the third call", cond: func(n int) (bool, string, error) { return n == 3, "", nil }, limit: 10 * time.Second, wantCalls: 3},
+		{name: "an error stops at once", cond: func(int) (bool, string, error) { return false, "", errStop }, limit: time.Second, wantErr: errStop, wantCalls: 1},
+		{name: "never done times out", cond: func(int) (bool, string, error) { return false, "waiting", nil }, limit: 50 * time.Millisecond, wantErr: ErrTimeout, wantText: "waiting"},
+		{name: "progress: done at once is one call", progress: true, cond: func(int) (bool, string, error) { return true, "", nil }, limit: 50 * time.Millisecond, wantCalls: 1},
+		{name: "progress: an error stops at once", progress: true, cond: func(int) (bool, string, error) { return false, "", errStop }, limit: 50 * time.Millisecond, wantErr: errStop, wantCalls: 1},
+		{name: "progress: no change stalls", progress: true, cond: func(int) (bool, string, error) { return false, "waiting", nil }, limit: 50 * time.Millisecond, wantErr: ErrTimeout, wantText: "no progress"},
 		// 200 calls 1 ms apart outlast the 50 ms stall many times over:
 		// only the changing status keeps the wait going.
-		{name: "a changing status waits past the stall", cond: func(n int) (bool, string, error) { return n == 200, strconv.Itoa(n), nil }, wantCalls: 200},
-		{name: "a status that stops changing stalls", cond: func(n int) (bool, string, error) { return false, strconv.Itoa(min(n, 5)), nil }, wantErr: ErrTimeout},
+		{name: "progress: a changing status waits past the stall", progress: true, cond: func(n int) (bool, string, error) { return n == 200, strconv.Itoa(n), nil }, limit: 50 * time.Millisecond, wantCalls: 200},
+		{name: "progress: a status that stops changing stalls", progress: true, cond: func(n int) (bool, string, error) { return false, strconv.Itoa(min(n, 5)), nil }, limit: 50 * time.Millisecond, wantErr: ErrTimeout, wantText: "(last: 5)"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			calls := 0
-			err := PollProgress(t.Context(), time.Millisecond, 50*time.Millisecond, func(context.Context) (bool, string, error) {
+			cond := func(context.Context) (bool, string, error) {
 				calls++
 				return tc.cond(calls)
-			})
+			}
+			var err error
+			if tc.progress {
+				err = PollProgress(t.Context(), time.Millisecond, tc.limit, cond)
+			} else {
+				err = Poll(t.Context(), time.Millisecond, tc.limit, cond)
+			}
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
-				t.Errorf("PollProgress: %v, want %v", err, tc.wantErr)
+				t.Errorf("got %v, want %v", err, tc.wantErr)
 			}
 			if tc.wantCalls != 0 && calls != tc.wantCalls {
 				t.Errorf("cond called %d times, want %d", calls, tc.wantCalls)
 			}
-			if errors.Is(err, ErrTimeout) && !strings.Contains(err.Error(), "no progress") {
-				t.Errorf("stall error %q does not say it made no progress", err)
+			if errors.Is(err, ErrTimeout) && !strings.Contains(err.Error(), tc.wantText) {
+				t.Errorf("timeout error %q lacks %q", err, tc.wantText)
 			}
 		})
 	}
