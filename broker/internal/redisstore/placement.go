@@ -161,8 +161,57 @@ func validatePlace(req fleet.PlaceRequest) error {
 // Policy binpack (the default) picks the fitting GPU with the least free
 // memory, spread the one with the most; ties go to the smaller uuid.
 func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Allocation, error) {
+	op, err := s.placeOp(req)
+	if err != nil {
+		return fleet.Allocation{}, err
+	}
+	r, err := s.places.do(ctx, op)
+	if err == nil {
+		err = r.err
+	}
+	if err != nil {
+		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
+	}
+	a, refusal, err := placeResult(req, r.reply)
+	if err != nil {
+		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
+	}
+	if refusal == nil && r.acked < r.want {
+		// Fewer replicas than were online acknowledged it. If fewer are
+		// online now (one left, or a failover left the new master alone),
+		// the placement is on every replica a failover could promote.
+		octx, cancel := context.WithTimeout(ctx, s.opTimeout)
+		defer cancel()
+		if now, err := s.replicas.want(octx, s.rdb, s.waitReplicas, true); err != nil || r.acked < now {
+			// Not durable: a failover could lose it while its pod runs.
+			_, rerr := s.Release(context.WithoutCancel(ctx), req.SliceID)
+			return fleet.Allocation{}, errors.Join(fmt.Errorf("%w: the placement was not confirmed by %d Redis replica(s) within %s (%d did), so no GPU was reserved; try again",
+				fleet.ErrUnavailable, r.want, s.waitTimeout, r.acked), err, rerr)
+		}
+	}
+	return a, refusal
+}
+
+// scriptOp is one operation of a batch script (batch.lua): its own KEYS
+// and ARGV.
+type scriptOp struct {
+	keys []string
+	args []any
+}
+
+// batchReply is what a batch script answered for one operation: its
+// reply, or err when its body raised an error; acked and want are the
+// batch's WAIT (Place: how many replicas acknowledged, of how many asked).
+type batchReply struct {
+	reply       any
+	err         error
+	acked, want int
+}
+
+// placeOp validates req and builds place.lua's KEYS and ARGV for it.
+func (s *Store) placeOp(req fleet.PlaceRequest) (scriptOp, error) {
 	if err := validatePlace(req); err != nil {
-		return fleet.Allocation{}, fmt.Errorf("%w: place slice %q: %w", fleet.ErrInvalid, req.SliceID, err)
+		return scriptOp{}, fmt.Errorf("%w: place slice %q: %w", fleet.ErrInvalid, req.SliceID, err)
 	}
 	groups := fleet.SortedGroups(req.GroupQuotas)
 	if len(groups) == 0 {
@@ -170,7 +219,7 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	}
 	head, err := recordHead(fleet.Allocation{SliceID: req.SliceID, User: req.User, Groups: groups})
 	if err != nil {
-		return fleet.Allocation{}, err
+		return scriptOp{}, err
 	}
 	policy := req.Policy
 	if policy == "" {
@@ -199,33 +248,64 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 		q := req.GroupQuotas[g]
 		args = append(args, g, q.Servers, q.MemoryMiB, q.ComputePercent)
 	}
+	return scriptOp{keys, args}, nil
+}
 
-	octx, cancel := context.WithTimeout(ctx, s.opTimeout+s.waitTimeout)
+// runPlaces runs one batch of places (placeBatchScript) and, when
+// WithWaitReplicas asks for it, WAIT after it.
+func (s *Store) runPlaces(ctx context.Context, ops []scriptOp) ([]batchReply, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opTimeout+s.waitTimeout)
 	defer cancel()
-	want, err := s.replicas.want(octx, s.rdb, s.waitReplicas, false)
+	want, err := s.replicas.want(ctx, s.rdb, s.waitReplicas, false)
 	if err != nil {
-		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
+		return nil, err
 	}
-	res, acked, err := s.runAcked(octx, placeScript, want, keys, args...)
+	return s.runBatch(ctx, placeBatchScript, want, ops)
+}
+
+// runReleases runs one batch of releases (releaseBatchScript).
+func (s *Store) runReleases(ctx context.Context, ops []scriptOp) ([]batchReply, error) {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	return s.runBatch(ctx, releaseBatchScript, 0, ops)
+}
+
+// runBatch sends ops as one batch script (batch.lua: n, keys per op, each
+// op's argument count, then the arguments) and splits its reply.
+func (s *Store) runBatch(ctx context.Context, script *redis.Script, want int, ops []scriptOp) ([]batchReply, error) {
+	kc := len(ops[0].keys)
+	keys := make([]string, 0, kc*len(ops))
+	args := make([]any, 2, 2+len(ops)*(1+len(ops[0].args)))
+	args[0], args[1] = len(ops), kc
+	for _, op := range ops {
+		if len(op.keys) != kc {
+			return nil, fmt.Errorf("a batch mixes operations of %d and %d keys", kc, len(op.keys))
+		}
+		keys = append(keys, op.keys...)
+		args = append(args, len(op.args))
+	}
+	for _, op := range ops {
+		args = append(args, op.args...)
+	}
+	res, acked, err := s.runAcked(ctx, script, want, keys, args...)
 	if err != nil {
-		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
+		return nil, err
 	}
-	a, refusal, err := placeResult(req, res)
+	list, err := asList(res)
 	if err != nil {
-		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
+		return nil, err
 	}
-	if refusal == nil && acked < want {
-		// Fewer replicas than were online acknowledged it. If fewer are
-		// online now (one left, or a failover left the new master alone),
-		// the placement is on every replica a failover could promote.
-		if now, err := s.replicas.want(octx, s.rdb, s.waitReplicas, true); err != nil || acked < now {
-			// Not durable: a failover could lose it while its pod runs.
-			_, rerr := s.Release(context.WithoutCancel(ctx), req.SliceID)
-			return fleet.Allocation{}, errors.Join(fmt.Errorf("%w: the placement was not confirmed by %d Redis replica(s) within %s (%d did), so no GPU was reserved; try again",
-				fleet.ErrUnavailable, want, s.waitTimeout, acked), err, rerr)
+	if len(list) != len(ops) {
+		return nil, fmt.Errorf("a batch of %d got %d replies", len(ops), len(list))
+	}
+	out := make([]batchReply, len(list))
+	for i, r := range list {
+		out[i] = batchReply{reply: r, acked: acked, want: want}
+		if l, ok := r.([]any); ok && len(l) == 2 && l[0] == "error" {
+			out[i] = batchReply{err: fmt.Errorf("script error: %v", l[1])}
 		}
 	}
-	return a, refusal
+	return out, nil
 }
 
 // runAcked runs script and, when want > 0, WAIT want on the same
@@ -327,15 +407,14 @@ func mpsShape(s fleet.Slice) string {
 // Release frees the slice sliceID and un-charges its GPU, user and groups.
 // It is idempotent and reports whether an allocation was freed.
 func (s *Store) Release(ctx context.Context, sliceID string) (bool, error) {
-	ctx, cancel := s.op(ctx)
-	defer cancel()
-	res, err := releaseScript.Run(ctx, s.rdb,
-		[]string{s.k.Allocs(), s.k.Usage()},
-		s.k.GPUPrefix(), sliceID).Result()
+	r, err := s.releases.do(ctx, scriptOp{keys: []string{s.k.Allocs(), s.k.Usage()}, args: []any{s.k.GPUPrefix(), sliceID}})
+	if err == nil {
+		err = r.err
+	}
 	if err != nil {
 		return false, fmt.Errorf("release slice %s: %w", sliceID, err)
 	}
-	n, err := asInt(res)
+	n, err := asInt(r.reply)
 	if err != nil {
 		return false, fmt.Errorf("release slice %s: %w", sliceID, err)
 	}
