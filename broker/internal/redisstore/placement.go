@@ -165,7 +165,9 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	if err != nil {
 		return fleet.Allocation{}, err
 	}
-	r, err := s.places.do(ctx, op)
+	octx, cancel := context.WithTimeout(ctx, s.opTimeout+s.waitTimeout) // queued and sent, as one call was
+	r, err := s.places.do(octx, op)
+	cancel()
 	if err == nil {
 		err = r.err
 	}
@@ -407,6 +409,8 @@ func mpsShape(s fleet.Slice) string {
 // Release frees the slice sliceID and un-charges its GPU, user and groups.
 // It is idempotent and reports whether an allocation was freed.
 func (s *Store) Release(ctx context.Context, sliceID string) (bool, error) {
+	ctx, cancel := s.op(ctx) // queued and sent, as one call was
+	defer cancel()
 	r, err := s.releases.do(ctx, scriptOp{keys: []string{s.k.Allocs(), s.k.Usage()}, args: []any{s.k.GPUPrefix(), sliceID}})
 	if err == nil {
 		err = r.err
