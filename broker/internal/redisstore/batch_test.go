@@ -42,39 +42,40 @@ func newHeldBatcher(max int) *heldBatcher {
 	return h
 }
 
-// waitQueued waits until n calls wait for a batch, or fails t at the
-// deadline.
+// waitQueued waits until n calls wait for a batch.
 func (h *heldBatcher) waitQueued(t *testing.T, n int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	eventually(t, fmt.Sprintf("%d calls queued", n), func() (bool, string) {
 		h.batcher.mu.Lock()
-		q := len(h.batcher.queue)
-		h.batcher.mu.Unlock()
-		if q == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d calls queued, want %d", q, n)
-		}
-		time.Sleep(time.Millisecond) // polling a condition, bounded by the deadline
-	}
+		defer h.batcher.mu.Unlock()
+		return len(h.batcher.queue) == n, fmt.Sprintf("%d queued", len(h.batcher.queue))
+	})
 }
 
+// firstSent waits until the first batch went out.
 func (h *heldBatcher) firstSent(t *testing.T) {
+	t.Helper()
+	eventually(t, "the first call sent", func() (bool, string) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.batches) > 0, "no batch yet"
+	})
+}
+
+// eventually polls cond until it holds and fails t if it has not within
+// 10 s.
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		h.mu.Lock()
-		n := len(h.batches)
-		h.mu.Unlock()
-		if n > 0 {
+		ok, why := cond()
+		if ok {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the first call was never sent")
+			t.Fatalf("%s: not within 10 s; last: %s", what, why)
 		}
-		time.Sleep(time.Millisecond) // polling a condition, bounded by the deadline
+		<-time.After(time.Millisecond)
 	}
 }
 
