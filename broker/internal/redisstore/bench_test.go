@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -380,58 +379,14 @@ const (
 	scriptBodyN     = 200
 )
 
-// evalRecorder is a go-redis hook that keeps the arguments of every EVAL
-// and EVALSHA that succeeded (not the EVALSHA of a script Redis had not
-// cached yet, which go-redis follows with an EVAL).
-type evalRecorder struct {
-	mu   sync.Mutex
-	args [][]any
-}
-
-func (h *evalRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *evalRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if n := strings.ToLower(cmd.Name()); err == nil && (n == "evalsha" || n == "eval") {
-			h.mu.Lock()
-			h.args = append(h.args, slices.Clone(cmd.Args()))
-			h.mu.Unlock()
-		}
-		return err
-	}
-}
-
-func (h *evalRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-// keysAndArgv splits the arguments of EVALSHA sha n key... arg... .
-func keysAndArgv(args []any) ([]string, []any, error) {
-	if len(args) < 3 {
-		return nil, nil, fmt.Errorf("eval with %d arguments", len(args))
-	}
-	n, ok := args[2].(int)
-	if !ok || len(args) < 3+n {
-		return nil, nil, fmt.Errorf("eval arguments %v", args)
-	}
-	keys := make([]string, n)
-	for i := range n {
-		if keys[i], ok = args[3+i].(string); !ok {
-			return nil, nil, fmt.Errorf("eval key %v", args[3+i])
-		}
-	}
-	return keys, args[3+n:], nil
-}
-
 // BenchmarkPlaceReleaseScript measures what BenchmarkPlaceRelease cannot
 // separate on a busy machine: the Redis time of the place.lua and
 // release.lua bodies alone (no network, no argument parsing), next to one
 // redis.call (an HGET of a missing field) in the same script. One script
 // holds lib.lua, both bodies as functions, and a loop that places
 // scriptBodyN slices on a fleet of 1,000 H200s (8 GiB, 10 %, binpack, a
-// user and one group; the arguments are those Store.Place and
-// Store.Release sent), releases them and runs scriptBodyN HGETs, timed
+// user and one group; the KEYS and ARGV Store.Place and Store.Release
+// give each operation of a batch), releases them and runs scriptBodyN HGETs, timed
 // with TIME; the minimum over scriptBodyLoops scripts keeps out the time
 // other processes took. It reports ns per place, per release and per call
 // and their ratios (-x). Run it with -benchtime=1x.
@@ -446,26 +401,16 @@ func BenchmarkPlaceReleaseScript(b *testing.B) {
 	if err := fillFleet(ctx, s, 1000); err != nil {
 		b.Fatal(err)
 	}
-	rec := &evalRecorder{}
-	rdb.AddHook(rec)
 	req := fleet.PlaceRequest{SliceID: "body-0", User: "user1",
 		Slice:       fleet.Slice{MemoryMiB: 8192, ComputePercent: 10, ComputeLimitPercent: 10},
 		UserQuota:   fleet.Quota{Servers: 100000, MemoryMiB: 1 << 40, ComputePercent: 1 << 30},
 		GroupQuotas: map[string]fleet.Quota{"everyone": {Servers: 100000}}}
-	if _, err := s.Place(ctx, req); err != nil {
+	place, err := s.placeOp(req)
+	if err != nil {
 		b.Fatal(err)
 	}
-	if ok, err := s.Release(ctx, req.SliceID); err != nil || !ok {
-		b.Fatalf("Release = %v, %v", ok, err)
-	}
-	if len(rec.args) != 2 {
-		b.Fatalf("place and release sent %d scripts, want 2", len(rec.args))
-	}
-	pk, pa, err1 := keysAndArgv(rec.args[0])
-	rk, ra, err2 := keysAndArgv(rec.args[1])
-	if err := errors.Join(err1, err2); err != nil {
-		b.Fatal(err)
-	}
+	release := s.releaseOp(req.SliceID)
+	pk, pa, rk, ra := place.keys, place.args, release.keys, release.args
 	// The slice id is ARGV[2] of both scripts (place.lua, release.lua).
 	script := libConsts + libLua + "\nlocal function place_body(KEYS, ARGV)\n" + placeLua +
 		"\nend\nlocal function release_body(KEYS, ARGV)\n" + releaseLua + `

@@ -411,7 +411,7 @@ func mpsShape(s fleet.Slice) string {
 func (s *Store) Release(ctx context.Context, sliceID string) (bool, error) {
 	ctx, cancel := s.op(ctx) // queued and sent, as one call was
 	defer cancel()
-	r, err := s.releases.do(ctx, scriptOp{keys: []string{s.k.Allocs(), s.k.Usage()}, args: []any{s.k.GPUPrefix(), sliceID}})
+	r, err := s.releases.do(ctx, s.releaseOp(sliceID))
 	if err == nil {
 		err = r.err
 	}
@@ -423,6 +423,11 @@ func (s *Store) Release(ctx context.Context, sliceID string) (bool, error) {
 		return false, fmt.Errorf("release slice %s: %w", sliceID, err)
 	}
 	return n == 1, nil
+}
+
+// releaseOp is release.lua's KEYS and ARGV for sliceID.
+func (s *Store) releaseOp(sliceID string) scriptOp {
+	return scriptOp{keys: []string{s.k.Allocs(), s.k.Usage()}, args: []any{s.k.GPUPrefix(), sliceID}}
 }
 
 // Restore records an allocation that a pod proves exists (the reconciler
