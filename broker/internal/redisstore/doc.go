@@ -79,7 +79,8 @@
 //
 // Places, and separately releases, are sent by group commit (batch.go,
 // scripts/batch.lua): one that finds fewer than four batches of its kind in
-// flight goes out at once, alone; those that arrive while four are out
+// flight goes out at once, alone (as place.lua or release.lua itself);
+// those that arrive while four are out
 // wait and go together, up to WithBatch (DefaultBatch, 16) per script. A
 // lone caller waits for nothing; under load the round trip and the
 // script's set-up are shared, and each operation is still checked and

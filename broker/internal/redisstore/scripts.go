@@ -65,6 +65,8 @@ var libConsts = "local USER_FIELD, GROUP_FIELD, ALL_MODES = " + strconv.Quote(us
 	strconv.Quote(groupFieldPrefix) + ", " + strconv.Quote(allModes) + "\n"
 
 var (
+	placeScript          = redis.NewScript(libConsts + libLua + placeLua)
+	releaseScript        = redis.NewScript(libConsts + libLua + releaseLua)
 	placeBatchScript     = batchScript(placeLua)
 	releaseBatchScript   = batchScript(releaseLua)
 	restoreScript        = redis.NewScript(libConsts + libLua + restoreLua)
