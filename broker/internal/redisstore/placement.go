@@ -3,106 +3,14 @@ package redisstore
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
-
-// allocRecord is the stored form of a fleet.Allocation, written by
-// alloc_json in scripts/lib.lua: its head (recordHead), the slice members,
-// the device's ref (allocRef) and its sharing mode.
-type allocRecord struct {
-	allocHead
-	MemoryMiB           int64  `json:"memoryMiB"`
-	ComputePercent      int    `json:"computePercent"`
-	ComputeLimitPercent int    `json:"computeLimitPercent"`
-	GPU                 string `json:"gpu"`
-	Node                string `json:"node"`
-	Model               string `json:"model"`
-	MIGProfile          string `json:"migProfile,omitempty"`
-	Parent              string `json:"parent,omitempty"`
-	Sharing             string `json:"sharing,omitempty"` // absent: before sharing modes (sliced)
-}
-
-// allocHead is the part of an allocRecord that the allocation itself
-// gives; the rest depends on the device placement chose.
-type allocHead struct {
-	SliceID string   `json:"sliceId"`
-	User    string   `json:"user"`
-	Groups  []string `json:"groups"`
-}
-
-func decodeAlloc(raw string) (fleet.Allocation, error) {
-	var r allocRecord
-	if err := json.Unmarshal([]byte(raw), &r); err != nil {
-		return fleet.Allocation{}, fmt.Errorf("decode allocation: %w", err)
-	}
-	a := fleet.Allocation{
-		SliceID: r.SliceID,
-		User:    r.User,
-		Slice: fleet.Slice{
-			MemoryMiB:           r.MemoryMiB,
-			ComputePercent:      r.ComputePercent,
-			ComputeLimitPercent: r.ComputeLimitPercent,
-		},
-		GPUUUID:    r.GPU,
-		Node:       r.Node,
-		Model:      r.Model,
-		Sharing:    fleet.ModeOf(fleet.SharingMode(r.Sharing)),
-		MIGProfile: r.MIGProfile,
-		Parent:     r.Parent,
-	}
-	if len(r.Groups) > 0 {
-		a.Groups = r.Groups
-	}
-	return a, nil
-}
-
-// The scripts store an allocation as recordHead(...) + the slice members
-// (slice_members in lib.lua: whole devices are charged their own size,
-// known only once chosen) + ref + the "sharing" member of the device's mode
-// + "}", where ref names the device; together they are the JSON of
-// allocRecord. Splitting it keeps JSON encoding of free text out of Lua:
-// the device's ref is built here when it registers and stored in its hash;
-// Lua writes only integers and mode names.
-
-// recordHead returns the JSON of a's slice id, user and groups, without
-// the closing brace and with a trailing comma.
-func recordHead(a fleet.Allocation) (string, error) {
-	groups := a.Groups
-	if groups == nil {
-		groups = []string{}
-	}
-	b, err := json.Marshal(allocHead{a.SliceID, a.User, groups})
-	if err != nil {
-		return "", fmt.Errorf("encode allocation: %w", err)
-	}
-	return string(b[:len(b)-1]) + ",", nil
-}
-
-// allocRef returns the JSON members "gpu":…,"node":…,"model":… (and for a
-// MIG instance "migProfile":…,"parent":…) that follow the slice members of
-// a record.
-func allocRef(gpu, node, model, migProfile, parent string) (string, error) {
-	b, err := json.Marshal(struct {
-		GPU        string `json:"gpu"`
-		Node       string `json:"node"`
-		Model      string `json:"model"`
-		MIGProfile string `json:"migProfile,omitempty"`
-		Parent     string `json:"parent,omitempty"`
-	}{gpu, node, model, migProfile, parent})
-	if err != nil {
-		return "", fmt.Errorf("encode gpu ref: %w", err)
-	}
-	return string(b[1 : len(b)-1]), nil
-}
 
 func validatePlace(req fleet.PlaceRequest) error {
 	var errs []error
@@ -194,22 +102,6 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	return a, refusal
 }
 
-// scriptOp is one operation of a batch script (batch.lua): its own KEYS
-// and ARGV.
-type scriptOp struct {
-	keys []string
-	args []any
-}
-
-// batchReply is what a batch script answered for one operation: its
-// reply, or err when its body raised an error; acked and want are the
-// batch's WAIT (Place: how many replicas acknowledged, of how many asked).
-type batchReply struct {
-	reply       any
-	err         error
-	acked, want int
-}
-
 // placeOp validates req and builds place.lua's KEYS and ARGV for it.
 func (s *Store) placeOp(req fleet.PlaceRequest) (scriptOp, error) {
 	if err := validatePlace(req); err != nil {
@@ -270,89 +162,6 @@ func (s *Store) runReleases(ctx context.Context, ops []scriptOp) ([]batchReply, 
 	ctx, cancel := s.op(ctx)
 	defer cancel()
 	return s.runBatch(ctx, releaseScript, releaseBatchScript, 0, ops)
-}
-
-// runBatch sends ops as one batch script (batch.lua: n, keys per op, each
-// op's argument count, then the arguments) and splits its reply; a lone op
-// goes as the operation's own script (one, the same body without the
-// batch's tables and pcall, about a tenth cheaper in Redis), whose error is
-// that op's.
-func (s *Store) runBatch(ctx context.Context, one, batch *redis.Script, want int, ops []scriptOp) ([]batchReply, error) {
-	if len(ops) == 1 {
-		res, acked, err := s.runAcked(ctx, one, want, ops[0].keys, ops[0].args...)
-		if err != nil {
-			return nil, err
-		}
-		return []batchReply{{reply: res, acked: acked, want: want}}, nil
-	}
-	kc := len(ops[0].keys)
-	keys := make([]string, 0, kc*len(ops))
-	args := make([]any, 2, 2+len(ops)*(1+len(ops[0].args)))
-	args[0], args[1] = len(ops), kc
-	for _, op := range ops {
-		if len(op.keys) != kc {
-			return nil, fmt.Errorf("a batch mixes operations of %d and %d keys", kc, len(op.keys))
-		}
-		keys = append(keys, op.keys...)
-		args = append(args, len(op.args))
-	}
-	for _, op := range ops {
-		args = append(args, op.args...)
-	}
-	res, acked, err := s.runAcked(ctx, batch, want, keys, args...)
-	if err != nil {
-		return nil, err
-	}
-	list, err := asList(res)
-	if err != nil {
-		return nil, err
-	}
-	if len(list) != len(ops) {
-		return nil, fmt.Errorf("a batch of %d got %d replies", len(ops), len(list))
-	}
-	out := make([]batchReply, len(list))
-	for i, r := range list {
-		out[i] = batchReply{reply: r, acked: acked, want: want}
-		if l, ok := r.([]any); ok && len(l) == 2 && l[0] == "error" {
-			out[i] = batchReply{err: fmt.Errorf("script error: %v", l[1])}
-		}
-	}
-	return out, nil
-}
-
-// runAcked runs script and, when want > 0, WAIT want on the same
-// connection (one pipeline, so the wait covers the script's writes and
-// every earlier one), returning the script's reply and how many replicas
-// acknowledged it. A script the server has not cached (a new master after
-// a failover) is loaded and the pipeline sent once more.
-func (s *Store) runAcked(ctx context.Context, script *redis.Script, want int, keys []string, args ...any) (any, int, error) {
-	if want <= 0 {
-		res, err := script.Run(ctx, s.rdb, keys, args...).Result()
-		return res, 0, err
-	}
-	for attempt := 0; ; attempt++ {
-		var ev, wait *redis.Cmd
-		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			ev = script.EvalSha(ctx, p, keys, args...)
-			wait = p.Do(ctx, "wait", want, s.waitTimeout.Milliseconds())
-			return nil
-		}) // each command's own error is read below
-		res, err := ev.Result()
-		if err != nil && attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			if err := script.Load(ctx, s.rdb).Err(); err != nil {
-				return nil, 0, fmt.Errorf("load script: %w", err)
-			}
-			continue
-		}
-		if err != nil {
-			return nil, 0, err
-		}
-		n, err := wait.Int64()
-		if err != nil {
-			return res, 0, fmt.Errorf("wait for %d replica(s): %w", want, err)
-		}
-		return res, int(n), nil
-	}
 }
 
 // placeResult turns place.lua's reply into an allocation, a refusal (a
