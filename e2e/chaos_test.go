@@ -57,7 +57,8 @@ const chaosQuota = 2
 
 // TestChaos is the chaos soak: for -chaos.duration (default 1 minute, about
 // 15 faults) -chaos.clients users create, resize, extend and delete servers
-// at random through two broker replicas, while a driver injects every
+// at random through two broker replicas (under the Lease: periodic
+// reconcile passes and reclaim on its holder only), while a driver injects every
 // fault kind in chaosFaults at random times, and a checker watches, every
 // second, that no GPU is overcommitted (from the pods' annotations and
 // from the brokers' view of Redis) and no user holds more pods than the
@@ -216,6 +217,7 @@ func newChaosWorld(t *testing.T, nodes, gpus, replicas int) *chaosWorld {
 	w := &chaosWorld{env: &env{t: t, cluster: c}, nodesDown: map[string]bool{}}
 	e := w.env
 	e.ns = newNamespace(t, c)
+	e.allowLeases() // the replicas run under the Lease, as the chart runs them
 	e.nodes = newNodes(t, c, nodes)
 	for ni, node := range e.nodes {
 		for gi := range gpus {
@@ -231,6 +233,10 @@ func newChaosWorld(t *testing.T, nodes, gpus, replicas int) *chaosWorld {
 			Binary: bin, Dir: t.TempDir(), RedisURL: e.redis.URL(), Kubeconfig: c.BrokerKubeconfig,
 			Namespace: e.ns, IssuerURL: e.issuer.URL(), Audience: audience, ProfilesYAML: testProfiles,
 			ReconcileInterval: time.Second, OrphanGrace: 2 * time.Second,
+			// Periodic reconcile passes and reclaim run on the Lease holder
+			// only, so a SIGKILL of the holder leaves passes to whoever
+			// takes the Lease over, within the lease duration.
+			Args: []string{"--leader-election-namespace=" + e.ns, "--lease-duration=" + haLeaseDuration.String()},
 		})
 		if err != nil {
 			t.Fatalf("start replica: %v", err)

@@ -226,7 +226,7 @@ func (c *Config) Table() *cliconfig.Table {
 			return nil
 		}})
 	add(durationFlag("lease-duration", &c.LeaseDuration, "15s", 2*time.Second,
-		"How long the reclaimer's Lease stays valid without renewal (client-go leaderelection); the holder renews it every two thirds of it and others retry every 2/15 of it, so a crashed holder is replaced within about this time."))
+		"How long the Lease (held by the replica that runs the reclaimer and the periodic reconcile passes) stays valid without renewal (client-go leaderelection); the holder tries to renew it every 2/15 of it and stops leading when it could not for two thirds of it, others retry every 2/15 of it, so a crashed holder is replaced within about this time."))
 	add(oneOf("log-level", "LEVEL", &c.LogLevel, "info", logLevels, "Log level: debug, info, warn or error."))
 	add(oneOf("log-format", "FORMAT", &c.LogFormat, logFormat, logFormats, "Log format: json or text."))
 	add(cliconfig.Flag{Name: "check-config", Value: cliconfig.Bool(&c.CheckConfig),

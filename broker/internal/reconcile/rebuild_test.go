@@ -1,14 +1,18 @@
 package reconcile_test
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reconcile"
+	"github.com/gpubroker/gpubroker/broker/internal/redisstore"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
 	"github.com/gpubroker/gpubroker/spawner"
 )
@@ -174,6 +178,53 @@ func TestACreatingSpawnIsNotAbandonedWhileItMayCreateItsPod(t *testing.T) {
 	}
 	if s, _ := f.Service.Get(ctx, key); s.State != v1.StateFailed {
 		t.Errorf("after the window: state %s, want failed as interrupted", s.State)
+	}
+	f.Verify(t)
+}
+
+// failingRestores is the store with RestoreServer failing while failing
+// is set, as when Redis stops answering in the middle of a pass.
+type failingRestores struct {
+	*redisstore.Store
+	failing atomic.Bool
+}
+
+func (f *failingRestores) RestoreServer(ctx context.Context, s fleet.Server) (bool, error) {
+	if f.failing.Load() {
+		return false, errors.New("connection reset by peer")
+	}
+	return f.Store.RestoreServer(ctx, s)
+}
+
+// TestTheRebuildWaitsForTheServersOfItsPods: a rebuild that restored a
+// pod's slice but not its server record must not reopen: a create of that
+// name would then record a new spawn and make the running pod look like a
+// replaced spawn's, which the next pass deletes (the server lost).
+func TestTheRebuildWaitsForTheServersOfItsPods(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	old := runningServer(t, f, "alice", "one", "10.0.0.1")
+	if err := f.Redis.Client(t).FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.RegisterGPUs(t)
+	store := &failingRestores{Store: f.Store}
+	store.failing.Store(true)
+	r := reconcile.New(store, f.Pods, f.Service, f.Log, grace, time.Hour, f.Clock.Now)
+	if _, err := r.Once(ctx); err == nil {
+		t.Fatal("a pass whose restore failed reported no error")
+	}
+	f.Clock.Advance(fleet.RebuildFence)
+	rep, err := r.Once(ctx)
+	if err == nil || rep.Complete {
+		t.Fatalf("pass after the fence with the record not restored: report %+v err %v, want incomplete", rep, err)
+	}
+	store.failing.Store(false)
+	if rep, err = r.Once(ctx); err != nil || !rep.Complete || rep.RestoredServers != 1 {
+		t.Fatalf("pass once restores work: report %+v err %v, want alice/one restored and complete", rep, err)
+	}
+	if got, err := f.Store.GetServer(ctx, old.ServerKey); err != nil || got.SpawnID != old.SpawnID {
+		t.Errorf("alice/one after the rebuild: %+v, %v; want spawn %s", got, err, old.SpawnID)
 	}
 	f.Verify(t)
 }

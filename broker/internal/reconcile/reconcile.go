@@ -371,6 +371,9 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		if !ok {
 			restored, err := r.store.RestoreServer(ctx, recordOf(p, alloc, now))
 			if err != nil {
+				// Not rebuilt: reopened, a create of its name would record a
+				// new spawn and make this pod look replaced.
+				complete = false
 				errs = append(errs, fmt.Errorf("restore server of pod %s: %w", p.Name, err))
 				continue
 			}

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -104,14 +103,17 @@ const benchBatch = 16
 // BenchmarkPlaceRelease measures placement on a fleet of 1,000 and 10,000
 // H200s (8 per node, a quarter of them partly filled) with 64 concurrent
 // clients, next to a trivial EVALSHA on the same redis-server in the same
-// run. Each b.N iteration runs benchRounds rounds of four phases: the
+// run, once with every operation in a script of its own (batch=1) and once
+// with the Store's group commit (batch=DefaultBatch, batch.go). Each b.N iteration runs benchRounds rounds of four phases: the
 // trivial script and place+release pairs for -bench.phase/benchRounds each
 // (default 2 s in all), then place only (benchBatch slices per client) and
 // release only (those slices). Run it with -benchtime=1x.
 //
 // It reports pairs/s and raw/s (a pair is two round trips, so their ratio
 // cannot exceed about 0.5), their ratio, p50/p99 of a pair in ms, and the
-// Redis cost of one place and one release next to one trivial script: CPU
+// Redis cost of one place and one release (per operation, not per
+// script; places/script and releases/script say how many a script carried
+// on average) next to one trivial script: CPU
 // µs of the redis-server process (INFO cpu, user + sys, so network I/O
 // included) and µs inside the script (INFO commandstats, evalsha usec per
 // call: wall time, so a descheduled server inflates it), and their
@@ -119,108 +121,112 @@ const benchBatch = 16
 func BenchmarkPlaceRelease(b *testing.B) {
 	srv := redistest.Start(b)
 	for _, n := range []int{1000, 10000} {
-		b.Run(fmt.Sprintf("gpus=%d", n), func(b *testing.B) {
-			rdb := srv.Client(b)
-			s := New(rdb, srv.Prefix(b))
-			ctx := b.Context()
-			if err := s.MarkReconciled(ctx); err != nil {
-				b.Fatal(err)
-			}
-			if err := fillFleet(ctx, s, n); err != nil {
-				b.Fatal(err)
-			}
-			b.ResetTimer()
-			request := func(c int, id string, rnd *rand.Rand) fleet.PlaceRequest {
-				cp := []int{5, 10, 20}[rnd.IntN(3)]
-				req := fleet.PlaceRequest{
-					SliceID:     id,
-					User:        fmt.Sprintf("user%d", c),
-					Slice:       fleet.Slice{MemoryMiB: []int64{4096, 8192, 16384}[rnd.IntN(3)], ComputePercent: cp, ComputeLimitPercent: cp},
-					UserQuota:   fleet.Quota{Servers: 2 * benchBatch, MemoryMiB: 1 << 20, ComputePercent: 1000},
-					GroupQuotas: map[string]fleet.Quota{"everyone": {Servers: 100000}},
+		for _, batch := range []int{1, DefaultBatch} {
+			b.Run(fmt.Sprintf("gpus=%d/batch=%d", n, batch), func(b *testing.B) {
+				rdb := srv.Client(b)
+				s := New(rdb, srv.Prefix(b), WithBatch(batch))
+				ctx := b.Context()
+				if err := s.MarkReconciled(ctx); err != nil {
+					b.Fatal(err)
 				}
-				if c%4 == 0 {
-					req.Policy = fleet.PolicySpread
+				if err := fillFleet(ctx, s, n); err != nil {
+					b.Fatal(err)
 				}
-				return req
-			}
-			release := func(ctx context.Context, id string) error {
-				ok, err := s.Release(ctx, id)
-				if err == nil && !ok {
-					err = fmt.Errorf("release %s freed nothing", id)
+				b.ResetTimer()
+				request := func(c int, id string, rnd *rand.Rand) fleet.PlaceRequest {
+					cp := []int{5, 10, 20}[rnd.IntN(3)]
+					req := fleet.PlaceRequest{
+						SliceID:     id,
+						User:        fmt.Sprintf("user%d", c),
+						Slice:       fleet.Slice{MemoryMiB: []int64{4096, 8192, 16384}[rnd.IntN(3)], ComputePercent: cp, ComputeLimitPercent: cp},
+						UserQuota:   fleet.Quota{Servers: 2 * benchBatch, MemoryMiB: 1 << 20, ComputePercent: 1000},
+						GroupQuotas: map[string]fleet.Quota{"everyone": {Servers: 100000}},
+					}
+					if c%4 == 0 {
+						req.Policy = fleet.PolicySpread
+					}
+					return req
 				}
-				return err
-			}
-			rawOp := func(ctx context.Context, _, _ int, _ *rand.Rand) error {
-				return trivialScript.Run(ctx, rdb, nil).Err()
-			}
-			pairOp := func(ctx context.Context, c, i int, rnd *rand.Rand) error {
-				req := request(c, fmt.Sprintf("bench-%d-%d", c, i), rnd)
-				if _, err := s.Place(ctx, req); err != nil {
+				release := func(ctx context.Context, id string) error {
+					ok, err := s.Release(ctx, id)
+					if err == nil && !ok {
+						err = fmt.Errorf("release %s freed nothing", id)
+					}
 					return err
 				}
-				return release(ctx, req.SliceID)
-			}
-			held := func(round, c, i int) string { return fmt.Sprintf("held-%d-%d-%d", round, c, i) }
-			var (
-				raw, pairs, places, releases phaseResult
-				cost                         = map[string]*redisCost{"raw": {}, "pair": {}, "place": {}, "release": {}}
-				phase                        = *benchPhase / benchRounds
-			)
-			for round := range b.N * benchRounds {
-				measure := func(name string, run func() (phaseResult, error)) phaseResult {
-					before := serverStats(ctx, b, rdb)
-					r, err := run()
-					if err != nil {
-						b.Fatalf("%s phase: %v", name, err)
-					}
-					cost[name].add(before, serverStats(ctx, b, rdb))
-					return r
+				rawOp := func(ctx context.Context, _, _ int, _ *rand.Rand) error {
+					return trivialScript.Run(ctx, rdb, nil).Err()
 				}
-				raw = raw.add(measure("raw", func() (phaseResult, error) { return runPhase(ctx, phase, rawOp) }))
-				pairs = pairs.add(measure("pair", func() (phaseResult, error) { return runPhase(ctx, phase, pairOp) }))
-				places = places.add(measure("place", func() (phaseResult, error) {
-					return runCounted(ctx, benchBatch, func(ctx context.Context, c, i int, rnd *rand.Rand) error {
-						_, err := s.Place(ctx, request(c, held(round, c, i), rnd))
+				pairOp := func(ctx context.Context, c, i int, rnd *rand.Rand) error {
+					req := request(c, fmt.Sprintf("bench-%d-%d", c, i), rnd)
+					if _, err := s.Place(ctx, req); err != nil {
 						return err
-					})
-				}))
-				releases = releases.add(measure("release", func() (phaseResult, error) {
-					return runCounted(ctx, benchBatch, func(ctx context.Context, c, i int, _ *rand.Rand) error {
-						return release(ctx, held(round, c, i))
-					})
-				}))
-			}
-			slices.Sort(raw.latencies)
-			slices.Sort(pairs.latencies)
-			b.StopTimer()
-			if err := s.Verify(ctx); err != nil {
-				b.Fatalf("invariants after the run: %v", err)
-			}
-			ratio := pairs.perSecond() / raw.perSecond()
-			ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-			b.ReportMetric(0, "ns/op")
-			b.ReportMetric(pairs.perSecond(), "pairs/s")
-			b.ReportMetric(raw.perSecond(), "raw/s")
-			b.ReportMetric(ratio, "ratio")
-			b.ReportMetric(ms(pairs.quantile(0.50)), "p50-ms")
-			b.ReportMetric(ms(pairs.quantile(0.99)), "p99-ms")
-			rawCPU, rawScript := cost["raw"].perCall()
-			placeCPU, placeScript := cost["place"].perCall()
-			releaseCPU, releaseScript := cost["release"].perCall()
-			b.ReportMetric(placeCPU, "redis-cpu-us/place")
-			b.ReportMetric(releaseCPU, "redis-cpu-us/release")
-			b.ReportMetric(rawCPU, "redis-cpu-us/raw")
-			b.ReportMetric(placeCPU/rawCPU, "place-cpu-x")
-			b.ReportMetric(releaseCPU/rawCPU, "release-cpu-x")
-			b.Logf("gpus=%d clients=%d: place+release %.0f pairs/s (p50 %.2f ms, p99 %.2f ms), raw EVALSHA %.0f/s (p99 %.2f ms), ratio %.3f",
-				n, benchClients, pairs.perSecond(), ms(pairs.quantile(0.50)), ms(pairs.quantile(0.99)),
-				raw.perSecond(), ms(raw.quantile(0.99)), ratio)
-			b.Logf("gpus=%d redis-server CPU per call (INFO cpu): place %.1f µs (%.1f× trivial), release %.1f µs (%.1f×), trivial script %.1f µs; busy %.0f%% in the pair phase",
-				n, placeCPU, placeCPU/rawCPU, releaseCPU, releaseCPU/rawCPU, rawCPU, 100*cost["pair"].cpu/pairs.elapsed.Seconds())
-			b.Logf("gpus=%d inside the script (INFO commandstats evalsha): place %.1f µs (%.1f×), release %.1f µs (%.1f×), trivial %.1f µs; %d places, %d releases",
-				n, placeScript, placeScript/rawScript, releaseScript, releaseScript/rawScript, rawScript, places.ops, releases.ops)
-		})
+					}
+					return release(ctx, req.SliceID)
+				}
+				held := func(round, c, i int) string { return fmt.Sprintf("held-%d-%d-%d", round, c, i) }
+				var (
+					raw, pairs, places, releases phaseResult
+					cost                         = map[string]*redisCost{"raw": {}, "pair": {}, "place": {}, "release": {}}
+					phase                        = *benchPhase / benchRounds
+				)
+				for round := range b.N * benchRounds {
+					measure := func(name string, run func() (phaseResult, error)) phaseResult {
+						before := serverStats(ctx, b, rdb)
+						r, err := run()
+						if err != nil {
+							b.Fatalf("%s phase: %v", name, err)
+						}
+						cost[name].add(before, serverStats(ctx, b, rdb))
+						return r
+					}
+					raw = raw.add(measure("raw", func() (phaseResult, error) { return runPhase(ctx, phase, rawOp) }))
+					pairs = pairs.add(measure("pair", func() (phaseResult, error) { return runPhase(ctx, phase, pairOp) }))
+					places = places.add(measure("place", func() (phaseResult, error) {
+						return runCounted(ctx, benchBatch, func(ctx context.Context, c, i int, rnd *rand.Rand) error {
+							_, err := s.Place(ctx, request(c, held(round, c, i), rnd))
+							return err
+						})
+					}))
+					releases = releases.add(measure("release", func() (phaseResult, error) {
+						return runCounted(ctx, benchBatch, func(ctx context.Context, c, i int, _ *rand.Rand) error {
+							return release(ctx, held(round, c, i))
+						})
+					}))
+				}
+				slices.Sort(raw.latencies)
+				slices.Sort(pairs.latencies)
+				b.StopTimer()
+				if err := s.Verify(ctx); err != nil {
+					b.Fatalf("invariants after the run: %v", err)
+				}
+				ratio := pairs.perSecond() / raw.perSecond()
+				ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+				b.ReportMetric(0, "ns/op")
+				b.ReportMetric(pairs.perSecond(), "pairs/s")
+				b.ReportMetric(raw.perSecond(), "raw/s")
+				b.ReportMetric(ratio, "ratio")
+				b.ReportMetric(ms(pairs.quantile(0.50)), "p50-ms")
+				b.ReportMetric(ms(pairs.quantile(0.99)), "p99-ms")
+				rawCPU, rawScript, _ := cost["raw"].perOp(raw.ops)
+				placeCPU, placeScript, placeBatch := cost["place"].perOp(places.ops)
+				releaseCPU, releaseScript, releaseBatch := cost["release"].perOp(releases.ops)
+				b.ReportMetric(placeCPU, "redis-cpu-us/place")
+				b.ReportMetric(releaseCPU, "redis-cpu-us/release")
+				b.ReportMetric(rawCPU, "redis-cpu-us/raw")
+				b.ReportMetric(placeCPU/rawCPU, "place-cpu-x")
+				b.ReportMetric(releaseCPU/rawCPU, "release-cpu-x")
+				b.ReportMetric(placeBatch, "places/script")
+				b.ReportMetric(releaseBatch, "releases/script")
+				b.Logf("gpus=%d batch=%d clients=%d: place+release %.0f pairs/s (p50 %.2f ms, p99 %.2f ms), raw EVALSHA %.0f/s (p99 %.2f ms), ratio %.3f",
+					n, batch, benchClients, pairs.perSecond(), ms(pairs.quantile(0.50)), ms(pairs.quantile(0.99)),
+					raw.perSecond(), ms(raw.quantile(0.99)), ratio)
+				b.Logf("gpus=%d redis-server CPU per operation (INFO cpu): place %.1f µs (%.1f× trivial), release %.1f µs (%.1f×), trivial script %.1f µs; busy %.0f%% in the pair phase; %.1f places and %.1f releases per script",
+					n, placeCPU, placeCPU/rawCPU, releaseCPU, releaseCPU/rawCPU, rawCPU, 100*cost["pair"].cpu/pairs.elapsed.Seconds(), placeBatch, releaseBatch)
+				b.Logf("gpus=%d inside the script per operation (INFO commandstats evalsha): place %.1f µs (%.1f×), release %.1f µs (%.1f×), trivial %.1f µs; %d places, %d releases",
+					n, placeScript, placeScript/rawScript, releaseScript, releaseScript/rawScript, rawScript, places.ops, releases.ops)
+			})
+		}
 	}
 }
 
@@ -275,12 +281,13 @@ func (c *redisCost) add(before, after redisStats) {
 	c.calls += after.scriptCalls - before.scriptCalls
 }
 
-// perCall returns redis-server CPU µs and µs inside EVALSHA per EVALSHA.
-func (c *redisCost) perCall() (cpu, script float64) {
-	if c.calls == 0 {
-		return 0, 0
+// perOp returns redis-server CPU µs and µs inside EVALSHA per operation
+// of ops (a batch script carries several) and the operations per EVALSHA.
+func (c *redisCost) perOp(ops int) (cpu, script, batch float64) {
+	if c.calls == 0 || ops == 0 {
+		return 0, 0, 0
 	}
-	return c.cpu / float64(c.calls) * 1e6, float64(c.usec) / float64(c.calls)
+	return c.cpu / float64(ops) * 1e6, float64(c.usec) / float64(ops), float64(ops) / float64(c.calls)
 }
 
 // fillFleet registers n H200s, 8 per node, and places filler slices on a
@@ -372,58 +379,14 @@ const (
 	scriptBodyN     = 200
 )
 
-// evalRecorder is a go-redis hook that keeps the arguments of every EVAL
-// and EVALSHA that succeeded (not the EVALSHA of a script Redis had not
-// cached yet, which go-redis follows with an EVAL).
-type evalRecorder struct {
-	mu   sync.Mutex
-	args [][]any
-}
-
-func (h *evalRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *evalRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		if n := strings.ToLower(cmd.Name()); err == nil && (n == "evalsha" || n == "eval") {
-			h.mu.Lock()
-			h.args = append(h.args, slices.Clone(cmd.Args()))
-			h.mu.Unlock()
-		}
-		return err
-	}
-}
-
-func (h *evalRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-// keysAndArgv splits the arguments of EVALSHA sha n key... arg... .
-func keysAndArgv(args []any) ([]string, []any, error) {
-	if len(args) < 3 {
-		return nil, nil, fmt.Errorf("eval with %d arguments", len(args))
-	}
-	n, ok := args[2].(int)
-	if !ok || len(args) < 3+n {
-		return nil, nil, fmt.Errorf("eval arguments %v", args)
-	}
-	keys := make([]string, n)
-	for i := range n {
-		if keys[i], ok = args[3+i].(string); !ok {
-			return nil, nil, fmt.Errorf("eval key %v", args[3+i])
-		}
-	}
-	return keys, args[3+n:], nil
-}
-
 // BenchmarkPlaceReleaseScript measures what BenchmarkPlaceRelease cannot
 // separate on a busy machine: the Redis time of the place.lua and
 // release.lua bodies alone (no network, no argument parsing), next to one
 // redis.call (an HGET of a missing field) in the same script. One script
 // holds lib.lua, both bodies as functions, and a loop that places
 // scriptBodyN slices on a fleet of 1,000 H200s (8 GiB, 10 %, binpack, a
-// user and one group; the arguments are those Store.Place and
-// Store.Release sent), releases them and runs scriptBodyN HGETs, timed
+// user and one group; the KEYS and ARGV Store.Place and Store.Release
+// give each operation of a batch), releases them and runs scriptBodyN HGETs, timed
 // with TIME; the minimum over scriptBodyLoops scripts keeps out the time
 // other processes took. It reports ns per place, per release and per call
 // and their ratios (-x). Run it with -benchtime=1x.
@@ -438,26 +401,16 @@ func BenchmarkPlaceReleaseScript(b *testing.B) {
 	if err := fillFleet(ctx, s, 1000); err != nil {
 		b.Fatal(err)
 	}
-	rec := &evalRecorder{}
-	rdb.AddHook(rec)
 	req := fleet.PlaceRequest{SliceID: "body-0", User: "user1",
 		Slice:       fleet.Slice{MemoryMiB: 8192, ComputePercent: 10, ComputeLimitPercent: 10},
 		UserQuota:   fleet.Quota{Servers: 100000, MemoryMiB: 1 << 40, ComputePercent: 1 << 30},
 		GroupQuotas: map[string]fleet.Quota{"everyone": {Servers: 100000}}}
-	if _, err := s.Place(ctx, req); err != nil {
+	place, err := s.placeOp(req)
+	if err != nil {
 		b.Fatal(err)
 	}
-	if ok, err := s.Release(ctx, req.SliceID); err != nil || !ok {
-		b.Fatalf("Release = %v, %v", ok, err)
-	}
-	if len(rec.args) != 2 {
-		b.Fatalf("place and release sent %d scripts, want 2", len(rec.args))
-	}
-	pk, pa, err1 := keysAndArgv(rec.args[0])
-	rk, ra, err2 := keysAndArgv(rec.args[1])
-	if err := errors.Join(err1, err2); err != nil {
-		b.Fatal(err)
-	}
+	release := s.releaseOp(req.SliceID)
+	pk, pa, rk, ra := place.keys, place.args, release.keys, release.args
 	// The slice id is ARGV[2] of both scripts (place.lua, release.lua).
 	script := libConsts + libLua + "\nlocal function place_body(KEYS, ARGV)\n" + placeLua +
 		"\nend\nlocal function release_body(KEYS, ARGV)\n" + releaseLua + `

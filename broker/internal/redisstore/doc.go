@@ -77,6 +77,17 @@
 // rather than passed on every call (go tool task bench prints both
 // benchmarks).
 //
+// Places, and separately releases, are sent by group commit (batch.go,
+// scripts/batch.lua): one that finds fewer than four batches of its kind in
+// flight goes out at once, alone (as place.lua or release.lua itself);
+// those that arrive while four are out
+// wait and go together, up to WithBatch (DefaultBatch, 16) per script. A
+// lone caller waits for nothing; under load the round trip and the
+// script's set-up are shared, and each operation is still checked and
+// charged on its own, in arrival order, with its own reply (a body that
+// raises an error fails only its own operation). BenchmarkPlaceRelease
+// runs with batches of 1 and of DefaultBatch side by side.
+//
 // # Errors
 //
 // redis.Nil becomes fleet.ErrNotFound here; placement refusals are

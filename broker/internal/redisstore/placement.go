@@ -3,106 +3,14 @@ package redisstore
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/gpubroker/gpubroker/broker/api/redisschema"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 )
-
-// allocRecord is the stored form of a fleet.Allocation, written by
-// alloc_json in scripts/lib.lua: its head (recordHead), the slice members,
-// the device's ref (allocRef) and its sharing mode.
-type allocRecord struct {
-	allocHead
-	MemoryMiB           int64  `json:"memoryMiB"`
-	ComputePercent      int    `json:"computePercent"`
-	ComputeLimitPercent int    `json:"computeLimitPercent"`
-	GPU                 string `json:"gpu"`
-	Node                string `json:"node"`
-	Model               string `json:"model"`
-	MIGProfile          string `json:"migProfile,omitempty"`
-	Parent              string `json:"parent,omitempty"`
-	Sharing             string `json:"sharing,omitempty"` // absent: before sharing modes (sliced)
-}
-
-// allocHead is the part of an allocRecord that the allocation itself
-// gives; the rest depends on the device placement chose.
-type allocHead struct {
-	SliceID string   `json:"sliceId"`
-	User    string   `json:"user"`
-	Groups  []string `json:"groups"`
-}
-
-func decodeAlloc(raw string) (fleet.Allocation, error) {
-	var r allocRecord
-	if err := json.Unmarshal([]byte(raw), &r); err != nil {
-		return fleet.Allocation{}, fmt.Errorf("decode allocation: %w", err)
-	}
-	a := fleet.Allocation{
-		SliceID: r.SliceID,
-		User:    r.User,
-		Slice: fleet.Slice{
-			MemoryMiB:           r.MemoryMiB,
-			ComputePercent:      r.ComputePercent,
-			ComputeLimitPercent: r.ComputeLimitPercent,
-		},
-		GPUUUID:    r.GPU,
-		Node:       r.Node,
-		Model:      r.Model,
-		Sharing:    fleet.ModeOf(fleet.SharingMode(r.Sharing)),
-		MIGProfile: r.MIGProfile,
-		Parent:     r.Parent,
-	}
-	if len(r.Groups) > 0 {
-		a.Groups = r.Groups
-	}
-	return a, nil
-}
-
-// The scripts store an allocation as recordHead(...) + the slice members
-// (slice_members in lib.lua: whole devices are charged their own size,
-// known only once chosen) + ref + the "sharing" member of the device's mode
-// + "}", where ref names the device; together they are the JSON of
-// allocRecord. Splitting it keeps JSON encoding of free text out of Lua:
-// the device's ref is built here when it registers and stored in its hash;
-// Lua writes only integers and mode names.
-
-// recordHead returns the JSON of a's slice id, user and groups, without
-// the closing brace and with a trailing comma.
-func recordHead(a fleet.Allocation) (string, error) {
-	groups := a.Groups
-	if groups == nil {
-		groups = []string{}
-	}
-	b, err := json.Marshal(allocHead{a.SliceID, a.User, groups})
-	if err != nil {
-		return "", fmt.Errorf("encode allocation: %w", err)
-	}
-	return string(b[:len(b)-1]) + ",", nil
-}
-
-// allocRef returns the JSON members "gpu":…,"node":…,"model":… (and for a
-// MIG instance "migProfile":…,"parent":…) that follow the slice members of
-// a record.
-func allocRef(gpu, node, model, migProfile, parent string) (string, error) {
-	b, err := json.Marshal(struct {
-		GPU        string `json:"gpu"`
-		Node       string `json:"node"`
-		Model      string `json:"model"`
-		MIGProfile string `json:"migProfile,omitempty"`
-		Parent     string `json:"parent,omitempty"`
-	}{gpu, node, model, migProfile, parent})
-	if err != nil {
-		return "", fmt.Errorf("encode gpu ref: %w", err)
-	}
-	return string(b[1 : len(b)-1]), nil
-}
 
 func validatePlace(req fleet.PlaceRequest) error {
 	var errs []error
@@ -161,8 +69,43 @@ func validatePlace(req fleet.PlaceRequest) error {
 // Policy binpack (the default) picks the fitting GPU with the least free
 // memory, spread the one with the most; ties go to the smaller uuid.
 func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Allocation, error) {
+	op, err := s.placeOp(req)
+	if err != nil {
+		return fleet.Allocation{}, err
+	}
+	octx, cancel := context.WithTimeout(ctx, s.opTimeout+s.waitTimeout) // queued and sent, as one call was
+	r, err := s.places.do(octx, op)
+	cancel()
+	if err == nil {
+		err = r.err
+	}
+	if err != nil {
+		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
+	}
+	a, refusal, err := placeResult(req, r.reply)
+	if err != nil {
+		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
+	}
+	if refusal == nil && r.acked < r.want {
+		// Fewer replicas than were online acknowledged it. If fewer are
+		// online now (one left, or a failover left the new master alone),
+		// the placement is on every replica a failover could promote.
+		octx, cancel := context.WithTimeout(ctx, s.opTimeout)
+		defer cancel()
+		if now, err := s.replicas.want(octx, s.rdb, s.waitReplicas, true); err != nil || r.acked < now {
+			// Not durable: a failover could lose it while its pod runs.
+			_, rerr := s.Release(context.WithoutCancel(ctx), req.SliceID)
+			return fleet.Allocation{}, errors.Join(fmt.Errorf("%w: the placement was not confirmed by %d Redis replica(s) within %s (%d did), so no GPU was reserved; try again",
+				fleet.ErrUnavailable, r.want, s.waitTimeout, r.acked), err, rerr)
+		}
+	}
+	return a, refusal
+}
+
+// placeOp validates req and builds place.lua's KEYS and ARGV for it.
+func (s *Store) placeOp(req fleet.PlaceRequest) (scriptOp, error) {
 	if err := validatePlace(req); err != nil {
-		return fleet.Allocation{}, fmt.Errorf("%w: place slice %q: %w", fleet.ErrInvalid, req.SliceID, err)
+		return scriptOp{}, fmt.Errorf("%w: place slice %q: %w", fleet.ErrInvalid, req.SliceID, err)
 	}
 	groups := fleet.SortedGroups(req.GroupQuotas)
 	if len(groups) == 0 {
@@ -170,7 +113,7 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	}
 	head, err := recordHead(fleet.Allocation{SliceID: req.SliceID, User: req.User, Groups: groups})
 	if err != nil {
-		return fleet.Allocation{}, err
+		return scriptOp{}, err
 	}
 	policy := req.Policy
 	if policy == "" {
@@ -199,68 +142,26 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 		q := req.GroupQuotas[g]
 		args = append(args, g, q.Servers, q.MemoryMiB, q.ComputePercent)
 	}
-
-	octx, cancel := context.WithTimeout(ctx, s.opTimeout+s.waitTimeout)
-	defer cancel()
-	want, err := s.replicas.want(octx, s.rdb, s.waitReplicas, false)
-	if err != nil {
-		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
-	}
-	res, acked, err := s.runAcked(octx, placeScript, want, keys, args...)
-	if err != nil {
-		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
-	}
-	a, refusal, err := placeResult(req, res)
-	if err != nil {
-		return fleet.Allocation{}, fmt.Errorf("place slice %s: %w", req.SliceID, err)
-	}
-	if refusal == nil && acked < want {
-		// Fewer replicas than were online acknowledged it. If fewer are
-		// online now (one left, or a failover left the new master alone),
-		// the placement is on every replica a failover could promote.
-		if now, err := s.replicas.want(octx, s.rdb, s.waitReplicas, true); err != nil || acked < now {
-			// Not durable: a failover could lose it while its pod runs.
-			_, rerr := s.Release(context.WithoutCancel(ctx), req.SliceID)
-			return fleet.Allocation{}, errors.Join(fmt.Errorf("%w: the placement was not confirmed by %d Redis replica(s) within %s (%d did), so no GPU was reserved; try again",
-				fleet.ErrUnavailable, want, s.waitTimeout, acked), err, rerr)
-		}
-	}
-	return a, refusal
+	return scriptOp{keys, args}, nil
 }
 
-// runAcked runs script and, when want > 0, WAIT want on the same
-// connection (one pipeline, so the wait covers the script's writes and
-// every earlier one), returning the script's reply and how many replicas
-// acknowledged it. A script the server has not cached (a new master after
-// a failover) is loaded and the pipeline sent once more.
-func (s *Store) runAcked(ctx context.Context, script *redis.Script, want int, keys []string, args ...any) (any, int, error) {
-	if want <= 0 {
-		res, err := script.Run(ctx, s.rdb, keys, args...).Result()
-		return res, 0, err
+// runPlaces runs one batch of places (placeBatchScript) and, when
+// WithWaitReplicas asks for it, WAIT after it.
+func (s *Store) runPlaces(ctx context.Context, ops []scriptOp) ([]batchReply, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opTimeout+s.waitTimeout)
+	defer cancel()
+	want, err := s.replicas.want(ctx, s.rdb, s.waitReplicas, false)
+	if err != nil {
+		return nil, err
 	}
-	for attempt := 0; ; attempt++ {
-		var ev, wait *redis.Cmd
-		_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			ev = script.EvalSha(ctx, p, keys, args...)
-			wait = p.Do(ctx, "wait", want, s.waitTimeout.Milliseconds())
-			return nil
-		}) // each command's own error is read below
-		res, err := ev.Result()
-		if err != nil && attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			if err := script.Load(ctx, s.rdb).Err(); err != nil {
-				return nil, 0, fmt.Errorf("load script: %w", err)
-			}
-			continue
-		}
-		if err != nil {
-			return nil, 0, err
-		}
-		n, err := wait.Int64()
-		if err != nil {
-			return res, 0, fmt.Errorf("wait for %d replica(s): %w", want, err)
-		}
-		return res, int(n), nil
-	}
+	return s.runBatch(ctx, placeScript, placeBatchScript, want, ops)
+}
+
+// runReleases runs one batch of releases (releaseBatchScript).
+func (s *Store) runReleases(ctx context.Context, ops []scriptOp) ([]batchReply, error) {
+	ctx, cancel := s.op(ctx)
+	defer cancel()
+	return s.runBatch(ctx, releaseScript, releaseBatchScript, 0, ops)
 }
 
 // placeResult turns place.lua's reply into an allocation, a refusal (a
@@ -327,19 +228,25 @@ func mpsShape(s fleet.Slice) string {
 // Release frees the slice sliceID and un-charges its GPU, user and groups.
 // It is idempotent and reports whether an allocation was freed.
 func (s *Store) Release(ctx context.Context, sliceID string) (bool, error) {
-	ctx, cancel := s.op(ctx)
+	ctx, cancel := s.op(ctx) // queued and sent, as one call was
 	defer cancel()
-	res, err := releaseScript.Run(ctx, s.rdb,
-		[]string{s.k.Allocs(), s.k.Usage()},
-		s.k.GPUPrefix(), sliceID).Result()
+	r, err := s.releases.do(ctx, s.releaseOp(sliceID))
+	if err == nil {
+		err = r.err
+	}
 	if err != nil {
 		return false, fmt.Errorf("release slice %s: %w", sliceID, err)
 	}
-	n, err := asInt(res)
+	n, err := asInt(r.reply)
 	if err != nil {
 		return false, fmt.Errorf("release slice %s: %w", sliceID, err)
 	}
 	return n == 1, nil
+}
+
+// releaseOp is release.lua's KEYS and ARGV for sliceID.
+func (s *Store) releaseOp(sliceID string) scriptOp {
+	return scriptOp{keys: []string{s.k.Allocs(), s.k.Usage()}, args: []any{s.k.GPUPrefix(), sliceID}}
 }
 
 // Restore records an allocation that a pod proves exists (the reconciler

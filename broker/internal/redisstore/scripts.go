@@ -23,6 +23,8 @@ var (
 	placeLua string
 	//go:embed scripts/release.lua
 	releaseLua string
+	//go:embed scripts/batch.lua
+	batchLua string
 	//go:embed scripts/restore.lua
 	restoreLua string
 	//go:embed scripts/register.lua
@@ -65,6 +67,8 @@ var libConsts = "local USER_FIELD, GROUP_FIELD, ALL_MODES = " + strconv.Quote(us
 var (
 	placeScript          = redis.NewScript(libConsts + libLua + placeLua)
 	releaseScript        = redis.NewScript(libConsts + libLua + releaseLua)
+	placeBatchScript     = batchScript(placeLua)
+	releaseBatchScript   = batchScript(releaseLua)
 	restoreScript        = redis.NewScript(libConsts + libLua + restoreLua)
 	registerScript       = redis.NewScript(libConsts + libLua + registerLua)
 	healthScript         = redis.NewScript(libConsts + libLua + healthLua)
@@ -80,6 +84,13 @@ var (
 	releaseLockScript    = redis.NewScript(releaseLockLua)
 	markReconciledScript = redis.NewScript(markReconciledLua)
 )
+
+// batchScript is the script that runs body (a script that changes GPU
+// usage: lib.lua's helpers, its own KEYS and ARGV) once per operation of a
+// batch (batch.lua, batch.go).
+func batchScript(body string) *redis.Script {
+	return redis.NewScript(libConsts + libLua + "local function one(KEYS, ARGV)\n" + body + "\nend\n" + batchLua)
+}
 
 // The helpers below check the type of every part of a script's reply; a
 // reply of an unexpected shape is an error, never a panic.

@@ -149,7 +149,12 @@ func (s *Store) recordTTL(st fleet.State) int64 {
 // stopped or failed) under another key, the error is a *ConflictError
 // (fleet.ErrConflict) with the current state. A stopped or failed record
 // it replaces is kept for a while, so that DiscardServer can put it back
-// when the new start is refused. A bad s wraps fleet.ErrInvalid.
+// when the new start is refused. A bad s wraps fleet.ErrInvalid. While the
+// reconcile marker is missing (Redis lost its data and the rebuild has not
+// restored the servers of the pods that still run), a new spawn is refused
+// with an error wrapping fleet.ErrNotReady: a server whose record was lost
+// may still run its pod, and a new spawn of its name would make that pod
+// look like a replaced spawn's, which the reconciler deletes.
 func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Server, bool, error) {
 	var errs []error
 	if srv.User == "" {
@@ -176,7 +181,7 @@ func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Serve
 
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	keys := append(s.serverKeys(srv.ServerKey), s.k.ServerPrevious(srv.User, srv.Name))
+	keys := append(s.serverKeys(srv.ServerKey), s.k.ServerPrevious(srv.User, srv.Name), s.k.Marker())
 	res, err := createServerScript.Run(ctx, s.rdb, keys, args...).Result()
 	if err != nil {
 		return fleet.Server{}, false, fmt.Errorf("create server %s/%s: %w", srv.User, srv.Name, err)
@@ -196,6 +201,8 @@ func (s *Store) CreateServer(ctx context.Context, srv fleet.Server) (fleet.Serve
 		}
 		out, err := decodeServer(h)
 		return out, tag == "created" && err == nil, err
+	case "notready":
+		return fleet.Server{}, false, fmt.Errorf("%w: create server %s/%s: GPU allocations are being rebuilt from the cluster after Redis lost its data; try again in a moment", fleet.ErrNotReady, srv.User, srv.Name)
 	case "conflict":
 		f, err := stringsN(rest, 2)
 		if err != nil {

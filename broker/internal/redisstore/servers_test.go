@@ -132,6 +132,59 @@ func TestCreateServer(t *testing.T) {
 	})
 }
 
+// TestCreateServerRefusesANewSpawnDuringARebuild: while the reconcile
+// marker is missing, a server whose record Redis lost may still run its
+// pod; a new spawn recorded under its name would make the reconciler take
+// that pod for a replaced spawn's and delete it (the chaos soak lost 16
+// servers so). So CreateServer refuses a new spawn then and writes nothing,
+// a failed record it would replace included; a retry with the key of the
+// record that is there still gets that record.
+func TestCreateServerRefusesANewSpawnDuringARebuild(t *testing.T) {
+	srv := redistest.Start(t)
+	s, _ := newStore(t, srv)
+	ctx := t.Context()
+	rdb := srv.Client(t)
+	k := fleet.ServerKey{User: "alice", Name: "old"}
+	if _, _, err := s.CreateServer(ctx, pendingServer("alice", "old", "spawn-1", "idem-1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Transition(ctx, k, "spawn-1", v1.StateFailed, "image pull failed", Patch{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.Del(ctx, s.k.Marker()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := rdb.Keys(ctx, "*").Val()
+	slices.Sort(before)
+	for _, tc := range []struct{ name, server, idem string }{
+		{"a new server", "nb", "idem-2"},
+		{"a failed server started again", "old", "idem-3"},
+	} {
+		_, created, err := s.CreateServer(ctx, pendingServer("alice", tc.server, "spawn-2", tc.idem))
+		if !errors.Is(err, fleet.ErrNotReady) || created {
+			t.Errorf("%s: CreateServer = %v, %v; want fleet.ErrNotReady", tc.name, created, err)
+		}
+	}
+	after := rdb.Keys(ctx, "*").Val()
+	slices.Sort(after)
+	if !slices.Equal(before, after) {
+		t.Errorf("keys before %v, after the refused creates %v; want nothing written", before, after)
+	}
+	if got, err := s.GetServer(ctx, k); err != nil || got.SpawnID != "spawn-1" || got.State != v1.StateFailed {
+		t.Errorf("the failed record after a refused start: %+v, %v", got, err)
+	}
+	got, created, err := s.CreateServer(ctx, pendingServer("alice", "old", "spawn-9", "idem-1"))
+	if err != nil || created || got.SpawnID != "spawn-1" {
+		t.Errorf("a retry with the record's own key = %+v, %v, %v; want the failed spawn-1", got, created, err)
+	}
+	if err := s.MarkReconciled(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, created, err := s.CreateServer(ctx, pendingServer("alice", "nb", "spawn-2", "idem-2")); err != nil || !created {
+		t.Errorf("CreateServer once rebuilt = %v, %v; want created", created, err)
+	}
+}
+
 func TestTransitionFollowsLifecycle(t *testing.T) {
 	srv := redistest.Start(t)
 	s, _ := newStore(t, srv)

@@ -45,6 +45,10 @@ type Store struct {
 	waitReplicas int
 	waitTimeout  time.Duration
 	replicas     *replicaCount
+	// batch: WithBatch; places and releases: their group commit.
+	batch    int
+	places   *batcher[scriptOp, batchReply]
+	releases *batcher[scriptOp, batchReply]
 }
 
 // Option configures a Store.
@@ -90,6 +94,11 @@ func WithWaitReplicas(n int, timeout time.Duration) Option {
 	}
 }
 
+// WithBatch sets how many places, and separately how many releases, one
+// script carries at most (group commit, batch.go): 1 sends each alone;
+// default DefaultBatch. n < 1 means 1.
+func WithBatch(n int) Option { return func(s *Store) { s.batch = max(n, 1) } }
+
 // New returns a Store on client with every key under prefix, followed by
 // the hash tag {gpubroker} (redisschema.New). prefix may be ""; it must be the same for every
 // broker replica sharing the fleet and must not contain '{' or '}' (they
@@ -102,10 +111,13 @@ func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 		opTimeout: DefaultOpTimeout,
 		retention: DefaultRetention,
 		replicas:  &replicaCount{},
+		batch:     DefaultBatch,
 	}
 	for _, o := range opts {
 		o(s)
 	}
+	s.places = &batcher[scriptOp, batchReply]{max: s.batch, inFlight: batchesInFlight, run: s.runPlaces}
+	s.releases = &batcher[scriptOp, batchReply]{max: s.batch, inFlight: batchesInFlight, run: s.runReleases}
 	if s.blocking == nil {
 		s.blocking = client
 	}

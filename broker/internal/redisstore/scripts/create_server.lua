@@ -3,6 +3,7 @@
 -- KEYS[1] server record, KEYS[2] its event stream,
 -- KEYS[3] the user's server-name set, KEYS[4] the all-servers set,
 -- KEYS[5] where the replaced (stopped or failed) record is kept
+-- KEYS[6] the reconcile marker (string; no new spawn while it is absent)
 -- ARGV[1] idempotency key ("" never matches)
 -- ARGV[2] now (Unix ns), ARGV[3] event MAXLEN, ARGV[4] event TTL ms
 -- ARGV[5] server name (member of KEYS[3])
@@ -13,6 +14,12 @@
 --   {"created", HGETALL of the record}
 --   {"exists", HGETALL}   a record with the same idempotency key
 --   {"conflict", state, spawn}   a live spawn with another key
+--   {"notready"}   no record is live with the key and the marker is
+--                  missing: Redis lost its data, and a server whose record
+--                  went with it may still run its pod, which the rebuild
+--                  restores; a new spawn recorded meanwhile would make that
+--                  pod look like a replaced spawn's, which the reconciler
+--                  deletes (the server would be lost)
 
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local cur = redis.call('HMGET', KEYS[1], 'idem', 'state', 'spawn')
@@ -22,6 +29,11 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   if cur[2] ~= 'stopped' and cur[2] ~= 'failed' then
     return {'conflict', cur[2], cur[3]}
   end
+end
+if redis.call('EXISTS', KEYS[6]) == 0 then
+  return {'notready'}
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
   -- Kept until the new start is past its refusable steps: a refused
   -- start puts it back (discard_server.lua).
   redis.call('RENAME', KEYS[1], KEYS[5])
