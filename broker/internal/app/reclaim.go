@@ -102,9 +102,10 @@ func runReclaimer(ctx context.Context, cfg config.Config, p *parts) error {
 	if err != nil {
 		return err
 	}
+	renew, retry := leader.Timings(cfg.LeaseDuration)
 	return leader.Run(ctx, leader.Config{
 		Client: p.kube, Namespace: cfg.LeaderElectionNamespace, Name: cfg.LeaseName, Identity: id,
-		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.LeaseDuration * 2 / 3, RetryPeriod: cfg.LeaseDuration * 2 / 15,
+		LeaseDuration: cfg.LeaseDuration, RenewDeadline: renew, RetryPeriod: retry,
 		OnLeader: func(leading bool) {
 			p.metrics.SetLeader(leading)
 			p.reconciler.SetLeading(leading)

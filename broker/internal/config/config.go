@@ -176,7 +176,8 @@ type Config struct {
 	// LeaseName is that Lease's name. Default "gpubroker-reclaimer".
 	LeaseName string
 	// LeaseDuration is how long the Lease is valid without renewal; at
-	// least 2 s. Default 15 s (client-go's and kube-controller-manager's).
+	// least leader.MinLeaseDuration (3 s). Default 15 s (client-go's and
+	// kube-controller-manager's).
 	LeaseDuration time.Duration
 }
 

@@ -436,7 +436,7 @@ func TestValidate(t *testing.T) {
 				`--orphan-grace (GPUBROKER_ORPHAN_GRACE): must be > 0, got 0s`,
 				`--start-timeout (GPUBROKER_START_TIMEOUT): must be > 0, got -1s`,
 				`--shutdown-timeout (GPUBROKER_SHUTDOWN_TIMEOUT): must be > 0, got 0s`,
-				`--lease-duration (GPUBROKER_LEASE_DURATION): must be at least 2s, got 1s`,
+				`--lease-duration (GPUBROKER_LEASE_DURATION): must be at least 3s, got 1s`,
 				`--log-level (GPUBROKER_LOG_LEVEL): must be one of debug, info, warn, error, got "verbose"`,
 				`--log-format (GPUBROKER_LOG_FORMAT): must be one of json, text, got "xml"`,
 			},

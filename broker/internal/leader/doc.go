@@ -10,6 +10,8 @@
 //   - Two replicas never run the work at once: the elector's context is
 //     stopped only after the work has returned, and the Lease is released
 //     (ReleaseOnCancel) only then, so another replica takes over within
-//     RetryPeriod instead of LeaseDuration.
+//     RetryPeriod instead of LeaseDuration. A holder cut off from the API
+//     server (not stopped) stops leading before another may take the
+//     Lease over when RenewDeadline and RetryPeriod come from Timings.
 //   - Run waits for the work and for its own goroutines before it returns.
 package leader
