@@ -59,15 +59,15 @@ type scaleReport struct {
 	// sideRaw: the server creates and as many raw pod creates interleaved
 	// with them in one load (the side-by-side comparison).
 	raw, broker, sideRaw, deletes harness.LoadResult
-	listed               int // servers running at S, as the admin's list reads them
-	passes               []passReport
-	reclaim              passReport
-	replicas             []replicaUsage
-	watch                watchReport
-	podsGone             time.Duration     // from the last delete answered to no managed pod left
-	deletePools          []harness.Metrics // each replica's Redis pool series over the deletes
-	steps                spawnSteps        // where the creates' time went
-	deleteRetries        atomic.Int64      // deletes answered 503 and sent again
+	listed                        int // servers running at S, as the admin's list reads them
+	passes                        []passReport
+	reclaim                       passReport
+	replicas                      []replicaUsage
+	watch                         watchReport
+	podsGone                      time.Duration     // from the last delete answered to no managed pod left
+	deletePools                   []harness.Metrics // each replica's Redis pool series over the deletes
+	steps                         spawnSteps        // where the creates' time went
+	deleteRetries                 atomic.Int64      // deletes answered 503 and sent again
 }
 
 // passReport is one reconcile pass (or reclaim cycle) on one replica: its
