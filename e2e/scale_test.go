@@ -39,6 +39,7 @@ var (
 	scaleWatchers  = flag.Int("scale-watchers", 1000, "BenchmarkScale: event-stream watchers of one server")
 	scaleEvents    = flag.Int("scale-events", 20, "BenchmarkScale: events fanned out to the watchers")
 	scalePprof     = flag.String("scale-pprof", "", "BenchmarkScale: a folder to write the Lease holder's CPU profile of the measured reconcile passes to (its --debug-pprof-listen); empty: none")
+	scaleBinaryB   = flag.String("scale-broker-b", "", "BenchmarkScale: a second gpubroker binary (another build, e.g. main's) for the odd replicas; the creates each binary's replicas served are then reported apart, side by side in the one load")
 	scaleReconcile = flag.Duration("scale-reconcile-interval", 10*time.Second, "BenchmarkScale: the brokers' --reconcile-interval")
 )
 
@@ -67,6 +68,7 @@ type scaleReport struct {
 	podsGone                      time.Duration     // from the last delete answered to no managed pod left
 	deletePools                   []harness.Metrics // each replica's Redis pool series over the deletes
 	steps                         spawnSteps        // where the creates' time went
+	stepsBy                       [2]spawnSteps     // with -scale-broker-b: the creates of the even replicas (this build) and the odd ones (binary B)
 	deleteRetries                 atomic.Int64      // deletes answered 503 and sent again
 }
 
@@ -224,7 +226,11 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	e := newEnv(tb, envOptions{nodes: cfg.nodes, gpusPerNode: cfg.gpus, profiles: spawnProfiles, leaderElection: true, brokerArgs: pprofArgs()})
 	replicas := []*harness.Broker{e.broker}
 	for len(replicas) < cfg.replicas {
-		replicas = append(replicas, e.startBroker(pprofArgs()...))
+		bin := e.bin
+		if *scaleBinaryB != "" && len(replicas)%2 == 1 {
+			bin = *scaleBinaryB
+		}
+		replicas = append(replicas, e.startBrokerBinary(bin, pprofArgs()...))
 	}
 	progress("scale rig: %d nodes × %d GPUs (%d), %d replicas, ready in %s", cfg.nodes, cfg.gpus, len(e.gpus), len(replicas),
 		time.Since(start).Round(time.Millisecond))
@@ -281,7 +287,11 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	r.broker, r.sideRaw, err = interleaved(ctx, serverLoad, func(ctx context.Context, i int) (time.Duration, error) {
 		u := i % cfg.users
 		name := fmt.Sprintf("s%d", i)
-		return createRunningSteps(ctx, clients[u][i%len(replicas)], users[u], name, &r.steps, managed.Running(spawner.PodName(users[u], name)))
+		steps := &r.steps
+		if *scaleBinaryB != "" {
+			steps = &r.stepsBy[(i%len(replicas))%2]
+		}
+		return createRunningSteps(ctx, clients[u][i%len(replicas)], users[u], name, steps, managed.Running(spawner.PodName(users[u], name)))
 	}, side.create)
 	if err != nil {
 		tb.Fatalf("servers through the brokers: %v", err)
@@ -848,11 +858,29 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 		ms(r.broker.Quantile(0.5)-r.sideRaw.Quantile(0.5)), ms(r.broker.Quantile(0.99)-r.sideRaw.Quantile(0.99)))
 	say("  against the raw pods alone (first phase, not the same load): p50 %+.0f ms, p99 %+.0f ms",
 		ms(r.broker.Quantile(0.5)-r.raw.Quantile(0.5)), ms(r.broker.Quantile(0.99)-r.raw.Quantile(0.99)))
-	n, tail := r.steps.slowest(0.01)
-	say("  by step (each step's own p50 and p99; then its mean over the slowest 1%% of the creates, %d, whose mean total is %.0f ms):", n, ms(tail["total"]))
-	for _, name := range spawnStepNames {
-		d := r.steps.steps[name]
-		say("  step %-62s p50 %6.0f ms  p99 %6.0f ms  slowest 1%% %6.0f ms", name, ms(harness.Quantile(d, 0.5)), ms(harness.Quantile(d, 0.99)), ms(tail[name]))
+	byStep := func(st *spawnSteps) {
+		n, tail := st.slowest(0.01)
+		say("  by step (each step's own p50 and p99; then its mean over the slowest 1%% of the creates, %d, whose mean total is %.0f ms):", n, ms(tail["total"]))
+		for _, name := range spawnStepNames {
+			d := st.steps[name]
+			say("  step %-62s p50 %6.0f ms  p99 %6.0f ms  slowest 1%% %6.0f ms", name, ms(harness.Quantile(d, 0.5)), ms(harness.Quantile(d, 0.99)), ms(tail[name]))
+		}
+	}
+	if *scaleBinaryB == "" {
+		byStep(&r.steps)
+	}
+	for b, what := range []string{"this build (even replicas)", "binary B " + *scaleBinaryB + " (odd replicas)"} {
+		st := &r.stepsBy[b]
+		if len(st.each) == 0 {
+			continue
+		}
+		l := harness.LoadResult{Wall: r.broker.Wall}
+		for _, c := range st.each {
+			l.Latencies = append(l.Latencies, c.total)
+		}
+		say("servers created through %s: %d, create→running p50 %.0f ms p99 %.0f ms; added, side by side with the same raw pods: p50 %+.0f ms, p99 %+.0f ms",
+			what, len(l.Latencies), ms(l.Quantile(0.5)), ms(l.Quantile(0.99)), ms(l.Quantile(0.5)-r.sideRaw.Quantile(0.5)), ms(l.Quantile(0.99)-r.sideRaw.Quantile(0.99)))
+		byStep(st)
 	}
 	say("at %d servers (%d listed running):", cfg.servers, r.listed)
 	for i, p := range r.passes {
