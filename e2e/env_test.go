@@ -169,11 +169,17 @@ func newEnv(t testing.TB, o envOptions) *env {
 // namespace and issuer, with args appended), stopped when the test ends
 // (its log printed if the test failed).
 func (e *env) startBroker(args ...string) *harness.Broker {
+	e.t.Helper()
+	return e.startBrokerBinary(e.bin, args...)
+}
+
+// startBrokerBinary is startBroker with the gpubroker binary at bin.
+func (e *env) startBrokerBinary(bin string, args ...string) *harness.Broker {
 	t := e.t
 	t.Helper()
 	start := time.Now()
 	o := e.redisOpts
-	o.Binary, o.Dir = e.bin, t.TempDir()
+	o.Binary, o.Dir = bin, t.TempDir()
 	o.Kubeconfig, o.Namespace = cmp.Or(e.kubeconfig, e.cluster.BrokerKubeconfig), e.ns
 	o.IssuerURL, o.Audience = e.issuer.URL(), audience
 	o.ProfilesYAML, o.HubToken = e.profiles, e.hubToken

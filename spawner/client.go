@@ -102,18 +102,66 @@ func New(cs kubernetes.Interface, cfg Config, log *slog.Logger, opts ...Option) 
 }
 
 // Create creates the Secret (when secretEnv is non-empty) and then the pod of
-// one spawn. s.SecretEnv is set from secretEnv, whose keys must be valid env
-// names and not reserved (see Spec.Env). It is idempotent: a pod of the same
-// spawn that already exists is success. Errors wrap ErrInvalid (bad spec),
-// ErrPodExists (the name is held by a pod of another spawn, usually still
-// terminating; retry later), ErrNotOwned (an object of that name is not
-// gpubroker's), ErrRejected (the API server refused the objects for good),
-// or the API error (retryable). After an error the Secret may exist without
-// the pod; Delete(ctx, s.User, s.Server, s.SpawnID) removes it. A retry for
-// the same spawn keeps the Secret the first attempt wrote (secretEnv of the
-// retry is not written): the spawn's pod reads that one.
+// one spawn: PutSecret then CreatePod, after checking both, so a bad spec
+// writes nothing. s.SecretEnv is set from secretEnv. It is idempotent: a pod
+// of the same spawn that already exists is success. Errors are PutSecret's
+// and CreatePod's. After an error the Secret may exist without the pod;
+// Delete(ctx, s.User, s.Server, s.SpawnID) removes it.
 func (c *Client) Create(ctx context.Context, s Spec, secretEnv map[string]string) error {
 	s.SecretEnv = len(secretEnv) > 0
+	if err := checkSecretEnv(s, secretEnv); err != nil {
+		return err
+	}
+	pod, err := Pod(c.cfg, s)
+	if err != nil {
+		return fmt.Errorf("create server %q/%q: %w", s.User, s.Server, err)
+	}
+	if s.SecretEnv {
+		if err := c.PutSecret(ctx, s, secretEnv); err != nil {
+			return err
+		}
+	}
+	return c.createPod(ctx, s, pod)
+}
+
+// PutSecret writes the Secret of spawn (s.User, s.Server, s.SpawnID) that
+// holds secretEnv, whose keys must be valid env names and not reserved (see
+// Spec.Env); of s only those three fields are read, so it can run before
+// the spawn's slice is placed. It is idempotent: a Secret of the same spawn
+// (a retry of a create whose answer was lost) is left as it is, since the
+// spawn's pod may already run with its values, its notebook token above
+// all, which the proxy reads back; a gpubroker Secret of an earlier spawn
+// is overwritten. Errors wrap ErrInvalid (a bad key), ErrNotOwned (a
+// Secret of that name is not gpubroker's), ErrRejected (the API server
+// refused it for good), ErrUnavailable (no answer, after retries of
+// transient errors) or are the API error.
+func (c *Client) PutSecret(ctx context.Context, s Spec, secretEnv map[string]string) error {
+	if err := checkSecretEnv(s, secretEnv); err != nil {
+		return err
+	}
+	secret := Secret(c.cfg, s, secretEnv)
+	return c.retry(ctx, "create secret "+secret.Name, func(ctx context.Context) error { return c.putSecret(ctx, secret) })
+}
+
+// CreatePod creates the pod of one spawn; s.SecretEnv says that it reads
+// the spawn's Secret, which PutSecret must have written first (a kubelet
+// that finds it missing fails the container and retries only after its
+// back-off). It is idempotent: a pod of the same spawn that already exists
+// is success. Errors wrap ErrInvalid (bad spec), ErrPodExists (the name is
+// held by a pod of another spawn, usually still terminating; retry later),
+// ErrNotOwned (a pod of that name is not gpubroker's), ErrRejected (the API
+// server refused it for good), ErrUnavailable, or are the API error.
+func (c *Client) CreatePod(ctx context.Context, s Spec) error {
+	pod, err := Pod(c.cfg, s)
+	if err != nil {
+		return fmt.Errorf("create server %q/%q: %w", s.User, s.Server, err)
+	}
+	return c.createPod(ctx, s, pod)
+}
+
+// checkSecretEnv refuses secret env names that are not valid or reserved;
+// the error wraps ErrInvalid and names each.
+func checkSecretEnv(s Spec, secretEnv map[string]string) error {
 	var bad []error
 	for _, k := range slices.Sorted(maps.Keys(secretEnv)) {
 		if msgs := validation.IsEnvVarName(k); len(msgs) > 0 || reservedEnv(k) {
@@ -123,20 +171,16 @@ func (c *Client) Create(ctx context.Context, s Spec, secretEnv map[string]string
 	if len(bad) > 0 {
 		return fmt.Errorf("create server %q/%q: %w: %w", s.User, s.Server, ErrInvalid, errors.Join(bad...))
 	}
-	pod, err := Pod(c.cfg, s)
-	if err != nil {
-		return fmt.Errorf("create server %q/%q: %w", s.User, s.Server, err)
-	}
-	return c.retry(ctx, "create pod "+pod.Name, func(ctx context.Context) error { return c.create(ctx, s, pod, secretEnv) })
+	return nil
 }
 
-// create is one try of Create for a valid spec.
-func (c *Client) create(ctx context.Context, s Spec, pod *corev1.Pod, secretEnv map[string]string) error {
-	if s.SecretEnv {
-		if err := c.putSecret(ctx, Secret(c.cfg, s, secretEnv)); err != nil {
-			return err
-		}
-	}
+// createPod creates a valid pod, retrying transient errors.
+func (c *Client) createPod(ctx context.Context, s Spec, pod *corev1.Pod) error {
+	return c.retry(ctx, "create pod "+pod.Name, func(ctx context.Context) error { return c.createOnce(ctx, s, pod) })
+}
+
+// createOnce is one try of createPod.
+func (c *Client) createOnce(ctx context.Context, s Spec, pod *corev1.Pod) error {
 	for range maxConflictRetries {
 		_, err := c.cs.CoreV1().Pods(c.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{FieldManager: FieldManager})
 		if err == nil {

@@ -630,3 +630,50 @@ func TestListPodsReadsTheAPIServer(t *testing.T) {
 		t.Errorf("ListPods = %+v, want the one managed pod of spawn %s with slice %+v", got, spec.SpawnID, spec.Slice)
 	}
 }
+
+// TestPutSecretThenCreatePod: the two halves of Create on their own. The
+// Secret needs only the spawn's identity (no GPU yet), a reserved name
+// writes nothing, and the pod created after it reads it.
+func TestPutSecretThenCreatePod(t *testing.T) {
+	h := startClient(t)
+	ctx := t.Context()
+	spec := testSpec()
+	secretName := SecretName(spec.User, spec.Server)
+	if err := h.client.PutSecret(ctx, Spec{User: spec.User, Server: spec.Server, SpawnID: spec.SpawnID}, map[string]string{"LD_PRELOAD": "/evil.so"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("PutSecret with a reserved name: %v, want ErrInvalid", err)
+	}
+	if _, err := h.cs.CoreV1().Secrets("notebooks").Get(ctx, secretName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("Secret after a refused PutSecret: %v, want none", err)
+	}
+	if err := h.client.PutSecret(ctx, Spec{User: spec.User, Server: spec.Server, SpawnID: spec.SpawnID}, map[string]string{"T": "1"}); err != nil {
+		t.Fatalf("PutSecret with only the spawn's identity: %v", err)
+	}
+	sec, err := h.cs.CoreV1().Secrets("notebooks").Get(ctx, secretName, metav1.GetOptions{})
+	if err != nil || sec.Annotations[v1.AnnotationSpawnID] != spec.SpawnID || string(sec.Data["T"]) != "1" {
+		t.Fatalf("Secret %v %v (err %v), want spawn %s's with T=1", sec.GetAnnotations(), sec.Data, err, spec.SpawnID)
+	}
+	spec.SecretEnv = true
+	if err := h.client.CreatePod(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	pod, err := h.cs.CoreV1().Pods("notebooks").Get(ctx, PodName(spec.User, spec.Server), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refs := pod.Spec.Containers[0].EnvFrom; len(refs) != 1 || refs[0].SecretRef.Name != secretName {
+		t.Errorf("pod envFrom = %+v, want the secret %s", refs, secretName)
+	}
+	if err := h.client.CreatePod(ctx, spec); err != nil {
+		t.Errorf("CreatePod again for the same spawn: %v, want success", err)
+	}
+
+	// Create checks the pod's spec before it writes the Secret.
+	bad := testSpec()
+	bad.Server, bad.SpawnID, bad.GPU.Node = "other", "spawn-bad", ""
+	if err := h.client.Create(ctx, bad, map[string]string{"T": "1"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Create without a node: %v, want ErrInvalid", err)
+	}
+	if _, err := h.cs.CoreV1().Secrets("notebooks").Get(ctx, SecretName(bad.User, bad.Server), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Secret after a Create with a bad spec: %v, want none", err)
+	}
+}

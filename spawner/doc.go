@@ -36,8 +36,12 @@
 //     managed-by label is ever modified or deleted (ErrNotOwned). Delete
 //     checks the spawn id (a caller's old spawn never deletes a newer one)
 //     and passes the checked UID as a precondition.
-//   - Idempotence: Create of the same spawn is success; Create over another
-//     spawn's pod is ErrPodExists; Delete of a missing object is success.
+//   - Idempotence: Create (PutSecret then CreatePod) of the same spawn is
+//     success; Create over another spawn's pod is ErrPodExists; Delete of a
+//     missing object is success. PutSecret needs only the spawn's identity,
+//     so a caller may write it while the slice is still being placed; the
+//     pod must come after it (a kubelet that finds its Secret missing fails
+//     the container and retries only after its back-off).
 //   - Every write uses FieldManager. Cached objects are never modified.
 //   - Never answer from an unsynced cache: Pods returns ErrNotSynced until
 //     the informer has synced.

@@ -16,6 +16,11 @@
 //     leave a half-created server; what a crash leaves half done is settled
 //     by the reconciler (broker/internal/reconcile).
 //   - Stopping never deletes user data: only the pod and its Secret go.
+//   - The spawn's Secret is written side by side with placing and the
+//     placement, and its pod created only once the Secret write succeeded;
+//     a start that ends before its pod for good (refused, undone, stopped)
+//     deletes the Secret again (in the background; the reconciler collects
+//     it should that fail).
 //   - Resize (enabled by WithResize) changes a running slice in place through
 //     the store's one atomic script, then records it in the pod's
 //     annotations and sends it to the node agent as the desired quota. It

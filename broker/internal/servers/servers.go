@@ -40,9 +40,15 @@ type AuditLog interface {
 	AppendAudit(ctx context.Context, e audit.Entry) error
 }
 
-// Pods creates and deletes notebook pods (implemented by spawner.Client).
+// Pods creates and deletes notebook pods and their Secrets (implemented by
+// spawner.Client).
 type Pods interface {
-	Create(ctx context.Context, s spawner.Spec, secretEnv map[string]string) error
+	// PutSecret writes the Secret of spawn (s.User, s.Server, s.SpawnID)
+	// holding secretEnv; a Secret of the same spawn is left as it is.
+	PutSecret(ctx context.Context, s spawner.Spec, secretEnv map[string]string) error
+	// CreatePod creates the pod of spawn s, which reads the Secret
+	// PutSecret wrote when s.SecretEnv is set.
+	CreatePod(ctx context.Context, s spawner.Spec) error
 	Delete(ctx context.Context, user, server, spawnID string) error
 	// HasPod reports whether the pod cache holds the pod of spawn spawnID
 	// of (user, server); before the cache has synced it fails.
@@ -335,8 +341,25 @@ func starting(s fleet.State) bool {
 // creates the pod and records each step. Every step is idempotent, so two
 // calls for one spawn (a retry while the first still runs) do no harm. A
 // refusal undoes the start (refuse); an outage leaves it as far as it got.
-func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profile, groups []string, plain, secret map[string]string, command, args []string) (fleet.Server, error) {
+//
+// The spawn's Secret is written side by side with the steps before the pod
+// (placing, placement, creating): it needs only the spawn's identity, and
+// the pod is created once both are done, so the pod never waits on a
+// Secret write that could have run meanwhile. A start that ends before its
+// pod for good (refused, undone, stopped) deletes that Secret again.
+func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profile, groups []string, plain, secret map[string]string, command, args []string) (out fleet.Server, err error) {
 	log := s.log.With("user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
+	var sec *secretWrite
+	podMade := false // by this call: from then on the pod's own cleanup (stop, fail, reconciler) takes its Secret too
+	if starting(rec.State) && len(secret) > 0 {
+		sec = s.writeSecret(ctx, rec, secret)
+		defer func() {
+			var ue *fleet.UnavailableError
+			if err != nil && !podMade && !errors.As(err, &ue) {
+				s.dropSecret(ctx, rec, sec)
+			}
+		}()
+	}
 	for {
 		var err error
 		switch rec.State {
@@ -387,7 +410,10 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 				return s.fail(ctx, rec, err, true), err
 			}
 			cctx, ccancel := context.WithTimeout(ctx, left)
-			perr := s.pods.Create(cctx, spec, secret)
+			perr := sec.wait(cctx)
+			if perr == nil {
+				perr = s.pods.CreatePod(cctx, spec)
+			}
 			ccancel()
 			if perr != nil {
 				switch {
@@ -404,6 +430,7 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 				}
 				return s.fail(ctx, rec, perr, true), perr
 			}
+			podMade = true
 			pod := spawner.PodName(rec.User, rec.Name)
 			rec, err = s.step(ctx, rec, v1.StateStarting, "pod created; waiting for it to start", fleet.ServerPatch{Pod: &pod})
 		default:
@@ -413,6 +440,55 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 			return rec, err
 		}
 	}
+}
+
+// secretWrite is a spawn's Secret being written (Service.writeSecret).
+type secretWrite struct {
+	done chan struct{} // closed when the write ended
+	err  error         // its outcome, set before done is closed
+}
+
+// writeSecret starts writing the Secret of rec's spawn holding env, on
+// ctx (the spawn's: when the spawn gives up, so does the write).
+func (s *Service) writeSecret(ctx context.Context, rec fleet.Server, env map[string]string) *secretWrite {
+	w := &secretWrite{done: make(chan struct{})}
+	spec := spawner.Spec{User: rec.User, Server: rec.Name, SpawnID: rec.SpawnID}
+	go func() {
+		defer close(w.done)
+		w.err = s.pods.PutSecret(ctx, spec, env)
+	}()
+	return w
+}
+
+// wait is the write's outcome, once it ended; a nil write (no Secret) is
+// nil at once. When ctx ends first the error wraps spawner.ErrUnavailable:
+// the Secret may yet be written.
+func (w *secretWrite) wait(ctx context.Context) error {
+	if w == nil {
+		return nil
+	}
+	select {
+	case <-w.done:
+		return w.err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: the notebook's Secret was not written in time: %w", spawner.ErrUnavailable, ctx.Err())
+	}
+}
+
+// dropSecret deletes the Secret of rec's spawn once its write has ended,
+// for a start that ended before its pod for good. It runs in the
+// background, so a refusal is answered without waiting on the API server;
+// should the delete fail, the reconciler collects the Secret (no pod and
+// no unfinished record holds it).
+func (s *Service) dropSecret(ctx context.Context, rec fleet.Server, w *secretWrite) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	go func() {
+		defer cancel()
+		<-w.done
+		if err := s.pods.Delete(ctx, rec.User, rec.Name, rec.SpawnID); err != nil {
+			s.log.WarnContext(ctx, "delete the Secret of a start that ended before its pod; the reconciler will", "user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID, "err", err)
+		}
+	}()
 }
 
 // step records one step of rec's start. When something else moved the

@@ -396,8 +396,12 @@ func (p *eagerPods) HasPod(user, server, spawnID string) (bool, error) {
 	return p.inner.HasPod(user, server, spawnID)
 }
 
-func (p *eagerPods) Create(ctx context.Context, s spawner.Spec, secret map[string]string) error {
-	if err := p.inner.Create(ctx, s, secret); err != nil {
+func (p *eagerPods) PutSecret(ctx context.Context, s spawner.Spec, secret map[string]string) error {
+	return p.inner.PutSecret(ctx, s, secret)
+}
+
+func (p *eagerPods) CreatePod(ctx context.Context, s spawner.Spec) error {
+	if err := p.inner.CreatePod(ctx, s); err != nil {
 		return err
 	}
 	return p.svc.HandlePodEvent(ctx, spawner.PodEvent{User: s.User, Server: s.Server, SpawnID: s.SpawnID,
@@ -580,8 +584,12 @@ type flushingPods struct {
 	gone  atomic.Bool
 }
 
-func (p *flushingPods) Create(ctx context.Context, s spawner.Spec, secret map[string]string) error {
-	return p.inner.Create(ctx, s, secret)
+func (p *flushingPods) PutSecret(ctx context.Context, s spawner.Spec, secret map[string]string) error {
+	return p.inner.PutSecret(ctx, s, secret)
+}
+
+func (p *flushingPods) CreatePod(ctx context.Context, s spawner.Spec) error {
+	return p.inner.CreatePod(ctx, s)
 }
 
 func (p *flushingPods) Delete(ctx context.Context, user, server, spawnID string) error {
