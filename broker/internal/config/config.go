@@ -10,6 +10,11 @@ import (
 	"github.com/gpubroker/gpubroker/limiter/cliconfig"
 )
 
+// MinLeaseDuration is the least --lease-duration: the shortest lease whose
+// renew deadline leader.Timings can keep clear of a takeover (the app's
+// tests check the two agree).
+const MinLeaseDuration = 3 * time.Second
+
 // EnvPrefix starts the name of every environment variable that Load reads.
 const EnvPrefix = "GPUBROKER_"
 
@@ -176,7 +181,7 @@ type Config struct {
 	// LeaseName is that Lease's name. Default "gpubroker-reclaimer".
 	LeaseName string
 	// LeaseDuration is how long the Lease is valid without renewal; at
-	// least leader.MinLeaseDuration (3 s). Default 15 s (client-go's and
+	// least MinLeaseDuration. Default 15 s (client-go's and
 	// kube-controller-manager's).
 	LeaseDuration time.Duration
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
-	"github.com/gpubroker/gpubroker/broker/internal/leader"
 	"github.com/gpubroker/gpubroker/limiter/cliconfig"
 	"github.com/gpubroker/gpubroker/spawner"
 )
@@ -226,7 +225,7 @@ func (c *Config) Table() *cliconfig.Table {
 			}
 			return nil
 		}})
-	add(durationFlag("lease-duration", &c.LeaseDuration, "15s", leader.MinLeaseDuration,
+	add(durationFlag("lease-duration", &c.LeaseDuration, "15s", MinLeaseDuration,
 		"How long the Lease (held by the replica that runs the reclaimer and the periodic reconcile passes) stays valid without renewal (client-go leaderelection); the holder tries to renew it every 2/15 of it and stops leading when it could not for two thirds of it (less for leases under 15s, so that a holder cut off from the API server stops before another can take over), others retry every 2/15 of it, so a crashed holder is replaced within about this time."))
 	add(oneOf("log-level", "LEVEL", &c.LogLevel, "info", logLevels, "Log level: debug, info, warn or error."))
 	add(oneOf("log-format", "FORMAT", &c.LogFormat, logFormat, logFormats, "Log format: json or text."))
