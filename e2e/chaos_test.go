@@ -925,6 +925,11 @@ func (ch *chaos) report(t *testing.T, end []string) {
 	for _, p := range end {
 		t.Errorf("at the end: %s", p)
 	}
+	logs := make([]string, len(ch.w.brokers))
+	for i, b := range ch.w.brokers {
+		logs[i] = b.LogPath
+	}
+	traceLost(t, logs, end)
 	if total == 0 {
 		t.Errorf("no fault was injected")
 	}
