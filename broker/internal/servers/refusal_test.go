@@ -15,6 +15,7 @@ import (
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/servers"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
 )
 
@@ -307,5 +308,25 @@ func TestOutageMidStartIsNotAFailure(t *testing.T) {
 	}
 	if _, err = f.Service.Delete(ctx, serverstest.By, key); !errors.As(err, &ue) || ue.Part != fleet.PartRedis {
 		t.Errorf("stop with Redis down: %v, want an outage of Redis", err)
+	}
+}
+
+// TestACreateRefusedDuringARebuildAsksForAPass: a create refused because
+// the data is being rebuilt (the marker is missing) asks the reconciler
+// for a pass, so the rebuild does not wait for the Lease holder's next
+// periodic one.
+func TestACreateRefusedDuringARebuildAsksForAPass(t *testing.T) {
+	kicks := 0
+	f := serverstest.New(t, servers.WithReconcileTrigger(func() { kicks++ }))
+	ctx := t.Context()
+	if err := f.Redis.Client(t).Del(ctx, redisschema.New(f.Prefix).Marker()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := f.Service.Create(ctx, serverstest.By, "alice", nil, "nb", v1.CreateServerRequest{Profile: "small"}, "k1")
+	if !errors.Is(err, fleet.ErrNotReady) {
+		t.Fatalf("create during a rebuild: %v, want fleet.ErrNotReady", err)
+	}
+	if kicks != 1 {
+		t.Errorf("the refused create asked for %d passes, want 1", kicks)
 	}
 }

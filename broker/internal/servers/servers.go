@@ -155,8 +155,9 @@ func WithMetrics(m Metrics) Option {
 	}
 }
 
-// WithReconcileTrigger sets a function called when placement is refused
-// because allocations are being rebuilt, so the reconciler runs at once.
+// WithReconcileTrigger sets a function called when a create or placement
+// is refused because allocations are being rebuilt, so the reconciler runs
+// at once.
 func WithReconcileTrigger(f func()) Option { return func(s *Service) { s.kick = f } }
 
 // WithAudit records every lifecycle action (create, stop, remove, resize)
@@ -243,6 +244,9 @@ func (s *Service) Create(ctx context.Context, by audit.Actor, user string, group
 		UpdatedAt:      now,
 	})
 	if err != nil {
+		if errors.Is(err, fleet.ErrNotReady) {
+			s.kick() // no new spawn while the data is rebuilt: rebuild now
+		}
 		return fleet.Server{}, false, unknown(err, name+" may or may not have started")
 	}
 	if !created && rec.Profile != prof.Name {
