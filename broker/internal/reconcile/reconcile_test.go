@@ -495,10 +495,22 @@ func TestRebuildCountsThePodOfAnEarlierSpawnWhileItRuns(t *testing.T) {
 	}
 }
 
-// passCounter counts the passes a Reconciler reports (reconcile.Metrics).
-type passCounter struct{ n atomic.Int64 }
+// passCounter counts the passes a Reconciler reports (reconcile.Metrics)
+// and signals each on passed (a buffer of one: a waiter rereads n).
+type passCounter struct {
+	n      atomic.Int64
+	passed chan struct{}
+}
 
-func (c *passCounter) ObserveReconcile(time.Duration, map[string]int, bool) { c.n.Add(1) }
+func newPassCounter() *passCounter { return &passCounter{passed: make(chan struct{}, 1)} }
+
+func (c *passCounter) ObserveReconcile(time.Duration, map[string]int, bool) {
+	c.n.Add(1)
+	select {
+	case c.passed <- struct{}{}:
+	default:
+	}
+}
 
 // TestOnlyTheLeaderPassesPeriodically runs two reconcilers of one fleet
 // side by side on the same short interval: while one leads, the other
@@ -510,7 +522,7 @@ func TestOnlyTheLeaderPassesPeriodically(t *testing.T) {
 	runningServer(t, f, "ada", "nb", "10.0.0.1")
 	start := func(leading bool) (*reconcile.Reconciler, *passCounter, context.CancelFunc) {
 		r := reconcile.New(f.Store, f.Pods, f.Service, f.Log, grace, 5*time.Millisecond, f.Clock.Now)
-		c := &passCounter{}
+		c := newPassCounter()
 		r.SetMetrics(c)
 		r.SetLeading(leading)
 		ctx, cancel := context.WithCancel(t.Context())
@@ -524,12 +536,13 @@ func TestOnlyTheLeaderPassesPeriodically(t *testing.T) {
 	}
 	waitPasses := func(what string, c *passCounter, n int64) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.After(10 * time.Second)
 		for c.n.Load() < n {
-			if time.Now().After(deadline) {
+			select {
+			case <-c.passed:
+			case <-deadline:
 				t.Fatalf("%s made %d passes within 10 s, want %d", what, c.n.Load(), n)
 			}
-			time.Sleep(time.Millisecond) // polls a counter; no pass is waited for by time
 		}
 	}
 	_, leaderPasses, stopLeader := start(true)
