@@ -155,7 +155,7 @@ func TestLoadPrecedence(t *testing.T) {
 		{
 			name: "every string flag",
 			args: []string{
-				"--public-url=https://gpu.example", "--notebook-domain=nb.gpu.example", "--redis-url=redis://r:6379/1",
+				"--public-url=https://gpu.example", "--notebook-domain=nb.gpu.example", "--redis-url=redis://r:7001/1",
 				"--redis-prefix=gb:", "--namespace=nb",
 				"--oidc-issuer=https://idp", "--oidc-audience=aud", "--oidc-username-claim=email",
 				"--oidc-groups-claim=roles", "--admin-group=root",
@@ -163,7 +163,7 @@ func TestLoadPrecedence(t *testing.T) {
 				"--start-timeout=1m", "--shutdown-timeout=1s", "--log-level=debug",
 			},
 			want: func(c *config.Config) {
-				c.PublicURL, c.NotebookDomain, c.Redis.URL = "https://gpu.example", "nb.gpu.example", "redis://r:6379/1"
+				c.PublicURL, c.NotebookDomain, c.Redis.URL = "https://gpu.example", "nb.gpu.example", "redis://r:7001/1"
 				c.Redis.Prefix, c.Namespace = "gb:", "nb"
 				c.OIDCIssuer, c.OIDCAudience, c.OIDCUsernameClaim = "https://idp", "aud", "email"
 				c.OIDCGroupsClaim, c.AdminGroup = "roles", "root"
@@ -384,7 +384,7 @@ func TestValidate(t *testing.T) {
 				c.PublicURL = "gpu.example"
 				c.NotebookMode = "subdomain"
 				c.NotebookDomain = "not a domain"
-				c.Redis.URL = "redis://:secretpw@host:6379/notadb"
+				c.Redis.URL = "redis://:secretpw@host:7001/notadb"
 				c.Redis.PasswordFile = missing
 				c.Redis.Prefix = "{gb}:"
 				c.Kube.Kubeconfig = dir
@@ -416,7 +416,7 @@ func TestValidate(t *testing.T) {
 				`--public-url (GPUBROKER_PUBLIC_URL): "gpu.example" is not an absolute http(s) URL`,
 				`--notebook-mode (GPUBROKER_NOTEBOOK_MODE): must be one of host, path, got "subdomain"`,
 				`--notebook-domain (GPUBROKER_NOTEBOOK_DOMAIN): "not a domain" is not a DNS name`,
-				`--redis-url (GPUBROKER_REDIS_URL): redis://:xxxxx@host:6379/notadb is not a valid Redis URL (want redis://[user:password@]host:port[/db])`,
+				`--redis-url (GPUBROKER_REDIS_URL): redis://:xxxxx@host:7001/notadb is not a valid Redis URL (want redis://[user:password@]host:port[/db])`,
 				`--redis-password-file (GPUBROKER_REDIS_PASSWORD_FILE): cannot use ` + missing + `: stat ` + missing + `: no such file or directory`,
 				`--redis-prefix (GPUBROKER_REDIS_PREFIX): must not contain braces or whitespace (hash tags are added per key), got "{gb}:"`,
 				`--redis-wait-replicas (GPUBROKER_REDIS_WAIT_REPLICAS): must be at least -1, got -2`,
@@ -474,7 +474,7 @@ func TestValidate(t *testing.T) {
 		{
 			name: "redis URL scheme",
 			mutate: func(c *config.Config) {
-				c.Redis.URL = "http://redis:6379"
+				c.Redis.URL = "http://redis:7001"
 			},
 			want: []string{`--redis-url (GPUBROKER_REDIS_URL): must start with redis:// or rediss://, got "http://"`},
 		},
@@ -525,14 +525,14 @@ func TestValidate(t *testing.T) {
 func TestConfigLogRedactsTheRedisPassword(t *testing.T) {
 	var buf bytes.Buffer
 	c := defaults(config.ModeServe)
-	c.Redis.URL = "redis://u:hunter2@r:6379"
+	c.Redis.URL = "redis://u:hunter2@r:7001"
 	c.HubTokenFile = "/run/secrets/hub"
 	slog.New(slog.NewJSONHandler(&buf, nil)).Info("start", "config", c)
 	out := buf.String()
 	if strings.Contains(out, "hunter2") {
 		t.Errorf("log line leaks the password: %s", out)
 	}
-	for _, want := range []string{`"mode":"serve"`, `"redis_url":"redis://u:xxxxx@r:6379"`, `"hub_token_file":"/run/secrets/hub"`, `"reconcile_interval":"30s"`} {
+	for _, want := range []string{`"mode":"serve"`, `"redis_url":"redis://u:xxxxx@r:7001"`, `"hub_token_file":"/run/secrets/hub"`, `"reconcile_interval":"30s"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log line lacks %s: %s", want, out)
 		}
