@@ -32,7 +32,7 @@ var (
 	scaleNodes     = flag.Int("scale-nodes", 200, "BenchmarkScale: kwok nodes")
 	scaleGPUs      = flag.Int("scale-gpus", 8, "BenchmarkScale: GPUs per node")
 	scaleReplicas  = flag.Int("scale-replicas", 3, "BenchmarkScale: broker replicas on the one Redis")
-	scaleServers   = flag.Int("scale-servers", 4000, "BenchmarkScale: servers created (and raw pods, for the comparison)")
+	scaleServers   = flag.Int("scale-servers", 4000, "BenchmarkScale: servers created (half alone, half interleaved with as many raw pods; raw pods alone: half)")
 	scaleUsers     = flag.Int("scale-users", 400, "BenchmarkScale: users the servers belong to")
 	scaleWorkers   = flag.Int("scale-workers", 32, "BenchmarkScale: creates in flight at most (each waits until running)")
 	scaleRate      = flag.Float64("scale-rate", 0, "BenchmarkScale: creates started per second at most, 0 = as fast as the workers go")
@@ -56,10 +56,12 @@ type scaleConfig struct {
 
 // scaleReport is what one run measured.
 type scaleReport struct {
-	// raw: the raw pods alone, before the brokers' phase; broker and
-	// sideRaw: the server creates and as many raw pod creates interleaved
-	// with them in one load (the side-by-side comparison).
-	raw, broker, sideRaw, deletes harness.LoadResult
+	// raw and alone: the first half of the creates, raw pods alone and
+	// then servers through the brokers alone, each kind at the same offered
+	// rate (the throughput comparison); broker and sideRaw: the second half
+	// of the servers and as many raw pod creates interleaved with them in
+	// one load (the side-by-side latency comparison).
+	raw, alone, broker, sideRaw, deletes harness.LoadResult
 	listed                        int // servers running at S, as the admin's list reads them
 	passes                        []passReport
 	reclaim                       passReport
@@ -109,11 +111,14 @@ type watchReport struct {
 
 // BenchmarkScale is the scale rig: kwok with -scale-nodes × -scale-gpus
 // GPUs (registered through the admin API, as the node agents do),
-// -scale-replicas brokers on one Redis, -scale-servers raw pod creates by a
-// plain client-go client alone, then as many servers through the brokers
-// from -scale-users users interleaved one for one with as many raw pod
-// creates (the side-by-side comparison of create → running), the reconciler, reclaimer and -scale-watchers
-// event-stream watchers measured at that size, then every server deleted.
+// -scale-replicas brokers on one Redis, and -scale-servers servers from
+// -scale-users users. Throughput: half of them are created through the
+// brokers alone, after as many raw pod creates by a plain client-go client
+// alone, at the same offered rate (create-ratio). Latency: the other half
+// are created interleaved one for one with as many raw pod creates in one
+// load (the side-by-side comparison of create → running, added-p99-ms).
+// Then the reconciler, reclaimer and -scale-watchers event-stream watchers
+// are measured at that size, and every server is deleted.
 //
 //	go test -run='^$' -bench=Scale -benchtime=1x -timeout=90m ./e2e/
 func BenchmarkScale(b *testing.B) {
@@ -122,7 +127,7 @@ func BenchmarkScale(b *testing.B) {
 		reconcileInterval: *scaleReconcile, reclaimInterval: 10 * time.Second}
 	for range b.N {
 		r := runScale(b, cfg)
-		b.ReportMetric(r.broker.PerSecond()/r.raw.PerSecond(), "create-ratio")
+		b.ReportMetric(r.alone.PerSecond()/r.raw.PerSecond(), "create-ratio")
 		b.ReportMetric(ms(r.broker.Quantile(0.99)-r.sideRaw.Quantile(0.99)), "added-p99-ms")
 		b.ReportMetric(ms(r.broker.Quantile(0.99)-r.raw.Quantile(0.99)), "added-p99-vs-alone-ms")
 		var worst float64
@@ -152,14 +157,18 @@ func TestScaleRig(t *testing.T) {
 	cfg := scaleConfig{nodes: 2, gpus: 8, replicas: 2, servers: 20, users: 4, workers: 4, watchers: 20, events: 3,
 		reconcileInterval: time.Second, reclaimInterval: 5 * time.Second}
 	r := runScale(t, cfg)
-	if n := len(r.raw.Latencies); n != cfg.servers {
-		t.Errorf("%d raw pods ran, want %d", n, cfg.servers)
+	half := cfg.servers / 2
+	if n := len(r.raw.Latencies); n != half {
+		t.Errorf("%d raw pods ran alone, want %d", n, half)
 	}
-	if n := len(r.broker.Latencies); n != cfg.servers {
-		t.Errorf("%d servers ran, want %d", n, cfg.servers)
+	if n := len(r.alone.Latencies); n != half {
+		t.Errorf("%d servers ran alone, want %d", n, half)
 	}
-	if n := len(r.sideRaw.Latencies); n != cfg.servers {
-		t.Errorf("%d raw pods interleaved with the servers ran, want %d", n, cfg.servers)
+	if n := len(r.broker.Latencies); n != cfg.servers-half {
+		t.Errorf("%d servers ran interleaved, want %d", n, cfg.servers-half)
+	}
+	if n := len(r.sideRaw.Latencies); n != cfg.servers-half {
+		t.Errorf("%d raw pods interleaved with the servers ran, want %d", n, cfg.servers-half)
 	}
 	if r.listed != cfg.servers {
 		t.Errorf("the admin's list shows %d servers running, want %d", r.listed, cfg.servers)
@@ -250,22 +259,26 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 			clients[u] = append(clients[u], &harness.Client{BaseURL: b.URL, Token: tok, HTTP: hc})
 		}
 	}
-	load := func(what string) harness.Load {
-		progress("%s: %d at %d in flight", what, cfg.servers, cfg.workers)
-		return harness.Load{Count: cfg.servers, Workers: cfg.workers, Rate: cfg.rate, Progress: func(done, failed int) {
-			progress("  %s: %d of %d done, %d failed", what, done, cfg.servers, failed)
+	load := func(what string, n int) harness.Load {
+		progress("%s: %d at %d in flight", what, n, cfg.workers)
+		return harness.Load{Count: n, Workers: cfg.workers, Rate: cfg.rate, Progress: func(done, failed int) {
+			progress("  %s: %d of %d done, %d failed", what, done, n, failed)
 		}}
 	}
+	// The first half of the servers measures throughput (alone, like the
+	// raw pods before them), the second half latency (interleaved).
+	half := cfg.servers / 2
 	r := &scaleReport{}
 	var err error
 	// Whatever was measured is printed, also when a later phase fails.
 	defer logScale(tb, cfg, r)
 
-	// Alone at the rate each kind gets in the interleaved load (half of
-	// RATE), so the two raw figures differ by the load they meet only.
-	alone := load("raw pods alone")
-	alone.Rate = cfg.rate / 2
-	r.raw, err = rawPodLoad(ctx, e, alone)
+	// Each kind alone at the rate it gets in the interleaved load (half of
+	// RATE), so the two raw figures differ by the load they meet only and
+	// the two alone phases offer the same rate.
+	rawAlone := load("raw pods alone", half)
+	rawAlone.Rate = cfg.rate / 2
+	r.raw, err = rawPodLoad(ctx, e, rawAlone)
 	if err != nil {
 		tb.Fatalf("raw pods: %v", err)
 	}
@@ -280,18 +293,30 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		tb.Fatal(err)
 	}
 	cpu0 := replicaCPU(tb, replicas)
-	serverLoad := load("servers, each next to a raw pod")
-	serverLoad.Progress = func(done, failed int) {
-		progress("  servers and raw pods: %d of %d done, %d failed", done, 2*cfg.servers, failed)
-	}
-	r.broker, r.sideRaw, err = interleaved(ctx, serverLoad, func(ctx context.Context, i int) (time.Duration, error) {
+	// createServer creates server i (of all cfg.servers) and waits until it
+	// runs; steps: where its time went, or nil.
+	createServer := func(ctx context.Context, i int, steps *spawnSteps) (time.Duration, error) {
 		u := i % cfg.users
 		name := fmt.Sprintf("s%d", i)
-		steps := &r.steps
-		if *scaleBinaryB != "" {
+		if steps != nil && *scaleBinaryB != "" {
 			steps = &r.stepsBy[(i%len(replicas))%2]
 		}
 		return createRunningSteps(ctx, clients[u][i%len(replicas)], users[u], name, steps, managed.Running(spawner.PodName(users[u], name)))
+	}
+	serversAlone := load("servers through the brokers alone", half)
+	serversAlone.Rate = cfg.rate / 2
+	r.alone, err = serversAlone.Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
+		return createServer(ctx, i, nil)
+	})
+	if err != nil {
+		tb.Fatalf("servers through the brokers alone: %v", err)
+	}
+	serverLoad := load("servers, each next to a raw pod", cfg.servers-half)
+	serverLoad.Progress = func(done, failed int) {
+		progress("  servers and raw pods: %d of %d done, %d failed", done, 2*(cfg.servers-half), failed)
+	}
+	r.broker, r.sideRaw, err = interleaved(ctx, serverLoad, func(ctx context.Context, i int) (time.Duration, error) {
+		return createServer(ctx, half+i, &r.steps)
 	}, side.create)
 	if err != nil {
 		tb.Fatalf("servers through the brokers: %v", err)
@@ -391,7 +416,7 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 			tb.Fatal(err)
 		}
 	}
-	r.deletes, err = load("deletes").Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
+	r.deletes, err = load("deletes", cfg.servers).Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
 		u := i % cfg.users
 		t0 := time.Now()
 		// A 503 says to try again in a few seconds, as a page would.
@@ -837,7 +862,7 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	say := sayer(tb)
 	rate := "as fast as the workers go"
 	if cfg.rate > 0 {
-		rate = fmt.Sprintf("at most %g creates/s (%g/s of each kind; the ratio below is then that cap, RATE=0 measures capacity)", cfg.rate, cfg.rate/2)
+		rate = fmt.Sprintf("at most %g creates/s (%g/s of each kind, alone or interleaved; the ratio below then shows whether the brokers keep up with that cap, RATE=0 measures capacity)", cfg.rate, cfg.rate/2)
 	}
 	say("scale rig: %d nodes × %d GPUs, %d replicas, %d servers of %d users, %d in flight, %s",
 		cfg.nodes, cfg.gpus, cfg.replicas, cfg.servers, cfg.users, cfg.workers, rate)
@@ -848,12 +873,17 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 		say("%-52s %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", what, l.PerSecond(), ms(l.Quantile(0.5)), ms(l.Quantile(0.99)))
 	}
 	line("raw pod creates alone (client-go, first phase):", r.raw)
+	if len(r.alone.Latencies) == 0 {
+		return
+	}
+	line("server creates (brokers) alone, second phase:", r.alone)
+	say("ratio %.2f (target ≥ 0.5): server creates/s alone vs raw pod creates/s alone (%d of each, same offered rate)",
+		r.alone.PerSecond()/r.raw.PerSecond(), len(r.raw.Latencies))
 	if len(r.broker.Latencies) == 0 {
 		return
 	}
 	line("server creates (brokers), each next to a raw pod:", r.broker)
 	line("raw pod creates interleaved with them:", r.sideRaw)
-	say("ratio %.2f (target ≥ 0.5): server creates/s interleaved vs raw pod creates/s alone", r.broker.PerSecond()/r.raw.PerSecond())
 	say("added by the broker, side by side (servers vs the raw pods interleaved with them, same window and offered rate): p50 %+.0f ms, p99 %+.0f ms (target p99 ≤ +100 ms)",
 		ms(r.broker.Quantile(0.5)-r.sideRaw.Quantile(0.5)), ms(r.broker.Quantile(0.99)-r.sideRaw.Quantile(0.99)))
 	say("  against the raw pods alone (first phase, not the same load): p50 %+.0f ms, p99 %+.0f ms",
