@@ -62,16 +62,16 @@ type scaleReport struct {
 	// of the servers and as many raw pod creates interleaved with them in
 	// one load (the side-by-side latency comparison).
 	raw, alone, broker, sideRaw, deletes harness.LoadResult
-	listed                        int // servers running at S, as the admin's list reads them
-	passes                        []passReport
-	reclaim                       passReport
-	replicas                      []replicaUsage
-	watch                         watchReport
-	podsGone                      time.Duration     // from the last delete answered to no managed pod left
-	deletePools                   []harness.Metrics // each replica's Redis pool series over the deletes
-	steps                         spawnSteps        // where the creates' time went
-	stepsBy                       [2]spawnSteps     // with -scale-broker-b: the creates of the even replicas (this build) and the odd ones (binary B)
-	deleteRetries                 atomic.Int64      // deletes answered 503 and sent again
+	listed                               int // servers running at S, as the admin's list reads them
+	passes                               []passReport
+	reclaim                              passReport
+	replicas                             []replicaUsage
+	watch                                watchReport
+	podsGone                             time.Duration     // from the last delete answered to no managed pod left
+	deletePools                          []harness.Metrics // each replica's Redis pool series over the deletes
+	steps                                spawnSteps        // where the creates' time went
+	stepsBy                              [2]spawnSteps     // with -scale-broker-b: the creates of the even replicas (this build) and the odd ones (binary B)
+	deleteRetries                        atomic.Int64      // deletes answered 503 and sent again
 }
 
 // passReport is one reconcile pass (or reclaim cycle) on one replica: its
