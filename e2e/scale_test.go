@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -62,16 +64,19 @@ type scaleReport struct {
 	// of the servers and as many raw pod creates interleaved with them in
 	// one load (the side-by-side latency comparison).
 	raw, alone, broker, sideRaw, deletes harness.LoadResult
-	listed                               int // servers running at S, as the admin's list reads them
-	passes                               []passReport
-	reclaim                              passReport
-	replicas                             []replicaUsage
-	watch                                watchReport
-	podsGone                             time.Duration     // from the last delete answered to no managed pod left
-	deletePools                          []harness.Metrics // each replica's Redis pool series over the deletes
-	steps                                spawnSteps        // where the creates' time went
-	stepsBy                              [2]spawnSteps     // with -scale-broker-b: the creates of the even replicas (this build) and the odd ones (binary B)
-	deleteRetries                        atomic.Int64      // deletes answered 503 and sent again
+	// rawCPU and aloneCPU: the CPU seconds each part of the rig used
+	// during the two alone phases (partCPU).
+	rawCPU, aloneCPU map[string]float64
+	listed           int // servers running at S, as the admin's list reads them
+	passes           []passReport
+	reclaim          passReport
+	replicas         []replicaUsage
+	watch            watchReport
+	podsGone         time.Duration     // from the last delete answered to no managed pod left
+	deletePools      []harness.Metrics // each replica's Redis pool series over the deletes
+	steps            spawnSteps        // where the creates' time went
+	stepsBy          [2]spawnSteps     // with -scale-broker-b: the creates of the even replicas (this build) and the odd ones (binary B)
+	deleteRetries    atomic.Int64      // deletes answered 503 and sent again
 }
 
 // passReport is one reconcile pass (or reclaim cycle) on one replica: its
@@ -169,6 +174,9 @@ func TestScaleRig(t *testing.T) {
 	}
 	if n := len(r.sideRaw.Latencies); n != cfg.servers-half {
 		t.Errorf("%d raw pods interleaved with the servers ran, want %d", n, cfg.servers-half)
+	}
+	if r.rawCPU["kube-apiserver"] <= 0 || r.aloneCPU["kube-apiserver"] <= 0 || r.aloneCPU["brokers"] <= 0 || r.aloneCPU["machine"] < r.aloneCPU["brokers"] {
+		t.Errorf("CPU by part: raw pods alone %v, servers alone %v; want the API server's > 0 in both, the brokers' > 0 and ≤ the machine's with the servers", r.rawCPU, r.aloneCPU)
 	}
 	if r.listed != cfg.servers {
 		t.Errorf("the admin's list shows %d servers running, want %d", r.listed, cfg.servers)
@@ -278,8 +286,14 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	// the two alone phases offer the same rate.
 	rawAlone := load("raw pods alone", half)
 	rawAlone.Rate = cfg.rate / 2
-	r.raw, err = rawPodLoad(ctx, e, rawAlone)
+	raw, err := newRawPods(ctx, e, "scale-raw")
 	if err != nil {
+		tb.Fatal(err)
+	}
+	c0 := partCPU(tb, e, replicas)
+	r.raw, err = rawAlone.Run(ctx, raw.create)
+	r.rawCPU = cpuSince(tb, e, replicas, c0)
+	if err = errors.Join(err, raw.removeAll(ctx)); err != nil {
 		tb.Fatalf("raw pods: %v", err)
 	}
 
@@ -305,12 +319,14 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	}
 	serversAlone := load("servers through the brokers alone", half)
 	serversAlone.Rate = cfg.rate / 2
+	c0 = partCPU(tb, e, replicas)
 	r.alone, err = serversAlone.Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
 		return createServer(ctx, i, nil)
 	})
 	if err != nil {
 		tb.Fatalf("servers through the brokers alone: %v", err)
 	}
+	r.aloneCPU = cpuSince(tb, e, replicas, c0)
 	serverLoad := load("servers, each next to a raw pod", cfg.servers-half)
 	serverLoad.Progress = func(done, failed int) {
 		progress("  servers and raw pods: %d of %d done, %d failed", done, 2*(cfg.servers-half), failed)
@@ -648,17 +664,6 @@ func (p *rawPods) removeAll(ctx context.Context) error {
 	})
 }
 
-// rawPodLoad runs the load's raw pod creates on their own, then deletes
-// them all and waits until they are gone.
-func rawPodLoad(ctx context.Context, e *env, l harness.Load) (harness.LoadResult, error) {
-	p, err := newRawPods(ctx, e, "scale-raw")
-	if err != nil {
-		return harness.LoadResult{}, err
-	}
-	res, err := l.Run(ctx, p.create)
-	return res, errors.Join(err, p.removeAll(ctx))
-}
-
 // interleaved runs two kinds of operation as one load, alternating by
 // index (operation 2k is a(k), 2k+1 is b(k)), so both start in the same
 // window at the same offered rate (each half of l's) and meet the same
@@ -683,6 +688,65 @@ func interleaved(ctx context.Context, l harness.Load, a, b func(ctx context.Cont
 	})
 	ra.Wall, rb.Wall = res.Wall, res.Wall
 	return ra, rb, err
+}
+
+// cpuParts are the parts partCPU measures, in the order they are printed.
+var cpuParts = []string{"kube-apiserver", "etcd", "kwok", "brokers", "redis-server", "rig", "machine"}
+
+// partCPU is the CPU seconds so far of each part of the rig: the cluster's
+// processes, the brokers together, redis-server (INFO cpu), this test
+// process (the load and its watches) and the whole machine, which also
+// counts whatever else runs on it.
+func partCPU(tb testing.TB, e *env, replicas []*harness.Broker) map[string]float64 {
+	tb.Helper()
+	out := map[string]float64{}
+	pids := e.cluster.Pids()
+	for _, name := range []string{"kube-apiserver", "etcd", "kwok"} {
+		c, err := harness.ProcCPU(pids[name])
+		if err != nil {
+			tb.Fatalf("%s: %v", name, err)
+		}
+		out[name] = c
+	}
+	for _, c := range replicaCPU(tb, replicas) {
+		out["brokers"] += c
+	}
+	self, err := harness.ProcCPU(os.Getpid())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out["rig"] = self
+	if out["machine"], err = harness.MachineCPU(); err != nil {
+		tb.Fatal(err)
+	}
+	if e.redis == nil {
+		return out // an outside Redis: not this rig's to measure
+	}
+	info, err := e.redis.Client(tb).Info(tb.Context(), "cpu").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				tb.Fatalf("redis INFO cpu %s: %v", k, err)
+			}
+			out["redis-server"] += f
+		}
+	}
+	return out
+}
+
+// cpuSince is partCPU now minus at.
+func cpuSince(tb testing.TB, e *env, replicas []*harness.Broker, at map[string]float64) map[string]float64 {
+	tb.Helper()
+	now := partCPU(tb, e, replicas)
+	for k := range now {
+		now[k] -= at[k]
+	}
+	return now
 }
 
 // replicaCPU is each replica's CPU seconds so far.
@@ -879,6 +943,15 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	line("server creates (brokers) alone, second phase:", r.alone)
 	say("ratio %.2f (target ≥ 0.5): server creates/s alone vs raw pod creates/s alone (%d of each, same offered rate)",
 		r.alone.PerSecond()/r.raw.PerSecond(), len(r.raw.Latencies))
+	cpuLine := func(what string, cpu map[string]float64, l harness.LoadResult) {
+		var b strings.Builder
+		for _, p := range cpuParts {
+			fmt.Fprintf(&b, " %s %.2f", p, 1000*cpu[p]/float64(len(l.Latencies)))
+		}
+		say("  CPU ms per create, %s:%s; machine busy %.2f of %d cores", what, b.String(), cpu["machine"]/l.Wall.Seconds(), runtime.NumCPU())
+	}
+	cpuLine("raw pods alone", r.rawCPU, r.raw)
+	cpuLine("servers alone", r.aloneCPU, r.alone)
 	if len(r.broker.Latencies) == 0 {
 		return
 	}

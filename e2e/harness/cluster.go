@@ -281,6 +281,18 @@ func (c *Cluster) RestartAPIServer(ctx context.Context) error {
 	return nil
 }
 
+// Pids is the process id of each process of the cluster by name (etcd,
+// kube-apiserver, kwok), as they run now (a restart changes one).
+func (c *Cluster) Pids() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int, len(c.procs))
+	for _, p := range c.procs {
+		out[p.Name] = p.Pid()
+	}
+	return out
+}
+
 // bootstrap creates what a real cluster's controllers or installers would:
 // the broker's RBAC and the RuntimeClass. The broker gets exactly the rules
 // of the Role that the chart ships for the notebooks' namespace (as a

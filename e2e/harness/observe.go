@@ -46,6 +46,34 @@ func ProcCPU(pid int) (float64, error) {
 	return (ut + st) / clockTicks, nil
 }
 
+// MachineCPU is the CPU time all processes of the machine used so far, in
+// seconds (user, nice, system, irq and softirq of /proc/stat's "cpu" line;
+// guest time is already in user, steal is not this machine's):
+// against the processes one measures, it shows what else ran meanwhile.
+func MachineCPU() (float64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := bytes.Cut(b, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 5 || f[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: first line %q", line)
+	}
+	var busy float64
+	for i, v := range f[1:min(len(f), 8)] {
+		t, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: %w", err)
+		}
+		switch i {
+		case 0, 1, 2, 5, 6:
+			busy += t
+		}
+	}
+	return busy / clockTicks, nil
+}
+
 // ProcRSS is the resident set (VmRSS) of process pid in KiB, from
 // /proc/<pid>/status.
 func ProcRSS(pid int) (int64, error) {
