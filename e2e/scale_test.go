@@ -42,6 +42,7 @@ var (
 	scaleEvents    = flag.Int("scale-events", 20, "BenchmarkScale: events fanned out to the watchers")
 	scalePprof     = flag.String("scale-pprof", "", "BenchmarkScale: a folder to write the Lease holder's CPU profile of the measured reconcile passes to (its --debug-pprof-listen); empty: none")
 	scaleBinaryB   = flag.String("scale-broker-b", "", "BenchmarkScale: a second gpubroker binary (another build, e.g. main's) for the odd replicas; the creates each binary's replicas served are then reported apart, side by side in the one load")
+	scaleKubeQPS   = flag.Float64("scale-kube-qps", 200, "BenchmarkScale: each broker's --kube-api-qps (its --kube-api-burst twice that); the default is the raw pods' client's limit (harness.Cluster.Client, QPS 200, burst 400), so both sides have the same client-side limit; 0: the brokers' own defaults (50/100), at which 3 replicas sustain 75 creates/s (two requests a create)")
 	scaleReconcile = flag.Duration("scale-reconcile-interval", 10*time.Second, "BenchmarkScale: the brokers' --reconcile-interval")
 )
 
@@ -51,6 +52,7 @@ type scaleConfig struct {
 	servers, users        int
 	workers               int
 	rate                  float64 // creates/s at most; 0: no cap
+	kubeQPS               float64 // each broker's --kube-api-qps (burst twice); 0: the brokers' defaults
 	watchers, events      int
 	reconcileInterval     time.Duration
 	reclaimInterval       time.Duration
@@ -128,7 +130,7 @@ type watchReport struct {
 //	go test -run='^$' -bench=Scale -benchtime=1x -timeout=90m ./e2e/
 func BenchmarkScale(b *testing.B) {
 	cfg := scaleConfig{nodes: *scaleNodes, gpus: *scaleGPUs, replicas: *scaleReplicas, servers: *scaleServers,
-		users: *scaleUsers, workers: *scaleWorkers, rate: *scaleRate, watchers: *scaleWatchers, events: *scaleEvents,
+		users: *scaleUsers, workers: *scaleWorkers, rate: *scaleRate, kubeQPS: *scaleKubeQPS, watchers: *scaleWatchers, events: *scaleEvents,
 		reconcileInterval: *scaleReconcile, reclaimInterval: 10 * time.Second}
 	for range b.N {
 		r := runScale(b, cfg)
@@ -224,6 +226,9 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	ctx := tb.Context()
 	args := []string{"--reconcile-interval=" + cfg.reconcileInterval.String(), "--reclaim-interval=" + cfg.reclaimInterval.String(),
 		"--orphan-grace=2m"} // the default: the env's 2 s would settle servers whose pods the informer has yet to see
+	if cfg.kubeQPS > 0 {
+		args = append(args, fmt.Sprintf("--kube-api-qps=%g", cfg.kubeQPS), fmt.Sprintf("--kube-api-burst=%d", int(2*cfg.kubeQPS)))
+	}
 	progress := sayer(tb)
 	start := time.Now()
 	var pprofAddrs []string // by replica, with -scale-pprof
@@ -928,8 +933,12 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	if cfg.rate > 0 {
 		rate = fmt.Sprintf("at most %g creates/s (%g/s of each kind, alone or interleaved; the ratio below then shows whether the brokers keep up with that cap, RATE=0 measures capacity)", cfg.rate, cfg.rate/2)
 	}
-	say("scale rig: %d nodes × %d GPUs, %d replicas, %d servers of %d users, %d in flight, %s",
-		cfg.nodes, cfg.gpus, cfg.replicas, cfg.servers, cfg.users, cfg.workers, rate)
+	limit := "the brokers' defaults (50/100 each)"
+	if cfg.kubeQPS > 0 {
+		limit = fmt.Sprintf("QPS %g burst %d each", cfg.kubeQPS, int(2*cfg.kubeQPS))
+	}
+	say("scale rig: %d nodes × %d GPUs, %d replicas, %d servers of %d users, %d in flight, %s; Kubernetes client limit: raw pods QPS 200 burst 400, brokers %s",
+		cfg.nodes, cfg.gpus, cfg.replicas, cfg.servers, cfg.users, cfg.workers, rate, limit)
 	if len(r.raw.Latencies) == 0 {
 		return
 	}
