@@ -30,10 +30,14 @@ import (
 // API server answers 422, or 409) means the pod changed since it was read:
 // it is read again from the API server and the patch retried, at most
 // maxConflictRetries times. The first read is the informer cache's, so a
-// release costs one request when nothing raced it. Transient errors are
+// release costs one request when nothing raced it (and a read when the
+// cache says there is nothing to release: it may lag). Transient errors are
 // retried (see Transient); other errors are the API server's.
 func (c *Client) ReleasePod(ctx context.Context, name, spawnID string) error {
 	pod := c.cachedPod(name)
+	if pod != nil && releasable(pod, spawnID) < 0 {
+		pod = nil // the cache may lag: what it says is not the last word
+	}
 	return c.retry(ctx, "release pod "+name, func(ctx context.Context) error {
 		for range maxConflictRetries {
 			if pod == nil {
@@ -46,9 +50,8 @@ func (c *Client) ReleasePod(ctx context.Context, name, spawnID string) error {
 				}
 				pod = fresh
 			}
-			i := slices.Index(pod.Finalizers, v1.FinalizerServerRecord)
-			if i < 0 || pod.DeletionTimestamp == nil || pod.Labels[v1.LabelManagedBy] != v1.ManagedByValue ||
-				spawnID != "" && spawnOf(pod) != spawnID {
+			i := releasable(pod, spawnID)
+			if i < 0 {
 				return nil
 			}
 			err := c.removeFinalizer(ctx, pod, i)
@@ -66,6 +69,15 @@ func (c *Client) ReleasePod(ctx context.Context, name, spawnID string) error {
 		}
 		return fmt.Errorf("release pod %s: too many concurrent changes", name)
 	})
+}
+
+// releasable returns the index of v1.FinalizerServerRecord in pod's
+// finalizers if ReleasePod(pod.Name, spawnID) is to remove it, else -1.
+func releasable(pod *corev1.Pod, spawnID string) int {
+	if pod.DeletionTimestamp == nil || pod.Labels[v1.LabelManagedBy] != v1.ManagedByValue || spawnID != "" && spawnOf(pod) != spawnID {
+		return -1
+	}
+	return slices.Index(pod.Finalizers, v1.FinalizerServerRecord)
 }
 
 // removeFinalizer sends the JSON patch that removes finalizer i of pod,
