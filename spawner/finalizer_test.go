@@ -34,6 +34,18 @@ func (h *harness) endPod(t *testing.T, name string) {
 	h.waitEvent(t, "gone", func(ev PodEvent) bool { return ev.Pod == name && ev.Phase == PhaseGone && ev.Held })
 }
 
+// createEnded creates the pod of spec and ends it (endPod); it returns the
+// pod's name.
+func (h *harness) createEnded(t *testing.T, spec Spec) string {
+	t.Helper()
+	if err := h.client.Create(t.Context(), spec, nil); err != nil {
+		t.Fatal(err)
+	}
+	name := PodName(spec.User, spec.Server)
+	h.endPod(t, name)
+	return name
+}
+
 func (h *harness) finalizers(t *testing.T, name string) []string {
 	t.Helper()
 	pod, err := h.cs.CoreV1().Pods("notebooks").Get(t.Context(), name, metav1.GetOptions{})
@@ -131,11 +143,7 @@ func TestReleasePodConflictRereadsAndRetries(t *testing.T) {
 	h := startClient(t)
 	ctx := t.Context()
 	spec := testSpec()
-	name := PodName(spec.User, spec.Server)
-	if err := h.client.Create(ctx, spec, nil); err != nil {
-		t.Fatal(err)
-	}
-	h.endPod(t, name)
+	name := h.createEnded(t, spec)
 	pods := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 	tries := 0
 	h.cs.PrependReactor("patch", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
@@ -168,11 +176,7 @@ func TestReleasePodConflictRereadsAndRetries(t *testing.T) {
 	// Gone between the read and the patch: nothing left to release.
 	spec2 := testSpec()
 	spec2.Server, spec2.SpawnID = "two", "spawn-two"
-	name2 := PodName(spec2.User, spec2.Server)
-	if err := h.client.Create(ctx, spec2, nil); err != nil {
-		t.Fatal(err)
-	}
-	h.endPod(t, name2)
+	name2 := h.createEnded(t, spec2)
 	h.cs.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if a.(k8stesting.PatchAction).GetName() != name2 {
 			return false, nil, nil
@@ -193,11 +197,7 @@ func TestReleasePodGivesUpOnEndlessConflicts(t *testing.T) {
 	h := startClient(t)
 	ctx := t.Context()
 	spec := testSpec()
-	name := PodName(spec.User, spec.Server)
-	if err := h.client.Create(ctx, spec, nil); err != nil {
-		t.Fatal(err)
-	}
-	h.endPod(t, name)
+	name := h.createEnded(t, spec)
 	h.cs.PrependReactor("patch", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, name, errors.New("the object has been modified"))
 	})
