@@ -2,6 +2,7 @@ package servers_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -105,4 +106,67 @@ func TestTwoReplicasHandlingOnePodEventCountTheSpawnOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// releaseWatch is the spawner of a replica that notes the server's state
+// in the store at each ReleasePod.
+type releaseWatch struct {
+	servers.Pods
+	store servers.Store
+	key   fleet.ServerKey
+	mu    sync.Mutex
+	seen  []fleet.State
+}
+
+func (p *releaseWatch) ReleasePod(ctx context.Context, name, spawnID string) error {
+	rec, err := p.store.GetServer(ctx, p.key)
+	p.mu.Lock()
+	p.seen = append(p.seen, rec.State)
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return p.Pods.ReleasePod(ctx, name, spawnID)
+}
+
+// TestAnEndedPodIsReleasedOnceItsEndIsRecorded: a running server's pod is
+// deleted behind the broker's back and ends, held by gpubroker's finalizer.
+// Its event records the server stopped (slice released), and only then is
+// the finalizer removed.
+func TestAnEndedPodIsReleasedOnceItsEndIsRecorded(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "alice", Name: "lab"}
+	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	f.SetPodRunning(t, key.User, key.Name, "10.0.0.1")
+	rec := f.WaitState(t, key, v1.StateRunning)
+	// The fixture's replica handles the pod's events; this one is handed
+	// the ended pod's event too, and notes what it had recorded whenever
+	// it releases.
+	pods := &releaseWatch{Pods: f.Pods, store: f.Store, key: key}
+	replica := servers.New(f.Store, pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+	f.EndPod(t, key.User, key.Name)
+	ev := spawner.PodEvent{User: key.User, Server: key.Name, SpawnID: rec.SpawnID, Pod: rec.Pod, Phase: spawner.PhaseGone, Held: true}
+	if err := replica.HandlePodEvent(ctx, ev); err != nil {
+		t.Fatalf("handle the ended pod's event: %v", err)
+	}
+	pods.mu.Lock()
+	seen := slices.Clone(pods.seen)
+	pods.mu.Unlock()
+	if len(seen) != 1 || seen[0] != v1.StateStopped {
+		t.Errorf("released with the server %v, want once, stopped", seen)
+	}
+	if fin := f.Pod(t, key.User, key.Name).Finalizers; len(fin) != 0 {
+		t.Errorf("finalizers %v after the release, want none", fin)
+	}
+	got, err := f.Store.GetServer(ctx, key)
+	if err != nil || got.State != v1.StateStopped || got.Allocation != nil {
+		t.Fatalf("server %s (allocation %v, %v), want stopped without a slice", got.State, got.Allocation, err)
+	}
+	if ids, err := f.Store.AllocationIDs(ctx); err != nil || len(ids) != 0 {
+		t.Errorf("allocations %v (%v), want none", ids, err)
+	}
+	t.Logf("stopped: %s", got.Message)
 }
