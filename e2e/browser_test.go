@@ -194,6 +194,7 @@ func newBrowserEnvWith(t *testing.T, o browserOptions) *browserEnv {
 	t.Cleanup(proxy.Close)
 	e.admin = e.client("admin", adminGroup)
 	e.registerGPUs()
+	e.waitFirstPass(e.broker)
 	return &browserEnv{env: e, public: public}
 }
 

@@ -162,7 +162,30 @@ func newEnv(t testing.TB, o envOptions) *env {
 	e.broker = e.startBroker(o.brokerArgs...)
 	e.admin = e.client("admin", adminGroup)
 	e.registerGPUs()
+	if !o.leaderElection {
+		e.waitFirstPass(e.broker)
+	}
 	return e
+}
+
+// waitFirstPass waits until b has made its first reconcile pass, which on
+// a fresh install opens placement: /readyz answers before it, and a create
+// in between is a 503 ("rebuilding"), a correct answer that tests starting
+// with a create would have to retry. A replica under leader election that
+// does not lead makes no pass at start, so it is not for those.
+func (e *env) waitFirstPass(b *harness.Broker) {
+	e.t.Helper()
+	err := harness.Poll(e.t.Context(), 20*time.Millisecond, 30*time.Second, func(ctx context.Context) (bool, string, error) {
+		m, err := b.Scrape(ctx)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		n := m[`gpubroker_reconcile_passes_total{result="ok"}`] + m[`gpubroker_reconcile_passes_total{result="error"}`]
+		return n >= 1, fmt.Sprintf("%v passes", n), nil
+	})
+	if err != nil {
+		e.t.Fatalf("broker's first reconcile pass: %v", err)
+	}
 }
 
 // startBroker starts one more gpubroker serve of the env (on its Redis,

@@ -169,14 +169,14 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("Create: %v", err)
 	}
 	ev := h.waitEvent(t, "pending", phaseIs(PhasePending))
-	want := PodEvent{User: "alice", Server: "", SpawnID: spec.SpawnID, Pod: name, Phase: PhasePending, Message: "waiting for node gpu-1"}
+	want := PodEvent{User: "alice", Server: "", SpawnID: spec.SpawnID, Pod: name, Phase: PhasePending, Message: "waiting for node gpu-1", Held: true}
 	if diff := cmp.Diff(want, ev); diff != "" {
 		t.Errorf("pending event (-want +got):\n%s", diff)
 	}
 
 	h.setStatus(t, name, readyStatus("10.88.0.7"))
 	ev = h.waitEvent(t, "running", phaseIs(PhaseRunning))
-	want = PodEvent{User: "alice", SpawnID: spec.SpawnID, Pod: name, Phase: PhaseRunning, Message: "running on node gpu-1", URL: "http://10.88.0.7:8888"}
+	want = PodEvent{User: "alice", SpawnID: spec.SpawnID, Pod: name, Phase: PhaseRunning, Message: "running on node gpu-1", URL: "http://10.88.0.7:8888", Held: true}
 	if diff := cmp.Diff(want, ev); diff != "" {
 		t.Errorf("running event (-want +got):\n%s", diff)
 	}
@@ -187,7 +187,7 @@ func TestLifecycle(t *testing.T) {
 	wantPods := []ManagedPod{{
 		Name: name, User: "alice", Profile: "small", SpawnID: spec.SpawnID, Node: "gpu-1", GPUUUID: spec.GPU.UUID,
 		Slice: spec.Slice, Sharing: v1.SharingSliced, QuotaGroups: spec.QuotaGroups, Phase: PhaseRunning, Message: "running on node gpu-1",
-		URL: "http://10.88.0.7:8888", CreatedAt: t0,
+		URL: "http://10.88.0.7:8888", CreatedAt: t0, Held: true, Ran: true,
 	}}
 	if diff := cmp.Diff(wantPods, pods); diff != "" {
 		t.Errorf("Pods (-want +got):\n%s", diff)

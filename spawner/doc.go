@@ -42,6 +42,12 @@
 //     so a caller may write it while the slice is still being placed; the
 //     pod must come after it (a kubelet that finds its Secret missing fails
 //     the container and retries only after its back-off).
+//   - Finalizer: every pod is created with v1.FinalizerServerRecord, so
+//     after its final delete (grace 0) it stays, Ended and read as
+//     PhaseGone (HasPod no longer finds it), until ReleasePod removes the
+//     finalizer; ReleasePod tests the pod's UID and the finalizer's index in
+//     one JSON patch, so it never releases a newer pod of the name, and is
+//     idempotent (finalizer.go).
 //   - Every write uses FieldManager. Cached objects are never modified.
 //   - Never answer from an unsynced cache: Pods returns ErrNotSynced until
 //     the informer has synced.

@@ -3,6 +3,7 @@ package spawner
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +45,14 @@ type ManagedPod struct {
 	CreatedAt time.Time
 	// Deleting is true once the pod's deletion has been requested.
 	Deleting bool
+	// Held is true while the pod carries v1.FinalizerServerRecord: once it
+	// has ended (Phase PhaseGone while the pod is still listed) it stays
+	// until the broker records its server's end and calls
+	// Client.ReleasePod.
+	Held bool
+	// Ran is true once the notebook container has started at least once
+	// (its status is or was running).
+	Ran bool
 	// Err is set by Client.Pods when the pod's annotations could not be read
 	// (ParsePod's error); the other fields then hold what could be read.
 	Err error
@@ -91,6 +100,8 @@ func ParsePod(pod *corev1.Pod) (ManagedPod, error) {
 		URL:       URL(pod),
 		CreatedAt: pod.CreationTimestamp.Time,
 		Deleting:  pod.DeletionTimestamp != nil,
+		Held:      slices.Contains(pod.Finalizers, v1.FinalizerServerRecord),
+		Ran:       ran(pod),
 		Slice: v1.Slice{
 			MemoryMiB:           number(v1.AnnotationMemoryMiB),
 			ComputePercent:      int(number(v1.AnnotationComputePercent)),
@@ -118,4 +129,16 @@ func ParsePod(pod *corev1.Pod) (ManagedPod, error) {
 		return m, fmt.Errorf("parse pod %s: %w", pod.Name, errors.Join(errs...))
 	}
 	return m, nil
+}
+
+// ran reports whether pod's notebook container has started at least once:
+// it runs, or ran before it terminated or restarted.
+func ran(pod *corev1.Pod) bool {
+	cs := notebookStatus(pod)
+	if cs == nil {
+		return false
+	}
+	t := cs.State.Terminated
+	return cs.State.Running != nil || cs.RestartCount > 0 || cs.LastTerminationState.Terminated != nil ||
+		t != nil && !t.StartedAt.IsZero()
 }

@@ -30,7 +30,9 @@ const (
 	// PhaseFailed: the pod will not run (or no longer runs) the notebook;
 	// the message says why. The pod still exists and should be deleted.
 	PhaseFailed Phase = "failed"
-	// PhaseGone: the pod has been deleted.
+	// PhaseGone: the pod has been deleted, or its deletion is complete
+	// but for finalizers (Ended): its containers are gone and the object
+	// stays only until v1.FinalizerServerRecord is removed.
 	PhaseGone Phase = "gone"
 )
 
@@ -51,9 +53,23 @@ const (
 	reasonNodeLost = "NodeLost"
 )
 
+// Ended reports whether pod's deletion is complete but for its finalizers:
+// a deletion with grace period 0 was asked for, which is the kubelet's
+// final delete once the containers have stopped (or a forced deletion, or
+// the pod garbage collector's for a deleted node). The API server keeps
+// such a pod until its finalizers are removed, and removes it at once
+// after (ShouldDeleteDuringUpdate in k8s.io/apiserver's generic registry).
+// A pod still within its grace period has not ended: its containers may
+// still run on the GPU.
+func Ended(pod *corev1.Pod) bool {
+	g := pod.DeletionGracePeriodSeconds
+	return pod.DeletionTimestamp != nil && g != nil && *g == 0
+}
+
 // Classify reads a notebook pod's status at time now and returns its phase and
 // a sentence for the user. It is pure. cfg supplies StartTimeout and ErrorGrace
-// (defaults apply to zero values). A nil pod is PhaseGone.
+// (defaults apply to zero values). A nil pod is PhaseGone, and so is a pod
+// that Ended.
 //
 // It fails fast on terminal conditions:
 //   - pod phase Failed (evicted, ...), Succeeded (the notebook exited) or
@@ -88,6 +104,9 @@ func Classify(pod *corev1.Pod, now time.Time, cfg Config) (Phase, string) {
 	}
 	created := pod.CreationTimestamp.Time
 
+	if Ended(pod) {
+		return PhaseGone, "the notebook pod is gone"
+	}
 	if pod.Status.Reason == reasonNodeLost || pod.Status.Phase == corev1.PodUnknown {
 		return PhaseFailed, fmt.Sprintf("lost contact with node %s", node)
 	}

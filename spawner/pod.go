@@ -251,6 +251,9 @@ func Pod(cfg Config, s Spec) (*corev1.Pod, error) {
 			Namespace:   cfg.Namespace,
 			Labels:      Labels(s.User, s.Server, s.SpawnID),
 			Annotations: annotations,
+			// The pod outlives its deletion until the broker has recorded
+			// the server's end (Client.ReleasePod).
+			Finalizers: []string{v1.FinalizerServerRecord},
 		},
 		Spec: corev1.PodSpec{
 			NodeName:                     s.GPU.Node,

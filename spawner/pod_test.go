@@ -384,6 +384,7 @@ func TestParsePodRoundTrip(t *testing.T) {
 			SpawnID: spec.SpawnID, Node: spec.GPU.Node, GPUUUID: spec.GPU.UUID, Slice: spec.Slice,
 			Sharing: spec.Sharing, MIGProfile: spec.GPU.MIGProfile, ParentUUID: spec.GPU.ParentUUID,
 			QuotaGroups: spec.QuotaGroups, IdempotencyKey: spec.IdempotencyKey, URL: "http://10.88.0.7:8888", CreatedAt: created,
+			Held: true, // every pod is created with v1.FinalizerServerRecord
 		}
 		if want.Sharing == "" {
 			want.Sharing = v1.SharingSliced

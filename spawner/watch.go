@@ -40,6 +40,10 @@ type PodEvent struct {
 	Message string
 	// URL is http://<podIP>:<port>, set only when Phase is PhaseRunning.
 	URL string
+	// Held is true when the pod is still there, carrying
+	// v1.FinalizerServerRecord (see ManagedPod.Held): with PhaseGone, the
+	// pod has ended and waits for Client.ReleasePod.
+	Held bool
 }
 
 // Run watches the namespace's pods labelled managed-by=gpubroker, delivers
@@ -219,7 +223,8 @@ func (c *Client) managed(pod *corev1.Pod, now time.Time) (ManagedPod, error) {
 // HasPod reports whether the cache holds the pod of spawn spawnID of
 // server (user, server): a managed pod named PodName(user, server) whose
 // annotations name that user, server and spawn, as a pod Pods lists with
-// those User, Server and SpawnID. It is one lookup by name, not a listing
+// those User, Server and SpawnID, and that has not Ended (one that has is
+// there only for its finalizer). It is one lookup by name, not a listing
 // of every pod. The error wraps ErrNotSynced before the cache has synced
 // and after Run has returned.
 func (c *Client) HasPod(user, server, spawnID string) (bool, error) {
@@ -237,7 +242,7 @@ func (c *Client) HasPod(user, server, spawnID string) (bool, error) {
 		return false, fmt.Errorf("find pod: %w", err)
 	}
 	a := pod.Annotations
-	return pod.Labels[v1.LabelManagedBy] == v1.ManagedByValue &&
+	return !Ended(pod) && pod.Labels[v1.LabelManagedBy] == v1.ManagedByValue &&
 		a[v1.AnnotationUser] == user && a[v1.AnnotationServer] == server && a[v1.AnnotationSpawnID] == spawnID, nil
 }
 
@@ -321,7 +326,7 @@ func (c *Client) observe(obj any, deleted bool) {
 
 func (c *Client) enqueue(pod *corev1.Pod, deleted bool) {
 	m, _ := ParsePod(pod) // a garbled pod still yields its name and what could be read
-	ev := PodEvent{User: m.User, Server: m.Server, SpawnID: m.SpawnID, Pod: pod.Name}
+	ev := PodEvent{User: m.User, Server: m.Server, SpawnID: m.SpawnID, Pod: pod.Name, Held: m.Held && !deleted}
 	if deleted {
 		ev.Phase, ev.Message = Classify(nil, c.now(), c.cfg)
 	} else {

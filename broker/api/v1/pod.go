@@ -41,6 +41,15 @@ const (
 	AnnotationIdempotencyKey = "gpubroker.io/idempotency-key"
 )
 
+// FinalizerServerRecord is the finalizer every notebook pod is created
+// with: a pod deleted by anyone (its user through the broker, an
+// eviction, its node's deletion, kubectl) stays, terminating, until the
+// broker has recorded how its server ended (the record moved to stopped or
+// failed, or rebuilt from the pod as stopped or failed when Redis had lost
+// it), and only then does the broker remove it (ARCHITECTURE.md invariant
+// 2). The idea is the Job controller's batch.kubernetes.io/job-tracking.
+const FinalizerServerRecord = "gpubroker.io/server-record"
+
 // LabelSharing is the node label that sets the sharing mode of every GPU
 // of a node (sliced, exclusive or mps; MIG follows the GPU's own MIG mode).
 // An admin's per-GPU mode (PUT /api/v1/admin/gpus/{uuid}/mode) wins.

@@ -28,7 +28,7 @@ var (
 	PlacementRefusals = []string{"capacity", "quota", "not_ready", "not_durable", "error"}
 	// RepairKinds are the kind label values of
 	// gpubroker_reconcile_repairs_total (reconcile.Report's counters).
-	RepairKinds = []string{"restored_server", "restored_slice", "released_slice", "deleted_pod", "deleted_secret", "settled_server", "resumed_server"}
+	RepairKinds = []string{"restored_server", "restored_slice", "released_slice", "deleted_pod", "deleted_secret", "settled_server", "resumed_server", "released_pod"}
 	// ReclaimActions are the action label values of
 	// gpubroker_reclaim_actions_total.
 	ReclaimActions = []string{"warn", "shrink", "restore", "stop"}
@@ -111,7 +111,7 @@ func New(reg prometheus.Registerer, o Options) (*Broker, error) {
 		passes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reconcile_passes_total",
 			Help: "Reconcile passes, by result (ok, error)."}, []string{"result"}),
 		repairs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reconcile_repairs_total",
-			Help: "Repairs made by reconcile passes, by kind (restored_server, restored_slice, released_slice, deleted_pod, deleted_secret, settled_server, resumed_server)."}, []string{"kind"}),
+			Help: "Repairs made by reconcile passes, by kind (restored_server, restored_slice, released_slice, deleted_pod, deleted_secret, settled_server, resumed_server, released_pod)."}, []string{"kind"}),
 		cycles: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "reclaim_cycles_total",
 			Help: "Idle-reclaim cycles this replica ran (only the Lease holder runs them), by result (ok, error)."}, []string{"result"}),
 		cycleTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "reclaim_cycle_duration_seconds",

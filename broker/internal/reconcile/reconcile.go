@@ -28,6 +28,15 @@
 //     cannot be read, after the grace period, and deletes again the pod of a
 //     stopping server that is not being deleted (the stop's deletion did not
 //     reach the API server), so every stop finishes;
+//   - records the end of every pod that has ended (spawner.Ended: deleted
+//     but for v1.FinalizerServerRecord) and then removes that finalizer,
+//     so the API server lets the pod go: a pod of the current spawn goes
+//     through the lifecycle like its pod event (stopped or failed); a pod
+//     whose record Redis lost gets its record rebuilt as stopped or failed
+//     (never its slice: it holds none any more); a pod of another spawn,
+//     or whose annotations cannot be read, has no end to record. A pod
+//     deleted between a loss of Redis's data and the pass that would have
+//     rebuilt its record therefore still leaves its server;
 //   - deletes Secrets that belong to no pod and no unfinished record once
 //     passes have found them so, unchanged, for the grace period (a stop or
 //     a failed spawn whose Secret deletion failed, a record Redis lost);
@@ -101,6 +110,9 @@ type Pods interface {
 	Pods() ([]spawner.ManagedPod, error)
 	ListPods(ctx context.Context) ([]spawner.ManagedPod, error)
 	FenceSlice(ctx context.Context, name, spawnID string) (spawner.ManagedPod, error)
+	// ReleasePod removes v1.FinalizerServerRecord from a deleted pod
+	// (spawnID "" skips the spawn check); idempotent.
+	ReleasePod(ctx context.Context, name, spawnID string) error
 	Delete(ctx context.Context, user, server, spawnID string) error
 	DeletePod(ctx context.Context, name, spawnID string) error
 	Secrets(ctx context.Context) ([]spawner.ManagedSecret, error)
@@ -131,17 +143,19 @@ type Report struct {
 	ReleasedSlices, DeletedPods     int
 	DeletedSecrets, Settled         int
 	ResumedServers                  int
+	// ReleasedPods counts the ended pods whose finalizer the pass removed.
+	ReleasedPods int
 	// Complete is true when every pod's slice is recorded.
 	Complete bool
 }
 
 // Repairs returns the report's repairs by kind, as Metrics receives them:
 // restored_server, restored_slice, released_slice, deleted_pod,
-// deleted_secret, settled_server and resumed_server.
+// deleted_secret, settled_server, resumed_server and released_pod.
 func (r Report) Repairs() map[string]int {
 	return map[string]int{"restored_server": r.RestoredServers, "restored_slice": r.RestoredSlices,
 		"released_slice": r.ReleasedSlices, "deleted_pod": r.DeletedPods, "deleted_secret": r.DeletedSecrets,
-		"settled_server": r.Settled, "resumed_server": r.ResumedServers}
+		"settled_server": r.Settled, "resumed_server": r.ResumedServers, "released_pod": r.ReleasedPods}
 }
 
 // repaired reports whether the pass changed anything.
@@ -254,7 +268,7 @@ func (r *Reconciler) runOnce(ctx context.Context) {
 	case err == nil && rep.repaired():
 		r.log.InfoContext(ctx, "reconciled", "pods", rep.Pods, "restored_servers", rep.RestoredServers,
 			"restored_slices", rep.RestoredSlices, "released_slices", rep.ReleasedSlices,
-			"deleted_pods", rep.DeletedPods, "deleted_secrets", rep.DeletedSecrets, "settled", rep.Settled, "resumed_servers", rep.ResumedServers, "complete", rep.Complete)
+			"deleted_pods", rep.DeletedPods, "deleted_secrets", rep.DeletedSecrets, "settled", rep.Settled, "resumed_servers", rep.ResumedServers, "released_pods", rep.ReleasedPods, "complete", rep.Complete)
 	}
 }
 
@@ -317,7 +331,9 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		if p.Err != nil {
 			// Its annotations cannot be read, so it proves no allocation and
 			// belongs to no server: remove it once it is old enough.
-			if !p.Deleting && now.Sub(p.CreatedAt) > r.grace {
+			if p.Phase == spawner.PhaseGone {
+				r.release(ctx, p, "", &rep, &errs)
+			} else if !p.Deleting && now.Sub(p.CreatedAt) > r.grace {
 				r.log.WarnContext(ctx, "deleting a managed pod with unreadable annotations", "pod", p.Name, "err", p.Err)
 				if err := r.pods.DeletePod(ctx, p.Name, p.SpawnID); err != nil {
 					errs = append(errs, fmt.Errorf("delete unreadable pod %s: %w", p.Name, err))
@@ -330,11 +346,22 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		podBySpawn[p.SpawnID] = p
 		key := fleet.ServerKey{User: p.User, Name: p.Server}
 		rec, ok := recByKey[key]
+		if !ok && p.Phase == spawner.PhaseGone {
+			// Redis lost the record, and the pod ended before a pass
+			// rebuilt it: its finalizer kept it for this.
+			r.restoreEnded(ctx, p, now, &rep, &errs)
+			continue
+		}
 		current := ok && rec.SpawnID == p.SpawnID && !fleet.Terminal(rec.State)
 		if !ok {
 			current = true
 		}
 		if !current {
+			if p.Phase == spawner.PhaseGone {
+				// Its record moved on or ended: nothing to record.
+				r.release(ctx, p, p.SpawnID, &rep, &errs)
+				continue
+			}
 			if !allocated[p.SpawnID] && !p.Deleting {
 				// A pod of an earlier spawn still runs on its GPU (its
 				// record moved on or was replaced after Redis lost its
@@ -358,7 +385,9 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 			continue
 		}
 		alloc := allocationOf(p)
-		if !allocated[p.SpawnID] {
+		if !allocated[p.SpawnID] && p.Phase != spawner.PhaseGone {
+			// (An ended pod holds its GPU no more: its event below
+			// releases its slice, if any.)
 			a, err := r.restoreSlice(ctx, p, &rep)
 			if err != nil {
 				complete = false
@@ -607,6 +636,58 @@ func settled(rec fleet.Server, p spawner.ManagedPod) bool {
 	return rec.SpawnID == p.SpawnID && rec.State == v1.StateRunning && p.Phase == spawner.PhaseRunning && !p.Deleting
 }
 
+// release removes the finalizer of ended pod p (of spawnID; "" skips the
+// check), counting it in rep or its failure in errs.
+func (r *Reconciler) release(ctx context.Context, p spawner.ManagedPod, spawnID string, rep *Report, errs *[]error) {
+	if !p.Held {
+		return
+	}
+	if err := r.pods.ReleasePod(ctx, p.Name, spawnID); err != nil {
+		*errs = append(*errs, fmt.Errorf("release ended pod %s: %w", p.Name, err))
+		return
+	}
+	rep.ReleasedPods++
+}
+
+// restoreEnded rebuilds the record of ended pod p, whose server Redis
+// lost, as stopped (the notebook had run) or failed (it had not), without
+// a slice, and then releases the pod. A record that exists by then (a
+// create, or another replica's pass) is left as it is: it is the server's,
+// and the record-settling steps finish it.
+func (r *Reconciler) restoreEnded(ctx context.Context, p spawner.ManagedPod, now time.Time, rep *Report, errs *[]error) {
+	restored, err := r.store.RestoreServer(ctx, endedRecordOf(p, now))
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("restore server of ended pod %s: %w", p.Name, err))
+		return
+	}
+	if restored {
+		rep.RestoredServers++
+		r.log.InfoContext(ctx, "restored the record of a server whose pod ended while Redis had lost it",
+			"user", p.User, "server", p.Server, "spawn_id", p.SpawnID, "pod", p.Name)
+	}
+	r.release(ctx, p, p.SpawnID, rep, errs)
+}
+
+// endedRecordOf rebuilds the record of ended pod p at now: stopped when
+// its notebook had run (spawner.ManagedPod.Ran), else failed; no slice,
+// no URL. A failed record forgets the create's idempotency key, as a
+// failed spawn does, so a retry starts the server again.
+func endedRecordOf(p spawner.ManagedPod, now time.Time) fleet.Server {
+	rec := fleet.Server{
+		ServerKey: fleet.ServerKey{User: p.User, Name: p.Server},
+		Profile:   p.Profile, SpawnID: p.SpawnID, IdempotencyKey: p.IdempotencyKey,
+		State:   v1.StateStopped,
+		Message: "stopped: the pod ended while the broker's store had lost this server (its record was rebuilt from the pod)",
+		Slice:   p.Slice, Pod: p.Name, Sharing: p.Sharing, MIGProfile: p.MIGProfile,
+		CreatedAt: p.CreatedAt, UpdatedAt: now,
+	}
+	if !p.Ran {
+		rec.State, rec.IdempotencyKey = v1.StateFailed, ""
+		rec.Message = "the pod ended before the notebook started, while the broker's store had lost this server (its record was rebuilt from the pod); start the server again"
+	}
+	return rec
+}
+
 // restoreSlice records pod p's slice in Redis as the API server has it, not
 // the cache, and fences off a resize in flight: the write changes the pod's
 // resourceVersion, so a resize that changed Redis before this restore cannot
@@ -659,5 +740,5 @@ func recordOf(p spawner.ManagedPod, a fleet.Allocation, now time.Time) fleet.Ser
 
 func eventOf(p spawner.ManagedPod) spawner.PodEvent {
 	return spawner.PodEvent{User: p.User, Server: p.Server, SpawnID: p.SpawnID, Pod: p.Name,
-		Phase: p.Phase, Message: p.Message, URL: p.URL}
+		Phase: p.Phase, Message: p.Message, URL: p.URL, Held: p.Held}
 }

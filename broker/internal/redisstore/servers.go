@@ -240,13 +240,23 @@ func (s *Store) GetServer(ctx context.Context, k fleet.ServerKey) (fleet.Server,
 // event appended); the patch is applied either way. An unknown server wraps
 // fleet.ErrNotFound. Terminal states start the record's retention TTL.
 func (s *Store) Transition(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch Patch) (fleet.Server, error) {
+	out, _, err := s.Advance(ctx, k, spawnID, to, message, patch)
+	return out, err
+}
+
+// Advance is Transition that also reports whether this call moved the
+// state: false when the record was in state to already (the message and
+// patch applied, as Transition does), for instance moved there by another
+// replica acting on the same observation. Exactly one of several racing
+// calls for the same step reports true.
+func (s *Store) Advance(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch Patch) (fleet.Server, bool, error) {
 	sources := fleet.TransitionSources(to)
 	if len(sources) == 0 {
-		return fleet.Server{}, fmt.Errorf("%w: transition server %s/%s to %q: no state leads there", fleet.ErrInvalid, k.User, k.Name, to)
+		return fleet.Server{}, false, fmt.Errorf("%w: transition server %s/%s to %q: no state leads there", fleet.ErrInvalid, k.User, k.Name, to)
 	}
 	pf, err := patchFields(patch)
 	if err != nil {
-		return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+		return fleet.Server{}, false, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 	}
 	args := []any{spawnID, string(to), message, unixNano(s.now()), eventMaxLen, s.retention.Milliseconds(),
 		s.recordTTL(to), len(pf) / 2}
@@ -259,38 +269,39 @@ func (s *Store) Transition(ctx context.Context, k fleet.ServerKey, spawnID strin
 	defer cancel()
 	res, err := transitionScript.Run(ctx, s.rdb, []string{s.k.Server(k.User, k.Name), s.k.Events(k.User, k.Name)}, args...).Result()
 	if err != nil {
-		return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+		return fleet.Server{}, false, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 	}
 	tag, rest, err := tagged(res)
 	if err != nil {
-		return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+		return fleet.Server{}, false, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 	}
 	switch tag {
 	case "moved", "updated":
 		if len(rest) < 1 {
-			return fleet.Server{}, fmt.Errorf("transition server %s/%s: short script reply", k.User, k.Name)
+			return fleet.Server{}, false, fmt.Errorf("transition server %s/%s: short script reply", k.User, k.Name)
 		}
 		h, err := flatMap(rest[0])
 		if err != nil {
-			return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+			return fleet.Server{}, false, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 		}
-		return decodeServer(h)
+		rec, err := decodeServer(h)
+		return rec, err == nil && tag == "moved", err
 	case "notfound":
-		return fleet.Server{}, fmt.Errorf("%w: user %s has no server %q", fleet.ErrNotFound, k.User, k.Name)
+		return fleet.Server{}, false, fmt.Errorf("%w: user %s has no server %q", fleet.ErrNotFound, k.User, k.Name)
 	case "spawn":
 		f, err := stringsN(rest, 1)
 		if err != nil {
-			return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+			return fleet.Server{}, false, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 		}
-		return fleet.Server{}, fmt.Errorf("%w: server %q of %s: spawn %s is no longer current (current spawn %s)", fleet.ErrConflict, k.Name, k.User, spawnID, f[0])
+		return fleet.Server{}, false, fmt.Errorf("%w: server %q of %s: spawn %s is no longer current (current spawn %s)", fleet.ErrConflict, k.Name, k.User, spawnID, f[0])
 	case "state":
 		f, err := stringsN(rest, 1)
 		if err != nil {
-			return fleet.Server{}, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
+			return fleet.Server{}, false, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 		}
-		return fleet.Server{}, &fleet.StateError{Key: k, State: fleet.State(f[0]), Want: to}
+		return fleet.Server{}, false, &fleet.StateError{Key: k, State: fleet.State(f[0]), Want: to}
 	default:
-		return fleet.Server{}, fmt.Errorf("transition server %s/%s: unexpected script reply %q", k.User, k.Name, tag)
+		return fleet.Server{}, false, fmt.Errorf("transition server %s/%s: unexpected script reply %q", k.User, k.Name, tag)
 	}
 }
 

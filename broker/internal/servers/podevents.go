@@ -14,19 +14,45 @@ import (
 // event for a spawn that is no longer the server's current one is ignored,
 // as is an event that the server's state has already passed. It returns an
 // error only when storage failed, so the caller can retry.
+//
+// A pod that has ended but is still there, held by
+// v1.FinalizerServerRecord (ev.Held with spawner.PhaseGone), is released
+// once its end is recorded: the record of its spawn is stopped or failed,
+// or the record has moved on to another spawn. A pod without a record
+// (Redis lost it) is left to the reconciler, which rebuilds the record
+// from the pod and then releases it; the event asks for a pass now.
 func (s *Service) HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error {
 	key := fleet.ServerKey{User: ev.User, Name: ev.Server}
 	rec, err := s.store.GetServer(ctx, key)
 	if errors.Is(err, fleet.ErrNotFound) {
+		if ev.Phase == spawner.PhaseGone && ev.Held {
+			s.kick() // the reconciler records the pod's end, then releases it
+		}
 		return nil // the reconciler restores records of pods it finds
 	}
 	if err != nil {
 		return fmt.Errorf("pod event %s: %w", ev.Pod, err)
 	}
-	if rec.SpawnID != ev.SpawnID || fleet.Terminal(rec.State) {
+	if rec.SpawnID == ev.SpawnID && !fleet.Terminal(rec.State) {
+		if err := s.apply(ctx, rec, ev); err != nil || ev.Phase != spawner.PhaseGone || !ev.Held {
+			return err
+		}
+		// Whether the end is recorded now (by this replica, or another
+		// one that handled the same pod): read it back.
+		if rec, err = s.store.GetServer(ctx, key); errors.Is(err, fleet.ErrNotFound) {
+			s.kick()
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("pod event %s: %w", ev.Pod, err)
+		}
+	}
+	if ev.Phase != spawner.PhaseGone || !ev.Held || rec.SpawnID == ev.SpawnID && !fleet.Terminal(rec.State) {
 		return nil
 	}
-	return s.apply(ctx, rec, ev)
+	if err := s.pods.ReleasePod(ctx, ev.Pod, ev.SpawnID); err != nil {
+		return fmt.Errorf("server %s/%s: release ended pod %s: %w", rec.User, rec.Name, ev.Pod, err)
+	}
+	return nil
 }
 
 // apply acts on one pod observation for the record of the same spawn.
@@ -51,10 +77,13 @@ func (s *Service) apply(ctx context.Context, rec fleet.Server, ev spawner.PodEve
 		if rec.State == v1.StateStarting {
 			url, pod := ev.URL, ev.Pod
 			var out fleet.Server
-			out, err = s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateRunning,
+			var moved bool
+			out, moved, err = s.store.Advance(ctx, rec.ServerKey, rec.SpawnID, v1.StateRunning,
 				fmt.Sprintf("running at %s", ev.URL), fleet.ServerPatch{URL: &url, Pod: &pod})
-			if err == nil {
-				// Only the replica whose transition won counts the spawn.
+			if err == nil && moved {
+				// Only the replica whose transition moved the state
+				// counts the spawn (another one that handled the same
+				// pod event finds it running already).
 				s.metrics.ObserveSpawn(out.Profile, OutcomeRunning, out.UpdatedAt.Sub(out.CreatedAt))
 			}
 		}
@@ -71,7 +100,10 @@ func (s *Service) apply(ctx context.Context, rec fleet.Server, ev spawner.PodEve
 			_, err = s.finishStop(ctx, rec, stoppedMessage(rec))
 		case v1.StateRunning:
 			err = s.stopAfterPodEnd(ctx, rec, "the pod was deleted outside gpubroker")
-		case v1.StateStarting:
+		default:
+			// Starting, or a record behind its pod (creating, or pending
+			// and placing after writes were lost): the pod ended before
+			// it ran the notebook.
 			s.fail(ctx, rec, errors.New("the pod was deleted before it started"), false)
 		}
 	}

@@ -31,6 +31,11 @@ type Store interface {
 	ServersPage(ctx context.Context, user, after string, limit int) ([]fleet.Server, string, error)
 	QuotaUsed(ctx context.Context, user string, groups []string) (fleet.Quota, map[string]fleet.Quota, error)
 	Transition(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, error)
+	// Advance is Transition that also reports whether this call moved the
+	// state (false: the record was in the target state already, say moved
+	// there by another replica), so a step that must happen once per
+	// transition (counting a spawn) happens on one replica only.
+	Advance(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, bool, error)
 	Events(ctx context.Context, k fleet.ServerKey, afterID string, block time.Duration) ([]fleet.Event, error)
 }
 
@@ -51,8 +56,11 @@ type Pods interface {
 	CreatePod(ctx context.Context, s spawner.Spec) error
 	Delete(ctx context.Context, user, server, spawnID string) error
 	// HasPod reports whether the pod cache holds the pod of spawn spawnID
-	// of (user, server); before the cache has synced it fails.
+	// of (user, server), not ended; before the cache has synced it fails.
 	HasPod(user, server, spawnID string) (bool, error)
+	// ReleasePod removes v1.FinalizerServerRecord from the deleted pod
+	// name of spawnID once the server's end is recorded; idempotent.
+	ReleasePod(ctx context.Context, name, spawnID string) error
 }
 
 // Catalog is the admin-defined offer (implemented by catalog.Catalog).
@@ -609,12 +617,14 @@ func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, podMa
 		}
 	}
 	patch := fleet.ServerPatch{DropAllocation: true, ForgetIdempotencyKey: starting(rec.State)}
-	out, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateFailed, fleet.Message(cause), patch)
+	out, moved, err := s.store.Advance(ctx, rec.ServerKey, rec.SpawnID, v1.StateFailed, fleet.Message(cause), patch)
 	if err != nil {
 		log.WarnContext(ctx, "record failed spawn", "err", err)
 		return rec
 	}
-	s.metrics.ObserveSpawn(out.Profile, outcome(cause), out.UpdatedAt.Sub(out.CreatedAt))
+	if moved { // a replica that found it failed already did not fail it
+		s.metrics.ObserveSpawn(out.Profile, outcome(cause), out.UpdatedAt.Sub(out.CreatedAt))
+	}
 	return out
 }
 

@@ -634,3 +634,11 @@ func TestAStopThatRedisLostMidwayAnswersStopped(t *testing.T) {
 		t.Errorf("pod after the stop: %v, want gone", err)
 	}
 }
+
+func (p *eagerPods) ReleasePod(ctx context.Context, name, spawnID string) error {
+	return p.inner.ReleasePod(ctx, name, spawnID)
+}
+
+func (p *flushingPods) ReleasePod(ctx context.Context, name, spawnID string) error {
+	return p.inner.ReleasePod(ctx, name, spawnID)
+}

@@ -7,15 +7,19 @@ package serverstest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
@@ -126,6 +130,17 @@ func New(t testing.TB, opts ...servers.Option) *Fixture {
 		}
 		return false, nil, nil
 	})
+	// A patch the fake cannot apply (a failed JSON patch test) is answered
+	// as the API server answers it, 422, not with the fake's bare error.
+	apply := k8stesting.ObjectReaction(kube.Tracker())
+	kube.PrependReactor("patch", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		handled, obj, err := apply(action)
+		var st apierrors.APIStatus
+		if err != nil && !errors.As(err, &st) {
+			err = apierrors.NewGenericServerResponse(http.StatusUnprocessableEntity, "", schema.GroupResource{}, "", err.Error(), 0, false)
+		}
+		return handled, obj, err
+	})
 	pods := spawner.New(kube, spawner.Config{Namespace: Namespace}.WithDefaults(), log, spawner.WithClock(clock.Now))
 	ids := 0
 	var idsMu sync.Mutex
@@ -175,6 +190,34 @@ func (f *Fixture) Pod(t testing.TB, user, server string) *corev1.Pod {
 		t.Fatalf("get pod of %s/%s: %v", user, server, err)
 	}
 	return p
+}
+
+// EndPod makes a server's pod ended as the API server keeps it when the
+// final delete (grace period 0) came while it held gpubroker's finalizer
+// (the fake clientset would remove it at once), and waits until the
+// spawner's cache has seen it so (its gone event).
+func (f *Fixture) EndPod(t testing.TB, user, server string) {
+	t.Helper()
+	p := f.Pod(t, user, server).DeepCopy()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	seen := make(chan struct{})
+	var once sync.Once
+	f.Pods.Subscribe(ctx, func(ev spawner.PodEvent) {
+		if ev.Pod == p.Name && ev.Phase == spawner.PhaseGone && ev.Held {
+			once.Do(func() { close(seen) })
+		}
+	})
+	now, zero := metav1.NewTime(f.Clock.Now()), int64(0)
+	p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, &zero
+	if _, err := f.Kube.CoreV1().Pods(Namespace).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("end pod %s: %v", p.Name, err)
+	}
+	select {
+	case <-seen:
+	case <-ctx.Done():
+		t.Fatalf("the spawner did not see pod %s end within 10s", p.Name)
+	}
 }
 
 // SetPodRunning makes a server's pod Ready with the given IP, as a kubelet would.

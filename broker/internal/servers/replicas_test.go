@@ -1,0 +1,172 @@
+package servers_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/broker/internal/servers"
+	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
+	"github.com/gpubroker/gpubroker/spawner"
+)
+
+// spawnCounter is a servers.Metrics that counts spawns by outcome.
+type spawnCounter struct {
+	mu    sync.Mutex
+	spawn map[string]int
+}
+
+func (c *spawnCounter) ObservePlacement(time.Duration, string) {}
+
+func (c *spawnCounter) ObserveSpawn(_, outcome string, _ time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.spawn == nil {
+		c.spawn = map[string]int{}
+	}
+	c.spawn[outcome]++
+}
+
+func (c *spawnCounter) count(outcome string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.spawn[outcome]
+}
+
+// staleReads is the store of a replica that read a server's record before
+// another replica moved it on: its next GetServer of that server answers
+// the record as it was.
+type staleReads struct {
+	servers.Store
+	mu    sync.Mutex
+	stale map[fleet.ServerKey]fleet.Server
+}
+
+func (s *staleReads) GetServer(ctx context.Context, k fleet.ServerKey) (fleet.Server, error) {
+	s.mu.Lock()
+	rec, ok := s.stale[k]
+	delete(s.stale, k)
+	s.mu.Unlock()
+	if ok {
+		return rec, nil
+	}
+	return s.Store.GetServer(ctx, k)
+}
+
+// TestTwoReplicasHandlingOnePodEventCountTheSpawnOnce: both replicas watch
+// the pods, so both handle the event that ends a spawn. The second read the
+// record before the first moved it (still starting), so it asks for the
+// same transition, which the store answers as done already. The spawn is
+// counted by the replica that moved it, not by both.
+func TestTwoReplicasHandlingOnePodEventCountTheSpawnOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		ev      func(spawner.PodEvent) spawner.PodEvent
+		outcome string
+		want    fleet.State
+	}{
+		{"running", func(ev spawner.PodEvent) spawner.PodEvent {
+			ev.Phase, ev.Message, ev.URL = spawner.PhaseRunning, "running", "http://10.0.0.9:8888"
+			return ev
+		}, servers.OutcomeRunning, v1.StateRunning},
+		{"failed", func(ev spawner.PodEvent) spawner.PodEvent {
+			ev.Phase, ev.Message = spawner.PhaseFailed, "the notebook keeps crashing"
+			return ev
+		}, servers.OutcomeFailed, v1.StateFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			first := &spawnCounter{}
+			f := serverstest.New(t, servers.WithMetrics(first))
+			ctx := t.Context()
+			key := fleet.ServerKey{User: "alice", Name: "lab"}
+			if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			rec := f.WaitState(t, key, v1.StateStarting)
+			second := &spawnCounter{}
+			store := &staleReads{Store: f.Store, stale: map[fleet.ServerKey]fleet.Server{key: rec}}
+			replica := servers.New(store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now), servers.WithMetrics(second))
+
+			ev := tc.ev(spawner.PodEvent{User: key.User, Server: key.Name, SpawnID: rec.SpawnID, Pod: spawner.PodName(key.User, key.Name), Held: true})
+			if err := f.Service.HandlePodEvent(ctx, ev); err != nil {
+				t.Fatalf("first replica: %v", err)
+			}
+			if err := replica.HandlePodEvent(ctx, ev); err != nil {
+				t.Fatalf("second replica: %v", err)
+			}
+			if got, err := f.Store.GetServer(ctx, key); err != nil || got.State != tc.want {
+				t.Fatalf("server %s (%v), want %s", got.State, err, tc.want)
+			}
+			if n, m := first.count(tc.outcome), second.count(tc.outcome); n+m != 1 || n != 1 {
+				t.Errorf("spawn counted %s by the replica that moved it %d times and by the other %d times, want once in all", tc.outcome, n, m)
+			}
+		})
+	}
+}
+
+// releaseWatch is the spawner of a replica that notes the server's state
+// in the store at each ReleasePod.
+type releaseWatch struct {
+	servers.Pods
+	store servers.Store
+	key   fleet.ServerKey
+	mu    sync.Mutex
+	seen  []fleet.State
+}
+
+func (p *releaseWatch) ReleasePod(ctx context.Context, name, spawnID string) error {
+	rec, err := p.store.GetServer(ctx, p.key)
+	p.mu.Lock()
+	p.seen = append(p.seen, rec.State)
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return p.Pods.ReleasePod(ctx, name, spawnID)
+}
+
+// TestAnEndedPodIsReleasedOnceItsEndIsRecorded: a running server's pod is
+// deleted behind the broker's back and ends, held by gpubroker's finalizer.
+// Its event records the server stopped (slice released), and only then is
+// the finalizer removed.
+func TestAnEndedPodIsReleasedOnceItsEndIsRecorded(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "alice", Name: "lab"}
+	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	f.SetPodRunning(t, key.User, key.Name, "10.0.0.1")
+	rec := f.WaitState(t, key, v1.StateRunning)
+	// The fixture's replica handles the pod's events; this one is handed
+	// the ended pod's event too, and notes what it had recorded whenever
+	// it releases.
+	pods := &releaseWatch{Pods: f.Pods, store: f.Store, key: key}
+	replica := servers.New(f.Store, pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+	f.EndPod(t, key.User, key.Name)
+	ev := spawner.PodEvent{User: key.User, Server: key.Name, SpawnID: rec.SpawnID, Pod: rec.Pod, Phase: spawner.PhaseGone, Held: true}
+	if err := replica.HandlePodEvent(ctx, ev); err != nil {
+		t.Fatalf("handle the ended pod's event: %v", err)
+	}
+	pods.mu.Lock()
+	seen := slices.Clone(pods.seen)
+	pods.mu.Unlock()
+	if len(seen) != 1 || seen[0] != v1.StateStopped {
+		t.Errorf("released with the server %v, want once, stopped", seen)
+	}
+	if fin := f.Pod(t, key.User, key.Name).Finalizers; len(fin) != 0 {
+		t.Errorf("finalizers %v after the release, want none", fin)
+	}
+	got, err := f.Store.GetServer(ctx, key)
+	if err != nil || got.State != v1.StateStopped || got.Allocation != nil {
+		t.Fatalf("server %s (allocation %v, %v), want stopped without a slice", got.State, got.Allocation, err)
+	}
+	if ids, err := f.Store.AllocationIDs(ctx); err != nil || len(ids) != 0 {
+		t.Errorf("allocations %v (%v), want none", ids, err)
+	}
+	t.Logf("stopped: %s", got.Message)
+}
