@@ -84,9 +84,14 @@
 // wait and go together, up to WithBatch (DefaultBatch, 16) per script. A
 // lone caller waits for nothing; under load the round trip and the
 // script's set-up are shared, and each operation is still checked and
-// charged on its own, in arrival order, with its own reply (a body that
-// raises an error fails only its own operation). BenchmarkPlaceRelease
-// runs with batches of 1 and of DefaultBatch side by side.
+// charged on its own, in arrival order, with its own reply (an operation
+// that raises an error fails only itself). A batch sends the keys and
+// arguments that every operation shares once (the marker, allocs and
+// usage keys, the key prefixes), makes the scripts' helper functions once,
+// and place.lua reads the reconcile marker once per batch: each argument
+// is a Lua string Redis makes per call, each function a closure.
+// BenchmarkPlaceRelease runs with batches of 1 and of DefaultBatch side by
+// side.
 //
 // # Errors
 //

@@ -65,10 +65,10 @@ var libConsts = "local USER_FIELD, GROUP_FIELD, ALL_MODES = " + strconv.Quote(us
 	strconv.Quote(groupFieldPrefix) + ", " + strconv.Quote(allModes) + "\n"
 
 var (
-	placeScript          = redis.NewScript(libConsts + libLua + placeLua)
-	releaseScript        = redis.NewScript(libConsts + libLua + releaseLua)
-	placeBatchScript     = batchScript(placeLua)
-	releaseBatchScript   = batchScript(releaseLua)
+	placeScript          = opScript(placeLua, "place")
+	releaseScript        = opScript(releaseLua, "release")
+	placeBatchScript     = batchScript(placeLua, "place")
+	releaseBatchScript   = batchScript(releaseLua, "release")
 	restoreScript        = redis.NewScript(libConsts + libLua + restoreLua)
 	registerScript       = redis.NewScript(libConsts + libLua + registerLua)
 	healthScript         = redis.NewScript(libConsts + libLua + healthLua)
@@ -85,11 +85,17 @@ var (
 	markReconciledScript = redis.NewScript(markReconciledLua)
 )
 
-// batchScript is the script that runs body (a script that changes GPU
-// usage: lib.lua's helpers, its own KEYS and ARGV) once per operation of a
-// batch (batch.lua, batch.go).
-func batchScript(body string) *redis.Script {
-	return redis.NewScript(libConsts + libLua + "local function one(KEYS, ARGV)\n" + body + "\nend\n" + batchLua)
+// opScript is the script that runs fn, the operation that the script
+// source src defines (place.lua, release.lua: lib.lua's helpers, fn's
+// own KEYS and ARGV), once.
+func opScript(src, fn string) *redis.Script {
+	return redis.NewScript(libConsts + libLua + src + "\nreturn " + fn + "(KEYS, ARGV)\n")
+}
+
+// batchScript is the script that runs fn, defined by src as for
+// opScript, once per operation of a batch (batch.lua, batch.go).
+func batchScript(src, fn string) *redis.Script {
+	return redis.NewScript(libConsts + libLua + src + "\nlocal one = " + fn + "\n" + batchLua)
 }
 
 // The helpers below check the type of every part of a script's reply; a
