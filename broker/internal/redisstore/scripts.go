@@ -58,11 +58,12 @@ var (
 // libConsts goes ahead of lib.lua: the names Go and the scripts share that
 // are the same on every call, so they are part of the script's text rather
 // than ARGV (each argument costs Redis a Lua string per call). USER_FIELD
-// and GROUP_FIELD are the usage field prefixes, ALL_MODES every sharing
-// mode, space-separated (keys.go). strconv.Quote of these ASCII strings is
-// a Lua string literal.
-var libConsts = "local USER_FIELD, GROUP_FIELD, ALL_MODES = " + strconv.Quote(userFieldPrefix) + ", " +
-	strconv.Quote(groupFieldPrefix) + ", " + strconv.Quote(allModes) + "\n"
+// and GROUP_FIELD are the usage field prefixes, USAGE_FORMAT the struct
+// format of a usage field's value, ALL_MODES every sharing mode,
+// space-separated (keys.go). strconv.Quote of these ASCII strings is a Lua
+// string literal.
+var libConsts = "local USER_FIELD, GROUP_FIELD, USAGE_FORMAT, ALL_MODES = " + strconv.Quote(userFieldPrefix) + ", " +
+	strconv.Quote(groupFieldPrefix) + ", " + strconv.Quote(usageFormat) + ", " + strconv.Quote(allModes) + "\n"
 
 var (
 	placeScript          = opScript(placeLua, "place")
