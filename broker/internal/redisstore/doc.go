@@ -64,9 +64,12 @@
 // 0.4-0.7 µs, but place.lua's body costs about 65 of them and release.lua's
 // about 50 (BenchmarkPlaceReleaseScript), because every string made, number
 // parsed or formatted, table and closure costs a few hundred ns there: the
-// usage fields' parse and format, the quota caps, the candidate's counters
-// and the record's text. A trivial EVALSHA costs 5-9 µs, mostly network I/O
-// (BenchmarkPlaceRelease). So the scripts do only what they need: place.lua
+// quota caps, the candidate's counters and the record's text (the usage
+// counters are binary for this, keys.go's usageFormat: their decimal parse
+// and format were a tenth of each operation). Each argument, too, is a
+// Lua string made per call (about 0.2 µs). A trivial EVALSHA costs 5-9 µs,
+// mostly network I/O (BenchmarkPlaceRelease). So the scripts do only what
+// they need: place.lua
 // reads the candidate's counters, ref and the one index key the walk's
 // scope does not give (six fields, not the whole record), the full-class
 // index keys only when a device moves into that class, and the caps only
