@@ -176,18 +176,7 @@ func TestPlaceBatchEachOperationStandsAlone(t *testing.T) {
 		{SliceID: "m", User: "mallory", Slice: slice(8192, 20)},
 		{SliceID: "b", User: "bob", Slice: slice(8192, 20)},
 	}
-	ops := make([]scriptOp, len(reqs))
-	for i, r := range reqs {
-		op, err := s.placeOp(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ops[i] = op
-	}
-	replies, err := s.runPlaces(ctx, ops)
-	if err != nil {
-		t.Fatalf("runPlaces: %v", err)
-	}
+	replies := runPlaceBatch(t, s, reqs)
 	if len(replies) != len(reqs) {
 		t.Fatalf("%d replies for %d ops", len(replies), len(reqs))
 	}
@@ -265,18 +254,7 @@ func TestBatchRequestsOfDifferentLengths(t *testing.T) {
 		{SliceID: "c", User: "carol", Slice: slice(4096, 10), GroupQuotas: map[string]fleet.Quota{"g3": {}}},
 		{SliceID: "d", User: "dave", Slice: slice(4096, 10), UserQuota: fleet.Quota{MemoryMiB: 1000}},
 	}
-	ops := make([]scriptOp, len(reqs))
-	for i, r := range reqs {
-		op, err := s.placeOp(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ops[i] = op
-	}
-	replies, err := s.runPlaces(ctx, ops)
-	if err != nil {
-		t.Fatalf("runPlaces: %v", err)
-	}
+	replies := runPlaceBatch(t, s, reqs)
 	for i, r := range replies {
 		a, refusal, err := placeResult(reqs[i], r.reply)
 		if err := errors.Join(r.err, err); err != nil {
@@ -307,4 +285,23 @@ func TestBatchRequestsOfDifferentLengths(t *testing.T) {
 	if n, err := s.rdb.HLen(ctx, s.k.Usage()).Result(); err != nil || n != 0 {
 		t.Errorf("usage fields after every release = %d, %v; want none", n, err)
 	}
+}
+
+// runPlaceBatch runs reqs as one place batch (runPlaces) and returns its
+// replies, one per request.
+func runPlaceBatch(t *testing.T, s *Store, reqs []fleet.PlaceRequest) []batchReply {
+	t.Helper()
+	ops := make([]scriptOp, len(reqs))
+	for i, r := range reqs {
+		op, err := s.placeOp(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops[i] = op
+	}
+	replies, err := s.runPlaces(t.Context(), ops)
+	if err != nil {
+		t.Fatalf("runPlaces: %v", err)
+	}
+	return replies
 }
