@@ -36,8 +36,9 @@ const HashTag = "{gpubroker}"
 //	allocs                           hash    none                   place/restore/release: slice id → JSON
 //	usage                            hash    none                   place/restore/release: one field per user
 //	                                                                (u:<user>) and group (g:<group>), value
-//	                                                                "<servers> <MiB> <compute %>" in use;
-//	                                                                deleted at zero servers
+//	                                                                16 bytes in use: servers int32, MiB int64,
+//	                                                                compute % int32, little-endian; deleted
+//	                                                                at zero servers
 //	Servers (broker/internal/redisstore; restored from pods by the reconciler)
 //	srv:<user>:<name>                hash    retention once         the server record; no TTL while its
 //	                                         terminal (7 d)         spawn is live

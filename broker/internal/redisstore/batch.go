@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -128,7 +129,7 @@ func (b *batcher[Req, Res]) drain() {
 }
 
 // scriptOp is one operation of a batch script (batch.lua): its own KEYS
-// and ARGV.
+// and ARGV, or an operation's shared ones (runBatch).
 type scriptOp struct {
 	keys []string
 	args []any
@@ -143,23 +144,29 @@ type batchReply struct {
 	acked, want int
 }
 
-// runBatch sends ops as one batch script (batch.lua: n, keys per op, each
-// op's argument count, then the arguments) and splits its reply; a lone op
-// goes as the operation's own script (one, the same body without the
-// batch's tables and pcall, about a tenth cheaper in Redis), whose error is
-// that op's.
-func (s *Store) runBatch(ctx context.Context, one, batch *redis.Script, want int, ops []scriptOp) ([]batchReply, error) {
+// runBatch sends ops as one batch script (batch.lua: n, shared keys,
+// keys per op, shared arguments, each op's argument count, then the
+// arguments) and splits its reply. shared is the operation's keys and
+// arguments that are the same for every op (each op's KEYS and ARGV are
+// shared's followed by its own): sent once, so Redis makes their strings
+// once per batch. A lone op goes as the operation's own script (one, the
+// same function without the batch's tables and pcall, about a tenth
+// cheaper in Redis), whose error is that op's.
+func (s *Store) runBatch(ctx context.Context, one, batch *redis.Script, want int, shared scriptOp, ops []scriptOp) ([]batchReply, error) {
 	if len(ops) == 1 {
-		res, acked, err := s.runAcked(ctx, one, want, ops[0].keys, ops[0].args...)
+		keys := append(slices.Clip(shared.keys), ops[0].keys...)
+		args := append(slices.Clip(shared.args), ops[0].args...)
+		res, acked, err := s.runAcked(ctx, one, want, keys, args...)
 		if err != nil {
 			return nil, err
 		}
 		return []batchReply{{reply: res, acked: acked, want: want}}, nil
 	}
 	kc := len(ops[0].keys)
-	keys := make([]string, 0, kc*len(ops))
-	args := make([]any, 2, 2+len(ops)*(1+len(ops[0].args)))
-	args[0], args[1] = len(ops), kc
+	keys := make([]string, 0, len(shared.keys)+kc*len(ops))
+	keys = append(keys, shared.keys...)
+	args := make([]any, 0, 4+len(shared.args)+len(ops)*(1+len(ops[0].args)))
+	args = append(args, len(ops), len(shared.keys), kc, len(shared.args))
 	for _, op := range ops {
 		if len(op.keys) != kc {
 			return nil, fmt.Errorf("a batch mixes operations of %d and %d keys", kc, len(op.keys))
@@ -167,6 +174,7 @@ func (s *Store) runBatch(ctx context.Context, one, batch *redis.Script, want int
 		keys = append(keys, op.keys...)
 		args = append(args, len(op.args))
 	}
+	args = append(args, shared.args...)
 	for _, op := range ops {
 		args = append(args, op.args...)
 	}

@@ -176,18 +176,7 @@ func TestPlaceBatchEachOperationStandsAlone(t *testing.T) {
 		{SliceID: "m", User: "mallory", Slice: slice(8192, 20)},
 		{SliceID: "b", User: "bob", Slice: slice(8192, 20)},
 	}
-	ops := make([]scriptOp, len(reqs))
-	for i, r := range reqs {
-		op, err := s.placeOp(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ops[i] = op
-	}
-	replies, err := s.runPlaces(ctx, ops)
-	if err != nil {
-		t.Fatalf("runPlaces: %v", err)
-	}
+	replies := runPlaceBatch(t, s, reqs)
 	if len(replies) != len(reqs) {
 		t.Fatalf("%d replies for %d ops", len(replies), len(reqs))
 	}
@@ -247,4 +236,72 @@ func TestBatcherSendsAtOnceWhileFewerThanInFlightAreOut(t *testing.T) {
 	}
 	close(h.release)
 	<-done
+}
+
+// TestBatchRequestsOfDifferentLengths runs place and release batches whose
+// requests carry different numbers of arguments (batch.lua reuses one
+// ARGV table and clears what a longer request left): each request charges
+// and un-charges only its own user and groups (verify checks the usage
+// counters against the allocations).
+func TestBatchRequestsOfDifferentLengths(t *testing.T) {
+	srv := redistest.Start(t)
+	s, _ := newStore(t, srv)
+	register(t, s, h200("GPU-1", "n1"), h200("GPU-2", "n1"))
+	ctx := t.Context()
+	reqs := []fleet.PlaceRequest{
+		{SliceID: "a", User: "alice", Slice: slice(8192, 20), GroupQuotas: map[string]fleet.Quota{"g1": {}, "g2": {Servers: 5}}},
+		{SliceID: "b", User: "bob", Slice: slice(4096, 10)},
+		{SliceID: "c", User: "carol", Slice: slice(4096, 10), GroupQuotas: map[string]fleet.Quota{"g3": {}}},
+		{SliceID: "d", User: "dave", Slice: slice(4096, 10), UserQuota: fleet.Quota{MemoryMiB: 1000}},
+	}
+	replies := runPlaceBatch(t, s, reqs)
+	for i, r := range replies {
+		a, refusal, err := placeResult(reqs[i], r.reply)
+		if err := errors.Join(r.err, err); err != nil {
+			t.Fatalf("op %d: %v", i, err)
+		}
+		if i == 3 {
+			if !errors.Is(refusal, fleet.ErrQuotaExceeded) {
+				t.Errorf("dave: refusal %v, want his memory quota", refusal)
+			}
+			continue
+		}
+		if refusal != nil || !slices.Equal(a.Groups, fleet.SortedGroups(reqs[i].GroupQuotas)) {
+			t.Errorf("op %d: %+v, %v; want placed with groups %v", i, a, refusal, fleet.SortedGroups(reqs[i].GroupQuotas))
+		}
+	}
+	verify(t, s)
+	rops := []scriptOp{s.releaseOp("a"), s.releaseOp("b"), s.releaseOp("c"), s.releaseOp("d")}
+	rreplies, err := s.runReleases(ctx, rops)
+	if err != nil {
+		t.Fatalf("runReleases: %v", err)
+	}
+	for i, want := range []int64{1, 1, 1, 0} {
+		if n, err := asInt(rreplies[i].reply); err != nil || n != want {
+			t.Errorf("release %d = %v, %v; want %d", i, rreplies[i].reply, err, want)
+		}
+	}
+	verify(t, s)
+	if n, err := s.rdb.HLen(ctx, s.k.Usage()).Result(); err != nil || n != 0 {
+		t.Errorf("usage fields after every release = %d, %v; want none", n, err)
+	}
+}
+
+// runPlaceBatch runs reqs as one place batch (runPlaces) and returns its
+// replies, one per request.
+func runPlaceBatch(t *testing.T, s *Store, reqs []fleet.PlaceRequest) []batchReply {
+	t.Helper()
+	ops := make([]scriptOp, len(reqs))
+	for i, r := range reqs {
+		op, err := s.placeOp(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ops[i] = op
+	}
+	replies, err := s.runPlaces(t.Context(), ops)
+	if err != nil {
+		t.Fatalf("runPlaces: %v", err)
+	}
+	return replies
 }

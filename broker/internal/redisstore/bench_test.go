@@ -383,10 +383,10 @@ const (
 // separate on a busy machine: the Redis time of the place.lua and
 // release.lua bodies alone (no network, no argument parsing), next to one
 // redis.call (an HGET of a missing field) in the same script. One script
-// holds lib.lua, both bodies as functions, and a loop that places
+// holds lib.lua, place.lua and release.lua (their functions), and a loop that places
 // scriptBodyN slices on a fleet of 1,000 H200s (8 GiB, 10 %, binpack, a
 // user and one group; the KEYS and ARGV Store.Place and Store.Release
-// give each operation of a batch), releases them and runs scriptBodyN HGETs, timed
+// give each operation of a batch, shared and own), releases them and runs scriptBodyN HGETs, timed
 // with TIME; the minimum over scriptBodyLoops scripts keeps out the time
 // other processes took. It reports ns per place, per release and per call
 // and their ratios (-x). Run it with -benchtime=1x.
@@ -410,11 +410,11 @@ func BenchmarkPlaceReleaseScript(b *testing.B) {
 		b.Fatal(err)
 	}
 	release := s.releaseOp(req.SliceID)
-	pk, pa, rk, ra := place.keys, place.args, release.keys, release.args
-	// The slice id is ARGV[2] of both scripts (place.lua, release.lua).
-	script := libConsts + libLua + "\nlocal function place_body(KEYS, ARGV)\n" + placeLua +
-		"\nend\nlocal function release_body(KEYS, ARGV)\n" + releaseLua + `
-end
+	ps, rs := s.placeShared(), s.releaseShared()
+	pk, pa := append(ps.keys, place.keys...), append(ps.args, place.args...)
+	rk, ra := append(rs.keys, release.keys...), append(rs.args, release.args...)
+	// The slice id is ARGV[3] of place.lua and ARGV[2] of release.lua.
+	script := libConsts + libLua + placeLua + "\n" + releaseLua + `
 local np, nr, N = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local pk, rk, pa, ra = {}, {}, {}, {}
 for i = 1, ` + strconv.Itoa(len(pk)) + ` do pk[i] = KEYS[i] end
@@ -426,14 +426,14 @@ for i = 1, N do ids[i] = 'body-' .. i end
 local function now() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end
 local t0 = now()
 for i = 1, N do
-  pa[2] = ids[i]
-  local r = place_body(pk, pa)
+  pa[3] = ids[i]
+  local r = place(pk, pa)
   if r[1] ~= 'placed' then return redis.error_reply('place ' .. ids[i] .. ': ' .. tostring(r[1])) end
 end
 local t1 = now()
 for i = 1, N do
   ra[2] = ids[i]
-  if release_body(rk, ra) ~= 1 then return redis.error_reply('release ' .. ids[i] .. ' freed nothing') end
+  if release(rk, ra) ~= 1 then return redis.error_reply('release ' .. ids[i] .. ' freed nothing') end
 end
 local t2 = now()
 for i = 1, N do redis.call('HGET', pk[2], 'no such slice') end

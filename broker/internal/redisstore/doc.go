@@ -64,9 +64,12 @@
 // 0.4-0.7 µs, but place.lua's body costs about 65 of them and release.lua's
 // about 50 (BenchmarkPlaceReleaseScript), because every string made, number
 // parsed or formatted, table and closure costs a few hundred ns there: the
-// usage fields' parse and format, the quota caps, the candidate's counters
-// and the record's text. A trivial EVALSHA costs 5-9 µs, mostly network I/O
-// (BenchmarkPlaceRelease). So the scripts do only what they need: place.lua
+// quota caps, the candidate's counters and the record's text (the usage
+// counters are binary for this, keys.go's usageFormat: their decimal parse
+// and format were a tenth of each operation). Each argument, too, is a
+// Lua string made per call (about 0.2 µs). A trivial EVALSHA costs 5-9 µs,
+// mostly network I/O (BenchmarkPlaceRelease). So the scripts do only what
+// they need: place.lua
 // reads the candidate's counters, ref and the one index key the walk's
 // scope does not give (six fields, not the whole record), the full-class
 // index keys only when a device moves into that class, and the caps only
@@ -84,9 +87,14 @@
 // wait and go together, up to WithBatch (DefaultBatch, 16) per script. A
 // lone caller waits for nothing; under load the round trip and the
 // script's set-up are shared, and each operation is still checked and
-// charged on its own, in arrival order, with its own reply (a body that
-// raises an error fails only its own operation). BenchmarkPlaceRelease
-// runs with batches of 1 and of DefaultBatch side by side.
+// charged on its own, in arrival order, with its own reply (an operation
+// that raises an error fails only itself). A batch sends the keys and
+// arguments that every operation shares once (the marker, allocs and
+// usage keys, the key prefixes), makes the scripts' helper functions once,
+// and place.lua reads the reconcile marker once per batch: each argument
+// is a Lua string Redis makes per call, each function a closure.
+// BenchmarkPlaceRelease runs with batches of 1 and of DefaultBatch side by
+// side.
 //
 // # Errors
 //

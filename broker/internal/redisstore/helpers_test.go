@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -164,4 +165,12 @@ func raceWorkers(t *testing.T, replicas []*Store, workers, rounds int, seed uint
 		out = append(out, err)
 	}
 	return out
+}
+
+// usageValue is a usage field's value (usageFormat) holding servers, mem
+// MiB and cp percent, as lib.lua's usage_store writes it.
+func usageValue(servers int32, mem int64, cp int32) string {
+	b := binary.LittleEndian.AppendUint32(nil, uint32(servers))
+	b = binary.LittleEndian.AppendUint64(b, uint64(mem))
+	return string(binary.LittleEndian.AppendUint32(b, uint32(cp)))
 }

@@ -1,7 +1,7 @@
 package redisstore
 
 import (
-	"fmt"
+	"encoding/binary"
 	"strings"
 
 	"github.com/gpubroker/gpubroker/broker/api/redisschema"
@@ -52,9 +52,9 @@ var allModes = func() string {
 }()
 
 // Field prefixes in the usage hash. A subject has one field,
-// <prefix><name>, holding "<servers> <MiB> <compute percent>" (decimal
-// integers, one space apart; scripts/lib.lua reads and writes it); the
-// prefixes keep a user and a group of the same name apart. place.lua,
+// <prefix><name>, holding its counters in usageFormat (scripts/lib.lua
+// reads and writes it, parseUsage decodes it); the prefixes keep a user
+// and a group of the same name apart. place.lua,
 // release.lua and resize.lua build the fields from these prefixes, which
 // libConsts (scripts.go) puts in their text as USER_FIELD and GROUP_FIELD.
 const (
@@ -65,11 +65,29 @@ const (
 func userUsage(user string) string   { return userFieldPrefix + user }
 func groupUsage(group string) string { return groupFieldPrefix + group }
 
-// parseUsage decodes a usage field's value; ok is false unless val is
-// exactly "<servers> <MiB> <compute percent>" as lib.lua writes it.
+// usageFormat is the struct format (Redis's Lua struct library) of a usage
+// field's value: servers as a signed 32-bit integer, MiB as a signed
+// 64-bit integer and compute percent as a signed 32-bit integer,
+// little-endian, usageSize bytes. Binary, because the scripts then read
+// and write it with one C call each (lib.lua's usage_load).
+const usageFormat = "<i4i8i4"
+
+// usageSize is the length of a value in usageFormat.
+const usageSize = 16
+
+// usageWant describes usageFormat in errors about a malformed field.
+const usageWant = "16 bytes: servers int32, MiB int64, compute percent int32, little-endian"
+
+// parseUsage decodes a usage field's value (usageFormat); ok is false
+// unless it is exactly usageSize bytes.
 func parseUsage(val string) (u usage, ok bool) {
-	if _, err := fmt.Sscanf(val, "%d %d %d", &u.servers, &u.memMiB, &u.computePercent); err != nil {
+	if len(val) != usageSize {
 		return usage{}, false
 	}
-	return u, val == fmt.Sprintf("%d %d %d", u.servers, u.memMiB, u.computePercent)
+	b := []byte(val)
+	return usage{
+		servers:        int64(int32(binary.LittleEndian.Uint32(b[0:4]))),
+		memMiB:         int64(binary.LittleEndian.Uint64(b[4:12])),
+		computePercent: int64(int32(binary.LittleEndian.Uint32(b[12:16]))),
+	}, true
 }

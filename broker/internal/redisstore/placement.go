@@ -102,7 +102,14 @@ func (s *Store) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Alloca
 	return a, refusal
 }
 
-// placeOp validates req and builds place.lua's KEYS and ARGV for it.
+// placeShared is the KEYS and ARGV of place.lua that are the same for
+// every request (runBatch sends them once per batch).
+func (s *Store) placeShared() scriptOp {
+	return scriptOp{keys: []string{s.k.Marker(), s.k.Allocs(), s.k.Usage()}, args: []any{s.k.GPUPrefix(), s.k.ModePrefix()}}
+}
+
+// placeOp validates req and builds its own KEYS and ARGV of place.lua
+// (placeShared has the rest).
 func (s *Store) placeOp(req fleet.PlaceRequest) (scriptOp, error) {
 	if err := validatePlace(req); err != nil {
 		return scriptOp{}, fmt.Errorf("%w: place slice %q: %w", fleet.ErrInvalid, req.SliceID, err)
@@ -132,11 +139,11 @@ func (s *Store) placeOp(req fleet.PlaceRequest) (scriptOp, error) {
 	if req.Model != "" {
 		scope = "model"
 	}
-	keys := []string{s.k.Marker(), s.k.Allocs(), scopeA, scopeF, s.k.Usage()}
-	args := make([]any, 0, 17+4*len(groups))
-	args = append(args, s.k.GPUPrefix(), req.SliceID, head,
+	keys := []string{scopeA, scopeF}
+	args := make([]any, 0, 15+4*len(groups))
+	args = append(args, req.SliceID, head,
 		req.Slice.MemoryMiB, req.Slice.ComputePercent, req.Slice.ComputeLimitPercent, string(policy),
-		kind, shape, scope, s.k.ModePrefix(), string(mode), 1+len(groups),
+		kind, shape, scope, string(mode), 1+len(groups),
 		req.User, req.UserQuota.Servers, req.UserQuota.MemoryMiB, req.UserQuota.ComputePercent)
 	for _, g := range groups {
 		q := req.GroupQuotas[g]
@@ -154,14 +161,14 @@ func (s *Store) runPlaces(ctx context.Context, ops []scriptOp) ([]batchReply, er
 	if err != nil {
 		return nil, err
 	}
-	return s.runBatch(ctx, placeScript, placeBatchScript, want, ops)
+	return s.runBatch(ctx, placeScript, placeBatchScript, want, s.placeShared(), ops)
 }
 
 // runReleases runs one batch of releases (releaseBatchScript).
 func (s *Store) runReleases(ctx context.Context, ops []scriptOp) ([]batchReply, error) {
 	ctx, cancel := s.op(ctx)
 	defer cancel()
-	return s.runBatch(ctx, releaseScript, releaseBatchScript, 0, ops)
+	return s.runBatch(ctx, releaseScript, releaseBatchScript, 0, s.releaseShared(), ops)
 }
 
 // placeResult turns place.lua's reply into an allocation, a refusal (a
@@ -244,9 +251,16 @@ func (s *Store) Release(ctx context.Context, sliceID string) (bool, error) {
 	return n == 1, nil
 }
 
-// releaseOp is release.lua's KEYS and ARGV for sliceID.
+// releaseShared is the KEYS and ARGV of release.lua that are the same for
+// every request (runBatch sends them once per batch).
+func (s *Store) releaseShared() scriptOp {
+	return scriptOp{keys: []string{s.k.Allocs(), s.k.Usage()}, args: []any{s.k.GPUPrefix()}}
+}
+
+// releaseOp is release.lua's own ARGV for sliceID (releaseShared has the
+// rest).
 func (s *Store) releaseOp(sliceID string) scriptOp {
-	return scriptOp{keys: []string{s.k.Allocs(), s.k.Usage()}, args: []any{s.k.GPUPrefix(), sliceID}}
+	return scriptOp{args: []any{sliceID}}
 }
 
 // Restore records an allocation that a pod proves exists (the reconciler

@@ -2,10 +2,13 @@ package redisstore
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/google/go-cmp/cmp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/redistest"
@@ -592,10 +595,10 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 			func() error { return rdb.HIncrBy(t.Context(), s.k.GPU("GPU-1"), "amem", -1).Err() }, "gpu GPU-1 counters"},
 		{"index score", func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail("sliced"), redisZ(1, "GPU-1")).Err() },
 			func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail("sliced"), redisZ(143771-1024, "GPU-1")).Err() }, "all-avail index score"},
-		{"user counter", setUsage(userUsage("alice"), "1 1024 15"), setUsage(userUsage("alice"), "1 1024 10"), "user alice counters"},
-		{"group counter", setUsage(groupUsage("ml"), "2 1024 10"), setUsage(groupUsage("ml"), "1 1024 10"), "group ml counters"},
-		{"malformed counter", setUsage(userUsage("alice"), "1 1024"), setUsage(userUsage("alice"), "1 1024 10"), `usage field "u:alice" is "1 1024"`},
-		{"stale group counter", setUsage(groupUsage("gone"), "1 0 0"),
+		{"user counter", setUsage(userUsage("alice"), usageValue(1, 1024, 15)), setUsage(userUsage("alice"), usageValue(1, 1024, 10)), "user alice counters"},
+		{"group counter", setUsage(groupUsage("ml"), usageValue(2, 1024, 10)), setUsage(groupUsage("ml"), usageValue(1, 1024, 10)), "group ml counters"},
+		{"malformed counter", setUsage(userUsage("alice"), "1 1024 10"), setUsage(userUsage("alice"), usageValue(1, 1024, 10)), `usage field "u:alice" is "1 1024 10", want 16 bytes`},
+		{"stale group counter", setUsage(groupUsage("gone"), usageValue(1, 0, 0)),
 			func() error { return rdb.HDel(t.Context(), s.k.Usage(), groupUsage("gone")).Err() }, "group gone has counters"},
 	}
 	for _, tc := range tests {
@@ -651,5 +654,43 @@ func TestMarkReconciledAtRefusesAfterAFlush(t *testing.T) {
 	}
 	if again, marked, err := s.ReconcileEpoch(ctx); err != nil || again != after || !marked {
 		t.Fatalf("ReconcileEpoch after marking = %q, marked %v, %v; want %q, marked", again, marked, err, after)
+	}
+}
+
+// TestUsageFormatAgreesWithLua packs counters with lib.lua's usage_pack on
+// redis-server (Redis's struct library) and on miniredis (dev mode: the
+// plain-Lua fallback), decodes them with parseUsage and with usage_unpack
+// (and usageValue, which the tests write fields with, packs them alike); a
+// value of another length is refused.
+func TestUsageFormatAgreesWithLua(t *testing.T) {
+	mr := miniredis.RunT(t)
+	dev := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = dev.Close() })
+	backends := map[string]*redis.Client{"redis-server": redistest.Start(t).Client(t), "miniredis": dev}
+	script := libConsts + libLua + `
+local v = usage_pack(USAGE_FORMAT, tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]))
+local s, m, c = usage_unpack(USAGE_FORMAT, v)
+return {v, string.format('%d %d %d', s, m, c)}`
+	for name, rdb := range backends {
+		for _, want := range []usage{{3, 1 << 40, 250}, {1, 0, 0}, {-2, -8192, -10}, {1<<31 - 1, 1 << 52, 1<<31 - 1}, {-1 << 31, -1 << 52, -1}} {
+			res, err := rdb.Eval(t.Context(), script, nil, want.servers, want.memMiB, want.computePercent).StringSlice()
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if u, ok := parseUsage(res[0]); !ok || u != want {
+				t.Errorf("%s: parseUsage(usage_pack %v) = %v, %v", name, want, u, ok)
+			}
+			if w := fmt.Sprintf("%d %d %d", want.servers, want.memMiB, want.computePercent); res[1] != w {
+				t.Errorf("%s: usage_unpack(usage_pack %v) = %s", name, want, res[1])
+			}
+			if v := usageValue(int32(want.servers), want.memMiB, int32(want.computePercent)); v != res[0] {
+				t.Errorf("%s: usageValue(%v) = %q, usage_pack made %q", name, want, v, res[0])
+			}
+		}
+	}
+	for _, bad := range []string{"", "1 1024 10", strings.Repeat("x", 15), strings.Repeat("x", 17)} {
+		if u, ok := parseUsage(bad); ok {
+			t.Errorf("parseUsage(%q) = %v, want refused", bad, u)
+		}
 	}
 }

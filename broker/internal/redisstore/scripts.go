@@ -58,17 +58,18 @@ var (
 // libConsts goes ahead of lib.lua: the names Go and the scripts share that
 // are the same on every call, so they are part of the script's text rather
 // than ARGV (each argument costs Redis a Lua string per call). USER_FIELD
-// and GROUP_FIELD are the usage field prefixes, ALL_MODES every sharing
-// mode, space-separated (keys.go). strconv.Quote of these ASCII strings is
-// a Lua string literal.
-var libConsts = "local USER_FIELD, GROUP_FIELD, ALL_MODES = " + strconv.Quote(userFieldPrefix) + ", " +
-	strconv.Quote(groupFieldPrefix) + ", " + strconv.Quote(allModes) + "\n"
+// and GROUP_FIELD are the usage field prefixes, USAGE_FORMAT the struct
+// format of a usage field's value, ALL_MODES every sharing mode,
+// space-separated (keys.go). strconv.Quote of these ASCII strings is a Lua
+// string literal.
+var libConsts = "local USER_FIELD, GROUP_FIELD, USAGE_FORMAT, ALL_MODES = " + strconv.Quote(userFieldPrefix) + ", " +
+	strconv.Quote(groupFieldPrefix) + ", " + strconv.Quote(usageFormat) + ", " + strconv.Quote(allModes) + "\n"
 
 var (
-	placeScript          = redis.NewScript(libConsts + libLua + placeLua)
-	releaseScript        = redis.NewScript(libConsts + libLua + releaseLua)
-	placeBatchScript     = batchScript(placeLua)
-	releaseBatchScript   = batchScript(releaseLua)
+	placeScript          = opScript(placeLua, "place")
+	releaseScript        = opScript(releaseLua, "release")
+	placeBatchScript     = batchScript(placeLua, "place")
+	releaseBatchScript   = batchScript(releaseLua, "release")
 	restoreScript        = redis.NewScript(libConsts + libLua + restoreLua)
 	registerScript       = redis.NewScript(libConsts + libLua + registerLua)
 	healthScript         = redis.NewScript(libConsts + libLua + healthLua)
@@ -85,11 +86,17 @@ var (
 	markReconciledScript = redis.NewScript(markReconciledLua)
 )
 
-// batchScript is the script that runs body (a script that changes GPU
-// usage: lib.lua's helpers, its own KEYS and ARGV) once per operation of a
-// batch (batch.lua, batch.go).
-func batchScript(body string) *redis.Script {
-	return redis.NewScript(libConsts + libLua + "local function one(KEYS, ARGV)\n" + body + "\nend\n" + batchLua)
+// opScript is the script that runs fn, the operation that the script
+// source src defines (place.lua, release.lua: lib.lua's helpers, fn's
+// own KEYS and ARGV), once.
+func opScript(src, fn string) *redis.Script {
+	return redis.NewScript(libConsts + libLua + src + "\nreturn " + fn + "(KEYS, ARGV)\n")
+}
+
+// batchScript is the script that runs fn, defined by src as for
+// opScript, once per operation of a batch (batch.lua, batch.go).
+func batchScript(src, fn string) *redis.Script {
+	return redis.NewScript(libConsts + libLua + src + "\nlocal one = " + fn + "\n" + batchLua)
 }
 
 // The helpers below check the type of every part of a script's reply; a

@@ -502,7 +502,7 @@ func (s *Store) QuotaUsed(ctx context.Context, user string, groups []string) (fl
 		}
 		u, ok := parseUsage(str)
 		if !ok {
-			return fleet.Quota{}, nil, fmt.Errorf("read quota usage of %s: usage field %q is %q, want \"<servers> <MiB> <compute percent>\"", user, fields[i], str)
+			return fleet.Quota{}, nil, fmt.Errorf("read quota usage of %s: usage field %q is %q, want %s", user, fields[i], str, usageWant)
 		}
 		quotas[i] = fleet.Quota{Servers: int(u.servers), MemoryMiB: u.memMiB, ComputePercent: int(u.computePercent)}
 	}

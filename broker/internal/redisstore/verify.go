@@ -199,7 +199,7 @@ func (s *Store) Verify(ctx context.Context) error {
 		}
 		u, ok := parseUsage(val)
 		if !ok {
-			violation("usage field %q is %q, want \"<servers> <MiB> <compute percent>\"", field, val)
+			violation("usage field %q is %q, want %s", field, val, usageWant)
 			continue
 		}
 		m[rest] = u
