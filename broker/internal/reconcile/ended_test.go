@@ -1,6 +1,7 @@
 package reconcile_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -82,6 +83,45 @@ func TestAnEndedPodOfAnEarlierSpawnIsReleased(t *testing.T) {
 	f.EndPod(t, "alice", "one")
 	if _, err := newReconciler(f).Once(ctx); err != nil {
 		t.Fatalf("pass: %v", err)
+	}
+	if fin := f.Pod(t, "alice", "one").Finalizers; len(fin) != 0 {
+		t.Errorf("finalizers %v, want none", fin)
+	}
+}
+
+// TestAnEndedPodOfARemovedServerIsNotRestored: a server stopped, and its
+// owner removed it while its pod was still shutting down; when the pod
+// ends there is no record, but Redis lost nothing since the pod was
+// created (the epoch began well before it). The server stays removed and
+// the pod is released.
+func TestAnEndedPodOfARemovedServerIsNotRestored(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	r := newReconciler(f)
+	if _, err := r.Once(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.Clock.Advance(2 * fleet.PodCreateWindow) // the pod comes well after the epoch began
+	a := runningServer(t, f, "alice", "one", "10.0.0.1")
+	if _, err := f.Store.Transition(ctx, a.ServerKey, a.SpawnID, v1.StateStopping, "stopping", fleet.ServerPatch{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Store.Transition(ctx, a.ServerKey, a.SpawnID, v1.StateStopped, "stopped", fleet.ServerPatch{DropAllocation: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Service.Remove(ctx, serverstest.By, a.ServerKey); err != nil {
+		t.Fatal(err)
+	}
+	f.EndPod(t, "alice", "one")
+	rep, err := r.Once(ctx)
+	if err != nil {
+		t.Fatalf("pass: %v", err)
+	}
+	if got, err := f.Store.GetServer(ctx, a.ServerKey); !errors.Is(err, fleet.ErrNotFound) {
+		t.Errorf("the removed server is back: %+v (%v); want it to stay removed", got, err)
+	}
+	if rep.RestoredServers != 0 {
+		t.Errorf("report %+v, want no server restored", rep)
 	}
 	if fin := f.Pod(t, "alice", "one").Finalizers; len(fin) != 0 {
 		t.Errorf("finalizers %v, want none", fin)

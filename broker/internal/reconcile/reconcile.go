@@ -347,9 +347,15 @@ func (r *Reconciler) pass(ctx context.Context) (Report, error) {
 		key := fleet.ServerKey{User: p.User, Name: p.Server}
 		rec, ok := recByKey[key]
 		if !ok && p.Phase == spawner.PhaseGone {
-			// Redis lost the record, and the pod ended before a pass
-			// rebuilt it: its finalizer kept it for this.
-			r.restoreEnded(ctx, p, now, &rep, &errs)
+			if recordMayBeLost(p, epoch) {
+				// Redis lost the record, and the pod ended before a pass
+				// rebuilt it: its finalizer kept it for this.
+				r.restoreEnded(ctx, p, now, &rep, &errs)
+			} else {
+				// The record was written in this epoch and is gone: its
+				// owner removed the ended server. Nothing to record.
+				r.release(ctx, p, p.SpawnID, &rep, &errs)
+			}
 			continue
 		}
 		current := ok && rec.SpawnID == p.SpawnID && !fleet.Terminal(rec.State)
@@ -666,6 +672,18 @@ func (r *Reconciler) restoreEnded(ctx context.Context, p spawner.ManagedPod, now
 			"user", p.User, "server", p.Server, "spawn_id", p.SpawnID, "pod", p.Name)
 	}
 	r.release(ctx, p, p.SpawnID, rep, errs)
+}
+
+// recordMayBeLost reports whether the record of pod p's server can have
+// been lost with Redis's data: p was created before the reconcile epoch
+// began (the epoch is new after every loss; fleet.EpochBegan), or within
+// fleet.PodCreateWindow after it (a spawn placed before the loss may create
+// its pod that long after its placement), or the epoch's start cannot be
+// read. A pod created later had its record written in this epoch, so a
+// missing record was removed by its owner, not lost.
+func recordMayBeLost(p spawner.ManagedPod, epoch string) bool {
+	began, ok := fleet.EpochBegan(epoch)
+	return !ok || p.CreatedAt.Before(began.Add(fleet.PodCreateWindow))
 }
 
 // endedRecordOf rebuilds the record of ended pod p at now: stopped when
