@@ -37,8 +37,10 @@ const HashTag = "{gpubroker}"
 //	usage                            hash    none                   place/restore/release: one field per user
 //	                                                                (u:<user>) and group (g:<group>), value
 //	                                                                16 bytes in use: servers int32, MiB int64,
-//	                                                                compute % int32, little-endian; deleted
-//	                                                                at zero servers
+//	                                                                compute % int32, little-endian (earlier
+//	                                                                builds' "<servers> <MiB> <%>" text is
+//	                                                                read and rewritten); deleted at zero
+//	                                                                servers
 //	Servers (broker/internal/redisstore; restored from pods by the reconciler)
 //	srv:<user>:<name>                hash    retention once         the server record; no TTL while its
 //	                                         terminal (7 d)         spawn is live

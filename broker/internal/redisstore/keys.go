@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"encoding/binary"
+	"strconv"
 	"strings"
 
 	"github.com/gpubroker/gpubroker/broker/api/redisschema"
@@ -78,16 +79,32 @@ const usageSize = 16
 // usageWant describes usageFormat in errors about a malformed field.
 const usageWant = "16 bytes: servers int32, MiB int64, compute percent int32, little-endian"
 
-// parseUsage decodes a usage field's value (usageFormat); ok is false
-// unless it is exactly usageSize bytes.
+// parseUsage decodes a usage field's value: usageFormat (usageSize bytes,
+// the top byte of MiB 0 or 255, as for any count below 2^56), or the
+// decimal text "<servers> <MiB> <compute percent>" that builds before the
+// binary counters wrote (none of its bytes is 0 or 255; the scripts store
+// such a field binary when they next write it). ok is false for anything
+// else.
 func parseUsage(val string) (u usage, ok bool) {
-	if len(val) != usageSize {
+	if len(val) == usageSize && (val[11] == 0 || val[11] == 255) {
+		b := []byte(val)
+		return usage{
+			servers:        int64(int32(binary.LittleEndian.Uint32(b[0:4]))),
+			memMiB:         int64(binary.LittleEndian.Uint64(b[4:12])),
+			computePercent: int64(int32(binary.LittleEndian.Uint32(b[12:16]))),
+		}, true
+	}
+	f := strings.Split(val, " ")
+	if len(f) != 3 {
 		return usage{}, false
 	}
-	b := []byte(val)
-	return usage{
-		servers:        int64(int32(binary.LittleEndian.Uint32(b[0:4]))),
-		memMiB:         int64(binary.LittleEndian.Uint64(b[4:12])),
-		computePercent: int64(int32(binary.LittleEndian.Uint32(b[12:16]))),
-	}, true
+	var n [3]int64
+	for i, s := range f {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || s[0] == '+' {
+			return usage{}, false
+		}
+		n[i] = v
+	}
+	return usage{servers: n[0], memMiB: n[1], computePercent: n[2]}, true
 }

@@ -597,7 +597,7 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 			func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail("sliced"), redisZ(143771-1024, "GPU-1")).Err() }, "all-avail index score"},
 		{"user counter", setUsage(userUsage("alice"), usageValue(1, 1024, 15)), setUsage(userUsage("alice"), usageValue(1, 1024, 10)), "user alice counters"},
 		{"group counter", setUsage(groupUsage("ml"), usageValue(2, 1024, 10)), setUsage(groupUsage("ml"), usageValue(1, 1024, 10)), "group ml counters"},
-		{"malformed counter", setUsage(userUsage("alice"), "1 1024 10"), setUsage(userUsage("alice"), usageValue(1, 1024, 10)), `usage field "u:alice" is "1 1024 10", want 16 bytes`},
+		{"malformed counter", setUsage(userUsage("alice"), "1 1024"), setUsage(userUsage("alice"), usageValue(1, 1024, 10)), `usage field "u:alice" is "1 1024", want 16 bytes`},
 		{"stale group counter", setUsage(groupUsage("gone"), usageValue(1, 0, 0)),
 			func() error { return rdb.HDel(t.Context(), s.k.Usage(), groupUsage("gone")).Err() }, "group gone has counters"},
 	}
@@ -688,9 +688,46 @@ return {v, string.format('%d %d %d', s, m, c)}`
 			}
 		}
 	}
-	for _, bad := range []string{"", "1 1024 10", strings.Repeat("x", 15), strings.Repeat("x", 17)} {
+	for _, text := range []usage{{1, 1024, 10}, {100, 10485760, 100}, {-1, 0, 0}} { // an earlier build's decimal text; 16 bytes too
+		v := fmt.Sprintf("%d %d %d", text.servers, text.memMiB, text.computePercent)
+		if u, ok := parseUsage(v); !ok || u != text {
+			t.Errorf("parseUsage(%q) = %v, %v; want %v", v, u, ok, text)
+		}
+	}
+	for _, bad := range []string{"", "1 1024", "1 1024 10 5", "1  1024 10", "+1 1024 10", strings.Repeat("x", 15), strings.Repeat("x", 16), strings.Repeat("x", 17)} {
 		if u, ok := parseUsage(bad); ok {
 			t.Errorf("parseUsage(%q) = %v, want refused", bad, u)
 		}
 	}
+}
+
+// TestDecimalUsageOfEarlierBuildsIsReadAndStoredBinary: a usage field that
+// an earlier build wrote as decimal text ("<servers> <MiB> <percent>") is
+// counted by the next place, which stores it binary; quotas hold across the
+// change of format and Verify accepts both.
+func TestDecimalUsageOfEarlierBuildsIsReadAndStoredBinary(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	s, _ := newStore(t, srv)
+	register(t, s, h200("GPU-1", "n1"))
+	quota := fleet.Quota{Servers: 2}
+	mustPlace(t, s, fleet.PlaceRequest{SliceID: "a", User: "alice", Slice: slice(1024, 10), UserQuota: quota})
+	if err := rdb.HSet(t.Context(), s.k.Usage(), userUsage("alice"), "1 1024 10").Err(); err != nil {
+		t.Fatal(err)
+	}
+	verify(t, s)
+	mustPlace(t, s, fleet.PlaceRequest{SliceID: "b", User: "alice", Slice: slice(1024, 10), UserQuota: quota})
+	got, err := rdb.HGet(t.Context(), s.k.Usage(), userUsage("alice")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := usageValue(2, 2048, 20); got != want {
+		t.Errorf("alice's field after the place = %q, want it binary: %q", got, want)
+	}
+	_, err = s.Place(t.Context(), fleet.PlaceRequest{SliceID: "c", User: "alice", Slice: slice(1024, 10), UserQuota: quota})
+	var qe *fleet.QuotaError
+	if !errors.As(err, &qe) || qe.Used != 2 {
+		t.Errorf("a third place = %v, want the servers quota refusal with 2 used", err)
+	}
+	verify(t, s)
 }

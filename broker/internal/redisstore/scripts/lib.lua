@@ -223,7 +223,8 @@ end
 -- usage hash ukey: one field per subject, its field name ("u:<user>",
 -- "g:<group>", see keys.go), holding USAGE_FORMAT: 16 bytes, servers
 -- (int32), MiB (int64) and compute percent (int32), little-endian
--- (usage_pack; Go's parseUsage). One field per subject keeps the hash
+-- (usage_pack; Go's parseUsage); the decimal text of earlier builds is
+-- read too, and written back binary. One field per subject keeps the hash
 -- small and every subject one lookup; binary counters cost one C call to
 -- read and one to write, where decimal text cost a pattern match, three
 -- strtod and a format per subject (about a twentieth of a place or
@@ -235,13 +236,22 @@ local function usage_load(ukey, fields)
   local out = {}
   for i = 1, #fields do
     local x = v[i]
+    local top = x and #x == 16 and string.byte(x, 12)
     if not x then
       out[i] = {0, 0, 0}
-    elseif #x ~= 16 then
-      error('usage field ' .. fields[i] .. ' is not 16 bytes of counters (servers int32, MiB int64, compute percent int32)')
-    else
+    elseif top == 0 or top == 255 then
       local s, m, c = usage_unpack(USAGE_FORMAT, x)
       out[i] = {s, m, c}
+    else
+      -- The decimal text "<servers> <MiB> <compute percent>" of builds
+      -- before the binary counters (none of its bytes is 0 or 255, which
+      -- the top byte of any MiB count below 2^56 is): read here, stored
+      -- binary by usage_store.
+      local s, m, c = string.match(x, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
+      if not s then
+        error('usage field ' .. fields[i] .. ' is not 16 bytes of counters (servers int32, MiB int64, compute percent int32)')
+      end
+      out[i] = {tonumber(s), tonumber(m), tonumber(c)}
     end
   end
   return out
