@@ -154,14 +154,14 @@ func BenchmarkScale(b *testing.B) {
 }
 
 // TestScaleRig runs the scale rig at a small size (2 nodes × 8 GPUs, two
-// replicas, 20 servers, 20 watchers) so that it keeps working, and checks
+// replicas, 20 servers, 20 watchers, the brokers at --kube-api-qps=100) so that it keeps working, and checks
 // what it measured adds up: every create and delete done, every server
 // listed running at the top, a pass on the Lease holder and none on the
 // other replica, cycles observed with their calls,
 // every event reaching every watcher, no pod left.
 func TestScaleRig(t *testing.T) {
 	t.Parallel()
-	cfg := scaleConfig{nodes: 2, gpus: 8, replicas: 2, servers: 20, users: 4, workers: 4, watchers: 20, events: 3,
+	cfg := scaleConfig{nodes: 2, gpus: 8, replicas: 2, servers: 20, users: 4, workers: 4, watchers: 20, events: 3, kubeQPS: 100,
 		reconcileInterval: time.Second, reclaimInterval: 5 * time.Second}
 	r := runScale(t, cfg)
 	half := cfg.servers / 2
