@@ -113,12 +113,12 @@ func TestLoadPrecedence(t *testing.T) {
 			env: map[string]string{
 				"GPUBROKER_LISTEN": ":9090", "GPUBROKER_RECONCILE_INTERVAL": "1m", "GPUBROKER_CHECK_CONFIG": "true",
 				"GPUBROKER_REDIS_URL": "", "GPUBROKER_REDIS_SENTINEL_MASTER": "m",
-				"GPUBROKER_REDIS_SENTINEL_ADDRS": "s1:26379, s2:26379,",
+				"GPUBROKER_REDIS_SENTINEL_ADDRS": "s1:27001, s2:27001,",
 				"GPUBROKER_PLACEMENT_POLICY":     "spread", "GPUBROKER_LOG_FORMAT": "text",
 			},
 			want: func(c *config.Config) {
 				c.Listen, c.ReconcileInterval, c.CheckConfig = ":9090", time.Minute, true
-				c.Redis.URL, c.Redis.SentinelMaster, c.Redis.SentinelAddrs = "", "m", []string{"s1:26379", "s2:26379"}
+				c.Redis.URL, c.Redis.SentinelMaster, c.Redis.SentinelAddrs = "", "m", []string{"s1:27001", "s2:27001"}
 				c.PlacementPolicy, c.LogFormat = fleet.PolicySpread, "text"
 			},
 		},
@@ -127,7 +127,7 @@ func TestLoadPrecedence(t *testing.T) {
 			args: []string{"--listen=:7070", "-reconcile-interval", "5s", "--redis-url=redis://r:1/0", "--check-config=false", "--log-format", "json"},
 			env: map[string]string{
 				"GPUBROKER_LISTEN": ":9090", "GPUBROKER_RECONCILE_INTERVAL": "1m", "GPUBROKER_CHECK_CONFIG": "true",
-				"GPUBROKER_REDIS_URL": "redis://s1:26379", "GPUBROKER_LOG_FORMAT": "text",
+				"GPUBROKER_REDIS_URL": "redis://s1:27001", "GPUBROKER_LOG_FORMAT": "text",
 			},
 			want: func(c *config.Config) {
 				c.Listen, c.ReconcileInterval, c.Redis.URL = ":7070", 5*time.Second, "redis://r:1/0"
@@ -346,7 +346,7 @@ func TestValidate(t *testing.T) {
 	}{
 		{name: "valid serve", mutate: func(*config.Config) {}},
 		{name: "valid serve with sentinel", mutate: func(c *config.Config) {
-			c.Redis.URL, c.Redis.SentinelMaster, c.Redis.SentinelAddrs = "", "mymaster", []string{"s1:26379", "[::1]:26379"}
+			c.Redis.URL, c.Redis.SentinelMaster, c.Redis.SentinelAddrs = "", "mymaster", []string{"s1:27001", "[::1]:27001"}
 		}},
 		{name: "dev needs nothing", mutate: func(c *config.Config) {
 			*c = defaults(config.ModeDev)
@@ -488,7 +488,7 @@ func TestValidate(t *testing.T) {
 		{
 			name: "sentinel halves",
 			mutate: func(c *config.Config) {
-				c.Redis.URL, c.Redis.SentinelAddrs = "", []string{"s1", "s2:26379"}
+				c.Redis.URL, c.Redis.SentinelAddrs = "", []string{"s1", "s2:27001"}
 			},
 			want: []string{
 				"--redis-sentinel-master (GPUBROKER_REDIS_SENTINEL_MASTER): is required with --redis-sentinel-addrs",
