@@ -1,6 +1,12 @@
 package cliconfig_test
 
 import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"strings"
 	"testing"
 
@@ -37,5 +43,55 @@ current-context: x
 	}
 	if !strings.Contains(tab.Usage(), "env T_KUBE_API_QPS, default \"50\"") {
 		t.Errorf("usage:\n%s", tab.Usage())
+	}
+}
+
+// The client asks the API server for no gzip, on requests and on watches.
+// The server speaks TLS, as an API server does: over plain HTTP client-go
+// uses http.DefaultTransport, which ignores DisableCompression.
+func TestKubeClientAsksForNoCompression(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string // "METHOD path: Accept-Encoding"
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path+": "+r.Header.Get("Accept-Encoding"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") == "true" {
+			return // an empty watch: the stream ends at once
+		}
+		_, _ = io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]}`)
+	}))
+	t.Cleanup(srv.Close)
+	kc := writeFile(t, "kubeconfig", `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "`+srv.URL+`", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`)
+	k := cliconfig.Kube{Kubeconfig: kc, QPS: 50, Burst: 100}
+	cs, err := k.Clientset("ua/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods("ns").List(t.Context(), metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := cs.CoreV1().Pods("ns").Watch(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range w.ResultChan() {
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 2 {
+		t.Fatalf("requests %q, want a list and a watch", seen)
+	}
+	for _, s := range seen {
+		if !strings.HasSuffix(s, ": ") {
+			t.Errorf("%s: want no Accept-Encoding", s)
+		}
 	}
 }
