@@ -1,10 +1,15 @@
 package e2e
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpubroker/gpubroker/e2e/harness"
 )
@@ -80,4 +85,59 @@ func replicaCPU(tb testing.TB, replicas []*harness.Broker) []float64 {
 		out[i] = c
 	}
 	return out
+}
+
+// scalePprofWindow is how long each phase profile of -scale-pprof lasts;
+// it starts a second into the phase (past its ramp-up), so phases shorter
+// than that come back with a partial or empty profile.
+const scalePprofWindow = 6 * time.Second
+
+// profilePhase starts, with -scale-pprof, CPU profiles of the phase that
+// is about to begin: kube-apiserver's (its /debug/pprof, through the
+// admin client) to DIR/apiserver-PHASE.pprof and, when broker is not nil,
+// that replica's (its --debug-pprof-listen at addr) to
+// DIR/broker-PHASE.pprof, each scalePprofWindow long. The returned wait
+// reports the first failure once both are written; it is a no-op without
+// -scale-pprof.
+func profilePhase(ctx context.Context, e *env, phase, brokerAddr string) (wait func() error) {
+	if *scalePprof == "" {
+		return func() error { return nil }
+	}
+	errs := make(chan error, 2)
+	n := 0
+	run := func(fetch func(context.Context) ([]byte, error), file string) {
+		n++
+		go func() {
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+				errs <- ctx.Err()
+				return
+			}
+			body, err := fetch(ctx)
+			if err == nil {
+				err = os.WriteFile(filepath.Join(*scalePprof, file), body, 0o644)
+			}
+			if err != nil {
+				err = fmt.Errorf("profile %s: %w", file, err)
+			}
+			errs <- err
+		}()
+	}
+	secs := strconv.Itoa(int(scalePprofWindow.Seconds()))
+	run(func(ctx context.Context) ([]byte, error) {
+		return e.cluster.Client.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", secs).DoRaw(ctx)
+	}, "apiserver-"+phase+".pprof")
+	if brokerAddr != "" {
+		run(func(ctx context.Context) ([]byte, error) {
+			return getProfile(ctx, brokerAddr, scalePprofWindow)
+		}, "broker-"+phase+".pprof")
+	}
+	return func() error {
+		var all []error
+		for range n {
+			all = append(all, <-errs)
+		}
+		return errors.Join(all...)
+	}
 }

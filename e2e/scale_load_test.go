@@ -8,10 +8,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/e2e/harness"
+	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // createRunning creates user's server name and follows its event stream
@@ -149,20 +151,53 @@ func createRunningSteps(ctx context.Context, c *harness.Client, user, name strin
 // rawPods creates plain pods labelled bench=<label> with the admin's
 // client-go client (QPS 200, burst 400), pinned to the env's nodes in turn,
 // and tells when each runs: the baseline the broker's creates are compared
-// with.
+// with. Each is a copy of template, a notebook pod as a broker made it, so
+// the API server and kwok handle the same pod on both sides and the
+// difference is what the broker adds; the copy carries no gpubroker labels
+// (no replica sees it) and no finalizer.
 type rawPods struct {
-	e     *env
-	label string
-	w     *harness.PodWatch
+	e        *env
+	label    string
+	template *corev1.Pod
+	w        *harness.PodWatch
 }
 
 // newRawPods starts the watch of the pods labelled bench=label.
-func newRawPods(ctx context.Context, e *env, label string) (*rawPods, error) {
+func newRawPods(ctx context.Context, e *env, label string, template *corev1.Pod) (*rawPods, error) {
 	w, err := harness.WatchPods(ctx, e.cluster.Client, e.ns, "bench="+label)
 	if err != nil {
 		return nil, err
 	}
-	return &rawPods{e: e, label: label, w: w}, nil
+	return &rawPods{e: e, label: label, template: template, w: w}, nil
+}
+
+// serverPodTemplate creates server name of user through c, copies its pod
+// as the API server holds it (spec and annotations, nothing a server
+// wrote), then deletes the server and waits until its pod is gone.
+func serverPodTemplate(ctx context.Context, e *env, c *harness.Client, user, name string) (*corev1.Pod, error) {
+	if _, err := createRunning(ctx, c, user, name); err != nil {
+		return nil, fmt.Errorf("template server: %w", err)
+	}
+	podName := spawner.PodName(user, name)
+	pod, err := e.cluster.Client.CoreV1().Pods(e.ns).Get(ctx, podName, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("template server's pod: %w", err)
+	}
+	template := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Annotations: pod.Annotations},
+		Spec:       *pod.Spec.DeepCopy(),
+	}
+	if _, err := c.DeleteServer(ctx, user, name); err != nil {
+		return nil, fmt.Errorf("delete the template server: %w", err)
+	}
+	err = harness.Poll(ctx, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, string, error) {
+		_, err := e.cluster.Client.CoreV1().Pods(e.ns).Get(ctx, podName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, "", nil
+		}
+		return false, "the template server's pod is still there", err
+	})
+	return template, err
 }
 
 // create creates raw pod i and waits until it runs (at most 2 minutes):
@@ -170,12 +205,10 @@ func newRawPods(ctx context.Context, e *env, label string) (*rawPods, error) {
 func (p *rawPods) create(ctx context.Context, i int) (time.Duration, error) {
 	name := fmt.Sprintf("%s-%d", p.label, i)
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"bench": p.label}},
-		Spec: corev1.PodSpec{
-			NodeName:   p.e.nodes[i%len(p.e.nodes)],
-			Containers: []corev1.Container{{Name: "notebook", Image: "example.invalid/notebook:1"}},
-		},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"bench": p.label}, Annotations: p.template.Annotations},
+		Spec:       *p.template.Spec.DeepCopy(),
 	}
+	pod.Spec.NodeName = p.e.nodes[i%len(p.e.nodes)]
 	running := p.w.Running(name)
 	start := time.Now()
 	if _, err := p.e.cluster.Client.CoreV1().Pods(p.e.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {

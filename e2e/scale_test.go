@@ -285,13 +285,23 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	// the two alone phases offer the same rate.
 	rawAlone := load("raw pods alone", half)
 	rawAlone.Rate = cfg.rate / 2
-	raw, err := newRawPods(ctx, e, "scale-raw")
+	// The raw pods copy a notebook pod the brokers made, of a server
+	// created and deleted before anything is measured.
+	template, err := serverPodTemplate(ctx, e, clients[0][0], users[0], "template")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	raw, err := newRawPods(ctx, e, "scale-raw", template)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	c0 := partCPU(tb, e, replicas)
+	profiled := profilePhase(ctx, e, "raw-alone", "")
 	r.raw, err = rawAlone.Run(ctx, raw.create)
 	r.rawCPU = cpuSince(tb, e, replicas, c0)
+	if err := profiled(); err != nil {
+		tb.Errorf("raw pods alone: %v", err)
+	}
 	if err = errors.Join(err, raw.removeAll(ctx)); err != nil {
 		tb.Fatalf("raw pods: %v", err)
 	}
@@ -301,7 +311,7 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		tb.Fatal(err)
 	}
 	defer managed.Stop()
-	side, err := newRawPods(ctx, e, "scale-side")
+	side, err := newRawPods(ctx, e, "scale-side", template)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -319,6 +329,11 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	serversAlone := load("servers through the brokers alone", half)
 	serversAlone.Rate = cfg.rate / 2
 	c0 = partCPU(tb, e, replicas)
+	replica0 := "" // replica 0's pprof listener, with -scale-pprof
+	if len(pprofAddrs) > 0 {
+		replica0 = pprofAddrs[0]
+	}
+	profiled = profilePhase(ctx, e, "servers-alone", replica0)
 	r.alone, err = serversAlone.Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
 		return createServer(ctx, i, nil)
 	})
@@ -326,6 +341,9 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		tb.Fatalf("servers through the brokers alone: %v", err)
 	}
 	r.aloneCPU = cpuSince(tb, e, replicas, c0)
+	if err := profiled(); err != nil {
+		tb.Errorf("servers alone: %v", err)
+	}
 	serverLoad := load("servers, each next to a raw pod", cfg.servers-half)
 	serverLoad.Progress = func(done, failed int) {
 		progress("  servers and raw pods: %d of %d done, %d failed", done, 2*(cfg.servers-half), failed)
@@ -367,12 +385,12 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 			tb.Fatal(err)
 		}
 	}
-	profiled := make(chan error, 1)
+	leaderProfiled := make(chan error, 1)
 	if *scalePprof != "" {
 		i := slices.Index(replicas, leader)
-		go func() { profiled <- fetchProfile(ctx, pprofAddrs[i], 2*cfg.reconcileInterval, *scalePprof) }()
+		go func() { leaderProfiled <- fetchProfile(ctx, pprofAddrs[i], 2*cfg.reconcileInterval, *scalePprof) }()
 	} else {
-		profiled <- nil
+		leaderProfiled <- nil
 	}
 	pass, err := onePass(ctx, leader, "gpubroker_reconcile_passes_total", "gpubroker_reconcile_pass_duration_seconds_sum",
 		3*cfg.reconcileInterval+time.Minute)
@@ -380,7 +398,7 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		tb.Fatalf("reconcile pass: %v", err)
 	}
 	pass.leads = true
-	if err := <-profiled; err != nil {
+	if err := <-leaderProfiled; err != nil {
 		tb.Errorf("profile of the Lease holder: %v", err)
 	}
 	for i, b := range replicas {
@@ -622,21 +640,27 @@ func fanOut(ctx context.Context, tb testing.TB, e *env, replicas []*harness.Brok
 // fetchProfile writes a CPU profile of d from the pprof listener at addr to
 // dir/leader-cpu.pprof.
 func fetchProfile(ctx context.Context, addr string, d time.Duration, dir string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", req.URL, resp.Status)
-	}
-	body, err := io.ReadAll(resp.Body)
+	body, err := getProfile(ctx, addr, d)
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(filepath.Join(dir, "leader-cpu.pprof"), body, 0o644)
+}
+
+// getProfile fetches a CPU profile of d (whole seconds) from the pprof
+// listener at addr (a broker's --debug-pprof-listen).
+func getProfile(ctx context.Context, addr string, d time.Duration) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", req.URL, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
 }
