@@ -28,12 +28,13 @@ func TestDeviceCountersAgreeWithLua(t *testing.T) {
 	key := srv.Prefix(t) + "gpu:GPU-1"
 	// KEYS[1] device key; ARGV: "store" n amem acp, or "load". Returns the
 	// counters gpu_counters reads before the store (and legacy "1"/"0"),
-	// then the hash after it.
+	// then the hash after it; the store sets shape to n too (gpu_store's
+	// further field-value pairs).
 	script := libConsts + libLua + `
 local amem, acp, n, legacy = gpu_counters(KEYS[1], redis.call('HGET', KEYS[1], 'use'))
 local read = string.format('%d %d %d %s', n, amem, acp, legacy and '1' or '0')
 if ARGV[1] == 'store' then
-  gpu_store(KEYS[1], {n = tonumber(ARGV[2]), amem = tonumber(ARGV[3]), acp = tonumber(ARGV[4]), legacy = legacy})
+  gpu_store(KEYS[1], {n = tonumber(ARGV[2]), amem = tonumber(ARGV[3]), acp = tonumber(ARGV[4]), legacy = legacy}, 'shape', ARGV[2])
 end
 return {read, redis.call('HGETALL', KEYS[1])}`
 	run := func(t *testing.T, rdb *redis.Client, args ...any) (string, map[string]string) {
@@ -58,6 +59,9 @@ return {read, redis.call('HGETALL', KEYS[1])}`
 				}
 				if got, err := deviceCounters(h); err != nil || got != want {
 					t.Errorf("deviceCounters after gpu_store %v = %v, %v", want, got, err)
+				}
+				if h["shape"] != strconv.FormatInt(want.servers, 10) {
+					t.Errorf("shape after gpu_store %v with shape %d = %q", want, want.servers, h["shape"])
 				}
 				if v := usageValue(int32(want.servers), want.memMiB, int32(want.computePercent)); h["use"] != v {
 					t.Errorf("use after gpu_store %v = %q, want %q", want, h["use"], v)
