@@ -29,7 +29,7 @@ const HashTag = "{gpubroker}"
 //	                                                                16 bytes in field use: allocations int32,
 //	                                                                MiB int64, compute % int32, little-endian
 //	                                                                (earlier builds' decimal fields amem acp
-//	                                                                n are read and rewritten)
+//	                                                                n are read, then set to "use": no number)
 //	idx:<pool>:a:all                 zset    none                   healthy devices of a pool (Pool: a sharing
 //	idx:<pool>:a:m:<model>                                          mode, or mig:<MIG profile>) with room,
 //	                                                                score = free MiB; placement walks these

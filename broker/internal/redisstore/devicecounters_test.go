@@ -84,8 +84,8 @@ return {read, redis.call('HGETALL', KEYS[1])}`
 			}
 			_, h = run(t, rdb, "store", 3, 3072, 40)
 			for _, f := range []string{"amem", "acp", "n"} {
-				if _, ok := h[f]; ok {
-					t.Errorf("gpu_store left the decimal field %s", f)
+				if h[f] != "use" {
+					t.Errorf("gpu_store left the decimal field %s = %q, want it marked \"use\"", f, h[f])
 				}
 			}
 			if got, err := deviceCounters(h); err != nil || got != (usage{3, 3072, 40}) {
@@ -140,9 +140,15 @@ func TestDeviceCountersOfEarlierBuildsAreReadAndStoredBinary(t *testing.T) {
 		}
 		verify(t, s)
 	}
-	// wantBinary fails t unless the device holds want in use and no decimal field.
+	// wantBinary fails t unless the device holds want in use and its
+	// decimal fields are no numbers an earlier build's scripts could read
+	// (Lua's tonumber gives nil), also after such a build's registration
+	// (HSETNX amem 0).
 	wantBinary := func(step string, want string) {
 		t.Helper()
+		if err := rdb.HSetNX(t.Context(), key, "amem", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
 		h, err := rdb.HGetAll(t.Context(), key).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -151,13 +157,15 @@ func TestDeviceCountersOfEarlierBuildsAreReadAndStoredBinary(t *testing.T) {
 			t.Errorf("after %s: use = %q, want %q", step, h["use"], want)
 		}
 		for _, f := range []string{"amem", "acp", "n"} {
-			if _, ok := h[f]; ok {
-				t.Errorf("after %s: the decimal field %s is left", step, f)
+			n, err := rdb.Eval(t.Context(), "return tostring(tonumber(redis.call('HGET', KEYS[1], ARGV[1])))", []string{key}, f).Text()
+			if err != nil || n != "nil" {
+				t.Errorf("after %s: an earlier build reads the decimal field %s (%q) as %q, %v; want no number", step, f, h[f], n, err)
 			}
 		}
 		verify(t, s)
 	}
 
+	wantBinary("the first registration", usageValue(0, 0, 0))
 	mustPlace(t, s, fleet.PlaceRequest{SliceID: "a", User: "alice", Slice: slice(1024, 90)})
 	toLegacy()
 	_, err := s.Place(t.Context(), fleet.PlaceRequest{SliceID: "b", User: "alice", Slice: slice(1024, 20)})

@@ -188,7 +188,8 @@ func (s *Store) GPUUsage(ctx context.Context) ([]GPUUsage, error) {
 // servers is the number of allocations. They are the use field,
 // usageFormat (lib.lua's gpu_counters reads it alike); a device that an
 // earlier build wrote has the decimal fields amem, acp and n instead,
-// which the scripts replace at its next charge or registration. An error
+// which the scripts replace at its next charge or registration (setting
+// them to "use", which this ignores while use is there). An error
 // names a use field of another length or a field that is no decimal
 // integer.
 func deviceCounters(h map[string]string) (usage, error) {

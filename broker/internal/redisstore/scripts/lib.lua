@@ -15,9 +15,14 @@
 --                        little-endian; gpu_counters, Go's decodeGPU): one
 --                        field, so the walk reads, and a charge writes, one
 --                        value. Builds before it kept three decimal fields
---                        amem acp n; those are read while use is absent and
---                        replaced by use at the device's next charge or
---                        registration (gpu_store)
+--                        amem acp n; those are read while use is absent,
+--                        and at the device's next charge or registration
+--                        use is written and they are set to "use"
+--                        (gpu_store): no number, so an earlier build still
+--                        running during a rolling upgrade fails its script
+--                        on that device (Lua arithmetic on nil) instead of
+--                        reading 0 and overcommitting it, and its
+--                        registration's HSETNX amem 0 leaves them alone
 --   mode                 sharing mode in force: sliced, exclusive, mig, mps
 --   lmode amode pmode    the mode the reporter (node label) asks for, the
 --                        admin's ("" for none), and a wanted mode that waits
@@ -88,7 +93,9 @@ end
 -- field: allocated MiB, allocated compute percent, allocations, and false.
 -- A device that an earlier build wrote has no use field (x nil): its
 -- decimal fields amem acp n are read instead (absent: 0, a device never
--- charged), and the last result is true (legacy: gpu_store replaces them).
+-- charged), and the last result is true (legacy: gpu_store writes use
+-- and marks them). Decimal fields that are no numbers (marked "use", the
+-- use field itself gone) raise an error.
 -- A use value of another length raises an error, so scripts read devices
 -- before they write anything.
 local function gpu_counters(gkey, x)
@@ -100,17 +107,25 @@ local function gpu_counters(gkey, x)
     return m, c, n, false
   end
   local f = redis.call('HMGET', gkey, 'amem', 'acp', 'n')
-  return tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0'), true
+  local m, c, n = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
+  if not (m and c and n) then
+    error('device ' .. gkey .. ' has no use field and its decimal counters amem acp n are not numbers')
+  end
+  return m, c, n, true
 end
 
 -- gpu_store writes a loaded device's counters into its use field, with
--- the further field-value pairs given (one HSET), and deletes the decimal
--- fields of an earlier build when g was read from them.
+-- the further field-value pairs given (one HSET). When g was read from an
+-- earlier build's decimal fields (or the device is new), it also sets
+-- those to "use" (see the field list above: an earlier build must not
+-- read them as numbers).
 local function gpu_store(gkey, g, ...)
-  redis.call('HSET', gkey, 'use', usage_pack(USAGE_FORMAT, g.n, g.amem, g.acp), ...)
+  local use = usage_pack(USAGE_FORMAT, g.n, g.amem, g.acp)
   if g.legacy then
-    redis.call('HDEL', gkey, 'amem', 'acp', 'n')
+    redis.call('HSET', gkey, 'use', use, 'amem', 'use', 'acp', 'use', 'n', 'use', ...)
     g.legacy = false
+  else
+    redis.call('HSET', gkey, 'use', use, ...)
   end
 end
 
