@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	le "encoding/binary"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -83,7 +84,12 @@ func (ch *chaos) diagnose(ctx context.Context, finding, gpu, user string, pods [
 	}
 	if gpu != "" {
 		h, _ := rdb.HGetAll(ctx, redisschemaPrefix+"{gpubroker}:gpu:"+gpu).Result()
-		fmt.Fprintf(&b, "  redis gpu %s: amem %s acp %s n %s\n", gpu, h["amem"], h["acp"], h["n"])
+		if use := []byte(h["use"]); len(use) == 16 { // allocations int32, MiB int64, compute % int32, little-endian
+			fmt.Fprintf(&b, "  redis gpu %s: amem %d acp %d n %d\n", gpu, int64(le.LittleEndian.Uint64(use[4:12])),
+				int32(le.LittleEndian.Uint32(use[12:16])), int32(le.LittleEndian.Uint32(use[0:4])))
+		} else {
+			fmt.Fprintf(&b, "  redis gpu %s: use %q amem %s acp %s n %s\n", gpu, h["use"], h["amem"], h["acp"], h["n"])
+		}
 	}
 	marker, _ := rdb.Get(ctx, redisschemaPrefix+"{gpubroker}:marker").Result()
 	epoch, _ := rdb.Get(ctx, redisschemaPrefix+"{gpubroker}:marker:epoch").Result()

@@ -25,7 +25,11 @@ const HashTag = "{gpubroker}"
 //	gpu:<uuid>                       hash    none                   RegisterGPU/SetGPUHealth/SetGPUMode
 //	                                                                (inventory, mode) and place/release/
 //	                                                                restore (usage counters); a GPU or a
-//	                                                                MIG instance ("MIG-…")
+//	                                                                MIG instance ("MIG-…"); its counters are
+//	                                                                16 bytes in field use: allocations int32,
+//	                                                                MiB int64, compute % int32, little-endian
+//	                                                                (earlier builds' decimal fields amem acp
+//	                                                                n are read, then set to "use": no number)
 //	idx:<pool>:a:all                 zset    none                   healthy devices of a pool (Pool: a sharing
 //	idx:<pool>:a:m:<model>                                          mode, or mig:<MIG profile>) with room,
 //	                                                                score = free MiB; placement walks these

@@ -184,6 +184,30 @@ func (s *Store) GPUUsage(ctx context.Context) ([]GPUUsage, error) {
 	return out, nil
 }
 
+// deviceCounters reads a device's counters from its gpu:<uuid> hash:
+// servers is the number of allocations. They are the use field,
+// usageFormat (lib.lua's gpu_counters reads it alike); a device that an
+// earlier build wrote has the decimal fields amem, acp and n instead,
+// which the scripts replace at its next charge or registration (setting
+// them to "use", which this ignores while use is there). An error
+// names a use field of another length or a field that is no decimal
+// integer.
+func deviceCounters(h map[string]string) (usage, error) {
+	if v, ok := h["use"]; ok {
+		if len(v) != usageSize {
+			return usage{}, fmt.Errorf("field use is %d bytes, want %s", len(v), usageWant)
+		}
+		return unpackUsage(v), nil
+	}
+	var errs []error
+	num := func(f string) int64 {
+		n, err := atoi64(f, cmp.Or(h[f], "0"))
+		errs = append(errs, err)
+		return n
+	}
+	return usage{servers: num("n"), memMiB: num("amem"), computePercent: num("acp")}, errors.Join(errs...)
+}
+
 // decodeGPU reads a gpu:<uuid> hash (fields in scripts/lib.lua).
 func decodeGPU(h map[string]string) (GPUUsage, error) {
 	var errs []error
@@ -207,10 +231,10 @@ func decodeGPU(h map[string]string) (GPUUsage, error) {
 			MIGProfile:  h["migp"],
 			Parent:      h["parent"],
 		},
-		AllocatedMiB:            num("amem"),
-		AllocatedComputePercent: int(num("acp")),
-		Slices:                  int(num("n")),
 	}
+	c, err := deviceCounters(h)
+	errs = append(errs, err)
+	u.Slices, u.AllocatedMiB, u.AllocatedComputePercent = int(c.servers), c.memMiB, int(c.computePercent)
 	if u.GPU.Parent != "" {
 		u.GPU.ComputePercent = int(num("cpw"))
 	}

@@ -87,12 +87,7 @@ const usageWant = "16 bytes: servers int32, MiB int64, compute percent int32, li
 // else.
 func parseUsage(val string) (u usage, ok bool) {
 	if len(val) == usageSize && (val[11] == 0 || val[11] == 255) {
-		b := []byte(val)
-		return usage{
-			servers:        int64(int32(binary.LittleEndian.Uint32(b[0:4]))),
-			memMiB:         int64(binary.LittleEndian.Uint64(b[4:12])),
-			computePercent: int64(int32(binary.LittleEndian.Uint32(b[12:16]))),
-		}, true
+		return unpackUsage(val), true
 	}
 	f := strings.Split(val, " ")
 	if len(f) != 3 {
@@ -107,4 +102,15 @@ func parseUsage(val string) (u usage, ok bool) {
 		n[i] = v
 	}
 	return usage{servers: n[0], memMiB: n[1], computePercent: n[2]}, true
+}
+
+// unpackUsage decodes usageSize bytes of usageFormat, as lib.lua's
+// usage_unpack does; val must be usageSize bytes long.
+func unpackUsage(val string) usage {
+	b := []byte(val)
+	return usage{
+		servers:        int64(int32(binary.LittleEndian.Uint32(b[0:4]))),
+		memMiB:         int64(binary.LittleEndian.Uint64(b[4:12])),
+		computePercent: int64(int32(binary.LittleEndian.Uint32(b[12:16]))),
+	}
 }

@@ -588,8 +588,10 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 		undo    func() error
 		want    string
 	}{
-		{"gpu counter", func() error { return rdb.HIncrBy(t.Context(), s.k.GPU("GPU-1"), "amem", 1).Err() },
-			func() error { return rdb.HIncrBy(t.Context(), s.k.GPU("GPU-1"), "amem", -1).Err() }, "gpu GPU-1 counters"},
+		{"gpu counter", func() error { return rdb.HSet(t.Context(), s.k.GPU("GPU-1"), "use", usageValue(1, 1025, 10)).Err() },
+			func() error { return rdb.HSet(t.Context(), s.k.GPU("GPU-1"), "use", usageValue(1, 1024, 10)).Err() }, "gpu GPU-1 counters"},
+		{"malformed gpu counter", func() error { return rdb.HSet(t.Context(), s.k.GPU("GPU-1"), "use", "1 1024 10").Err() },
+			func() error { return rdb.HSet(t.Context(), s.k.GPU("GPU-1"), "use", usageValue(1, 1024, 10)).Err() }, "gpu GPU-1: field use is 9 bytes"},
 		{"index score", func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail("sliced"), redisZ(1, "GPU-1")).Err() },
 			func() error { return rdb.ZAdd(t.Context(), s.k.AllAvail("sliced"), redisZ(143771-1024, "GPU-1")).Err() }, "all-avail index score"},
 		{"user counter", setUsage(userUsage("alice"), usageValue(1, 1024, 15)), setUsage(userUsage("alice"), usageValue(1, 1024, 10)), "user alice counters"},

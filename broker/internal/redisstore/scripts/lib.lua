@@ -9,8 +9,20 @@
 --   uuid node model sm   inventory, strings
 --   mem                  allocatable memory, MiB
 --   healthy              "1" or "0"
---   amem acp n           allocated MiB, allocated compute percent, number of
---                        allocations
+--   use                  the allocations' counters in USAGE_FORMAT (16 bytes,
+--                        as a usage field: allocations int32, allocated MiB
+--                        int64, allocated compute percent int32,
+--                        little-endian; gpu_counters, Go's decodeGPU): one
+--                        field, so the walk reads, and a charge writes, one
+--                        value. Builds before it kept three decimal fields
+--                        amem acp n; those are read while use is absent,
+--                        and at the device's next charge or registration
+--                        use is written and they are set to "use"
+--                        (gpu_store): no number, so an earlier build still
+--                        running during a rolling upgrade fails its script
+--                        on that device (Lua arithmetic on nil) instead of
+--                        reading 0 and overcommitting it, and its
+--                        registration's HSETNX amem 0 leaves them alone
 --   mode                 sharing mode in force: sliced, exclusive, mig, mps
 --   lmode amode pmode    the mode the reporter (node label) asks for, the
 --                        admin's ("" for none), and a wanted mode that waits
@@ -39,16 +51,95 @@
 -- An unhealthy device, and a GPU in MIG mode, is in no index. Each physical
 -- GPU is in the set mode:<mode> of its mode; MIG instances are in none.
 
+-- usage_pack(USAGE_FORMAT, servers, mem, cp) and usage_unpack(USAGE_FORMAT,
+-- value) are Redis's struct.pack and struct.unpack. miniredis (the
+-- embedded Redis of dev mode) has no struct library; there they are the
+-- same little-endian encoding in plain Lua (slow, and only for this one
+-- format).
+local usage_pack, usage_unpack
+local struct_lib = rawget(_G, 'struct')
+if struct_lib then
+  usage_pack, usage_unpack = struct_lib.pack, struct_lib.unpack
+else
+  local function le(n, bytes)
+    local out = {}
+    for i = 1, bytes do
+      out[i] = string.char(n % 256)
+      n = math.floor(n / 256)
+    end
+    return table.concat(out)
+  end
+  local function from_le(x, at, bytes)
+    local n = 0
+    for i = at + bytes - 1, at, -1 do
+      n = n * 256 + string.byte(x, i)
+    end
+    return n
+  end
+  usage_pack = function(_, s, m, c)
+    return le(s % 4294967296, 4) .. le(m % 4294967296, 4) .. le(math.floor(m / 4294967296) % 4294967296, 4) .. le(c % 4294967296, 4)
+  end
+  usage_unpack = function(_, x)
+    local function signed(n, bits)
+      if n >= 2 ^ (bits - 1) then return n - 2 ^ bits end
+      return n
+    end
+    local hi = signed(from_le(x, 9, 4), 32)
+    return signed(from_le(x, 1, 4), 32), hi * 4294967296 + from_le(x, 5, 4), signed(from_le(x, 13, 4), 32)
+  end
+end
+
+-- gpu_counters decodes a device's counters from the value x of its use
+-- field: allocated MiB, allocated compute percent, allocations, and false.
+-- A device that an earlier build wrote has no use field (x nil): its
+-- decimal fields amem acp n are read instead (absent: 0, a device never
+-- charged), and the last result is true (legacy: gpu_store writes use
+-- and marks them). Decimal fields that are no numbers (marked "use", the
+-- use field itself gone) raise an error.
+-- A use value of another length raises an error, so scripts read devices
+-- before they write anything.
+local function gpu_counters(gkey, x)
+  if x then
+    if #x ~= 16 then
+      error('device ' .. gkey .. ' field use is not 16 bytes of counters (allocations int32, MiB int64, compute percent int32)')
+    end
+    local n, m, c = usage_unpack(USAGE_FORMAT, x)
+    return m, c, n, false
+  end
+  local f = redis.call('HMGET', gkey, 'amem', 'acp', 'n')
+  local m, c, n = tonumber(f[1] or '0'), tonumber(f[2] or '0'), tonumber(f[3] or '0')
+  if not (m and c and n) then
+    error('device ' .. gkey .. ' has no use field and its decimal counters amem acp n are not numbers')
+  end
+  return m, c, n, true
+end
+
+-- gpu_store writes a loaded device's counters into its use field, with
+-- the further field-value pairs given (one HSET). When g was read from an
+-- earlier build's decimal fields (or the device is new), it also sets
+-- those to "use" (see the field list above: an earlier build must not
+-- read them as numbers).
+local function gpu_store(gkey, g, ...)
+  local use = usage_pack(USAGE_FORMAT, g.n, g.amem, g.acp)
+  if g.legacy then
+    redis.call('HSET', gkey, 'use', use, 'amem', 'use', 'acp', 'use', 'n', 'use', ...)
+    g.legacy = false
+  else
+    redis.call('HSET', gkey, 'use', use, ...)
+  end
+end
+
 -- gpu_load reads the fields placement needs; nil if the device is unknown.
 local function gpu_load(gkey)
-  local f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'healthy', 'aidx', 'fidx', 'ref',
+  local f = redis.call('HMGET', gkey, 'mem', 'use', 'healthy', 'aidx', 'fidx', 'ref',
     'alla', 'allf', 'whole', 'mode', 'cpw', 'model')
   if not f[1] then
     return nil
   end
-  return {mem = tonumber(f[1]), amem = tonumber(f[2]), acp = tonumber(f[3]), n = tonumber(f[4]),
-    healthy = f[5] == '1', aidx = f[6], fidx = f[7], ref = f[8], alla = f[9], allf = f[10],
-    whole = f[11] == '1', mode = f[12] or 'sliced', cpw = tonumber(f[13] or '100'), model = f[14] or ''}
+  local amem, acp, n, legacy = gpu_counters(gkey, f[2])
+  return {mem = tonumber(f[1]), amem = amem, acp = acp, n = n, legacy = legacy,
+    healthy = f[3] == '1', aidx = f[4], fidx = f[5], ref = f[6], alla = f[7], allf = f[8],
+    whole = f[9] == '1', mode = f[10] or 'sliced', cpw = tonumber(f[11] or '100'), model = f[12] or ''}
 end
 
 -- gpu_load_release reads what gpu_charge needs to un-charge a device:
@@ -63,15 +154,16 @@ end
 local function gpu_load_release(gkey, wholeHint)
   local f
   if wholeHint then
-    f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'healthy', 'whole', 'alla', 'aidx', 'allf', 'fidx')
+    f = redis.call('HMGET', gkey, 'mem', 'use', 'healthy', 'whole', 'alla', 'aidx', 'allf', 'fidx')
   else
-    f = redis.call('HMGET', gkey, 'mem', 'amem', 'acp', 'n', 'healthy', 'whole', 'alla', 'aidx')
+    f = redis.call('HMGET', gkey, 'mem', 'use', 'healthy', 'whole', 'alla', 'aidx')
   end
   if not f[1] then
     return nil
   end
-  local g = {mem = tonumber(f[1]), amem = tonumber(f[2]), acp = tonumber(f[3]), n = tonumber(f[4]),
-    healthy = f[5] == '1', whole = f[6] == '1', alla = f[7], aidx = f[8], allf = f[9], fidx = f[10]}
+  local amem, acp, n, legacy = gpu_counters(gkey, f[2])
+  local g = {mem = tonumber(f[1]), amem = amem, acp = acp, n = n, legacy = legacy,
+    healthy = f[3] == '1', whole = f[4] == '1', alla = f[5], aidx = f[6], allf = f[7], fidx = f[8]}
   if not wholeHint and g.alla and g.healthy and (g.whole or g.acp >= 100) then
     local x = redis.call('HMGET', gkey, 'allf', 'fidx')
     g.allf, g.fidx = x[1], x[2]
@@ -122,17 +214,18 @@ end
 -- gpu_charge adds sign * (mem MiB, cp percent, one allocation) to a loaded
 -- device, stores the counters (and shape, an MPS client size, when given)
 -- and reindexes it. An MPS GPU that holds nothing any more forgets its
--- client size. g needs the counters, health, whole and the index keys of
--- the classes it leaves and enters (gpu_index).
+-- client size. g needs the counters (and legacy, gpu_counters), health,
+-- whole and the index keys of the classes it leaves and enters
+-- (gpu_index).
 local function gpu_charge(gkey, g, uuid, mem, cp, sign, shape)
   local was = gpu_class(g)
   g.amem = g.amem + sign * mem
   g.acp = g.acp + sign * cp
   g.n = g.n + sign
   if shape then
-    redis.call('HSET', gkey, 'amem', g.amem, 'acp', g.acp, 'n', g.n, 'shape', shape)
+    gpu_store(gkey, g, 'shape', shape)
   else
-    redis.call('HSET', gkey, 'amem', g.amem, 'acp', g.acp, 'n', g.n)
+    gpu_store(gkey, g)
   end
   if g.n <= 0 then
     redis.call('HDEL', gkey, 'shape')
@@ -179,44 +272,6 @@ end
 -- comma before the device's ref.
 local function slice_members(mem, cp, cl)
   return string.format('"memoryMiB":%d,"computePercent":%d,"computeLimitPercent":%d,', mem, cp, cl)
-end
-
--- usage_pack(USAGE_FORMAT, servers, mem, cp) and usage_unpack(USAGE_FORMAT,
--- value) are Redis's struct.pack and struct.unpack. miniredis (the
--- embedded Redis of dev mode) has no struct library; there they are the
--- same little-endian encoding in plain Lua (slow, and only for this one
--- format).
-local usage_pack, usage_unpack
-local struct_lib = rawget(_G, 'struct')
-if struct_lib then
-  usage_pack, usage_unpack = struct_lib.pack, struct_lib.unpack
-else
-  local function le(n, bytes)
-    local out = {}
-    for i = 1, bytes do
-      out[i] = string.char(n % 256)
-      n = math.floor(n / 256)
-    end
-    return table.concat(out)
-  end
-  local function from_le(x, at, bytes)
-    local n = 0
-    for i = at + bytes - 1, at, -1 do
-      n = n * 256 + string.byte(x, i)
-    end
-    return n
-  end
-  usage_pack = function(_, s, m, c)
-    return le(s % 4294967296, 4) .. le(m % 4294967296, 4) .. le(math.floor(m / 4294967296) % 4294967296, 4) .. le(c % 4294967296, 4)
-  end
-  usage_unpack = function(_, x)
-    local function signed(n, bits)
-      if n >= 2 ^ (bits - 1) then return n - 2 ^ bits end
-      return n
-    end
-    local hi = signed(from_le(x, 9, 4), 32)
-    return signed(from_le(x, 1, 4), 32), hi * 4294967296 + from_le(x, 5, 4), signed(from_le(x, 13, 4), 32)
-  end
 end
 
 -- usage_load reads the counters of subjects (users and groups) from the

@@ -81,9 +81,9 @@ end
 --   w_other, w_other_full   the index fields of the other scope
 --   w_by_model  the request is scoped to a model
 --   w_avail, w_full  the scope's indexes   w_mode  the asked mode
--- fits leaves the device it accepts in w_chosen.
+-- fits leaves the device it accepts in w_chosen, its key in w_chosen_key.
 local w_prefix, w_whole, w_cp, w_shape, w_lo, w_other, w_other_full
-local w_by_model, w_avail, w_full, w_mode, w_chosen
+local w_by_model, w_avail, w_full, w_mode, w_chosen, w_chosen_key
 
 -- fits reads a candidate device and keeps it in w_chosen if it fits: a
 -- shared device needs w_cp percent of compute free (and, for MPS, clients
@@ -91,37 +91,39 @@ local w_by_model, w_avail, w_full, w_mode, w_chosen
 -- the walk already bounded. Any device in a whole pool's avail index is
 -- empty. It reads only the fields the charge needs (one HMGET: each reply
 -- element costs Redis a Lua string and a lookup in the hash): the
--- counters, the ref, the index of the other scope (all-model or model) of
+-- counters (one binary field, gpu_counters), the ref, the index of the
+-- other scope (all-model or model) of
 -- the avail class, and per kind the charge of a whole device with its
 -- full-class indexes, or an MPS GPU's client size. A device in an index is
 -- healthy and of the pool's mode and kind (lib.lua), so neither is read.
 local function fits(uuid)
+  local gkey = w_prefix .. uuid
   local f
   if w_whole then
-    f = redis.call('HMGET', w_prefix .. uuid, 'mem', 'amem', 'acp', 'n', 'ref', w_other, 'cpw', w_other_full)
+    f = redis.call('HMGET', gkey, 'mem', 'use', 'ref', w_other, 'cpw', w_other_full)
   elseif w_shape ~= '' then
-    f = redis.call('HMGET', w_prefix .. uuid, 'mem', 'amem', 'acp', 'n', 'ref', w_other, 'shape')
+    f = redis.call('HMGET', gkey, 'mem', 'use', 'ref', w_other, 'shape')
   else
-    f = redis.call('HMGET', w_prefix .. uuid, 'mem', 'amem', 'acp', 'n', 'ref', w_other)
+    f = redis.call('HMGET', gkey, 'mem', 'use', 'ref', w_other)
   end
   if not f[1] then return false end
-  local acp = tonumber(f[3])
+  local amem, acp, n, legacy = gpu_counters(gkey, f[2])
   local full = nil
   local cpw
   if w_whole then
-    cpw, full = tonumber(f[7] or '100'), f[8]
+    cpw, full = tonumber(f[5] or '100'), f[6]
   else
     if 100 - acp < w_cp then return false end
-    if w_shape ~= '' and f[7] and f[7] ~= w_shape then return false end
+    if w_shape ~= '' and f[5] and f[5] ~= w_shape then return false end
   end
-  local g = {mem = tonumber(f[1]), amem = tonumber(f[2]), acp = acp, n = tonumber(f[4]),
-    ref = f[5], healthy = true, whole = w_whole, mode = w_mode, cpw = cpw}
+  local g = {mem = tonumber(f[1]), amem = amem, acp = acp, n = n, legacy = legacy,
+    ref = f[3], healthy = true, whole = w_whole, mode = w_mode, cpw = cpw}
   if w_by_model then
-    g.aidx, g.fidx, g.alla, g.allf = w_avail, w_full, f[6], full
+    g.aidx, g.fidx, g.alla, g.allf = w_avail, w_full, f[4], full
   else
-    g.alla, g.allf, g.aidx, g.fidx = w_avail, w_full, f[6], full
+    g.alla, g.allf, g.aidx, g.fidx = w_avail, w_full, f[4], full
   end
-  w_chosen = g
+  w_chosen, w_chosen_key = g, gkey
   return true
 end
 
@@ -191,8 +193,9 @@ local function capacity(ARGV, avail, full)
   if ffree and (not free or ffree > free or (ffree == free and fbest < best)) then
     free, best = ffree, fbest
   end
-  local f = redis.call('HMGET', ARGV[1] .. best, 'node', 'acp')
-  return {'capacity', tostring(candidates), tostring(free), tostring(100 - tonumber(f[2])), f[1], modes, tostring(all)}
+  local f = redis.call('HMGET', ARGV[1] .. best, 'node', 'use')
+  local _, acp = gpu_counters(ARGV[1] .. best, f[2])
+  return {'capacity', tostring(candidates), tostring(free), tostring(100 - acp), f[1], modes, tostring(all)}
 end
 
 local function place(KEYS, ARGV)
@@ -243,7 +246,7 @@ local function place(KEYS, ARGV)
     return capacity(ARGV, KEYS[4], KEYS[5])
   end
 
-  local gkey = ARGV[1] .. uuid
+  local gkey = w_chosen_key
   local g = w_chosen
   local members
   if whole then

@@ -37,11 +37,12 @@ if instance then
 else
   redis.call('HDEL', gkey, 'parent', 'migp')
 end
-redis.call('HSETNX', gkey, 'amem', 0)
-redis.call('HSETNX', gkey, 'acp', 0)
-redis.call('HSETNX', gkey, 'n', 0)
-
 local g = gpu_load(gkey)
+if g.legacy then
+  -- A new device (counters 0) or one an earlier build wrote: store its
+  -- counters in the use field (lib.lua).
+  gpu_store(gkey, g)
+end
 if want ~= mode then
   if g.n == 0 then
     mode = want

@@ -117,7 +117,7 @@ end
 local was = gpu_class(g)
 g.amem = g.amem + dm
 g.acp = g.acp + dc
-redis.call('HSET', gkey, 'amem', g.amem, 'acp', g.acp)
+gpu_store(gkey, g)
 gpu_index(g, a.gpu, was)
 for _, u in ipairs(used) do
   u[2] = u[2] + dm
