@@ -138,11 +138,7 @@ func TestAnEndedPodWhoseEndWasRecordedByAReplicaThatDiedIsReleasedByThePass(t *t
 	f := serverstest.New(t)
 	ctx := t.Context()
 	a := runningServer(t, f, "alice", "one", "10.0.0.1")
-	for _, to := range []fleet.State{v1.StateStopping, v1.StateStopped} {
-		if _, err := f.Store.Transition(ctx, a.ServerKey, a.SpawnID, to, string(to), fleet.ServerPatch{DropAllocation: to == v1.StateStopped}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.RecordStopped(t, a)
 	f.EndPod(t, "alice", "one")
 	f.WaitHandled(t, "the ended pod's event", func(e spawner.PodEvent) bool {
 		return e.Pod == a.Pod && e.Phase == spawner.PhaseGone && e.Held

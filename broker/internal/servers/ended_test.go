@@ -3,8 +3,6 @@ package servers_test
 import (
 	"testing"
 
-	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
-	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
 	"github.com/gpubroker/gpubroker/spawner"
 )
@@ -17,26 +15,17 @@ import (
 // for the pass.
 func TestRemovingAServerReleasesItsEndedPod(t *testing.T) {
 	f := serverstest.New(t)
-	ctx := t.Context()
-	key := fleet.ServerKey{User: "alice", Name: "lab"}
-	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
-		t.Fatalf("create: %v", err)
-	}
-	f.SetPodRunning(t, key.User, key.Name, "10.0.0.1")
-	rec := f.WaitState(t, key, v1.StateRunning)
-	for _, to := range []fleet.State{v1.StateStopping, v1.StateStopped} {
-		if _, err := f.Store.Transition(ctx, key, rec.SpawnID, to, string(to), fleet.ServerPatch{DropAllocation: to == v1.StateStopped}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	key, rec := runningLab(t, f)
+	f.RecordStopped(t, rec)
 	f.EndPod(t, key.User, key.Name)
+	pod := spawner.PodName(key.User, key.Name)
 	f.WaitHandled(t, "the ended pod's event", func(e spawner.PodEvent) bool {
-		return e.Pod == rec.Pod && e.Phase == spawner.PhaseGone && e.Held
+		return e.Pod == pod && e.Phase == spawner.PhaseGone && e.Held
 	})
 	if fin := f.Pod(t, key.User, key.Name).Finalizers; len(fin) != 1 {
 		t.Fatalf("finalizers %v after the event of a pod whose end was recorded already, want gpubroker's kept for the pass", fin)
 	}
-	if err := f.Service.Remove(ctx, serverstest.By, key); err != nil {
+	if err := f.Service.Remove(t.Context(), serverstest.By, key); err != nil {
 		t.Fatalf("remove: %v", err)
 	}
 	if fin := f.Pod(t, key.User, key.Name).Finalizers; len(fin) != 0 {

@@ -129,12 +129,11 @@ func releases(pod string, logs ...*serverstest.ReleaseLog) []serverstest.Release
 func TestTwoReplicasSeeingOneEndedPodReleaseItOnce(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
-	key := fleet.ServerKey{User: "alice", Name: "lab"}
-	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
-		t.Fatalf("create: %v", err)
+	key, _ := runningLab(t, f)
+	rec, err := f.Store.GetServer(ctx, key)
+	if err != nil {
+		t.Fatal(err)
 	}
-	f.SetPodRunning(t, key.User, key.Name, "10.0.0.1")
-	rec := f.WaitState(t, key, v1.StateRunning)
 	// The fixture's replica handles the pod's events; this one is handed
 	// the ended pod's event too.
 	other := &serverstest.ReleaseLog{Pods: f.Pods, Store: f.Store}

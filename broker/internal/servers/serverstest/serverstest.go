@@ -408,3 +408,15 @@ func (l *ReleaseLog) Calls() []Release {
 	defer l.mu.Unlock()
 	return slices.Clone(l.calls)
 }
+
+// RecordStopped records rec's spawn stopping and then stopped, without its
+// slice, in the store alone: what the replica that records a stop writes
+// before it releases the pod, as if it died right after.
+func (f *Fixture) RecordStopped(t testing.TB, rec fleet.Server) {
+	t.Helper()
+	for _, to := range []fleet.State{v1.StateStopping, v1.StateStopped} {
+		if _, err := f.Store.Transition(t.Context(), rec.ServerKey, rec.SpawnID, to, string(to), fleet.ServerPatch{DropAllocation: to == v1.StateStopped}); err != nil {
+			t.Fatalf("record %s/%s %s: %v", rec.User, rec.Name, to, err)
+		}
+	}
+}
