@@ -25,16 +25,6 @@ const DefaultRetryFor = 10 * time.Second
 // restart takes seconds, so this is bounded far lower).
 var retryBackoff = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 20, Cap: 2 * time.Second}
 
-// WithRetryFor sets how long one operation retries transient API errors
-// (> 0); default DefaultRetryFor.
-func WithRetryFor(d time.Duration) Option {
-	return func(c *Client) {
-		if d > 0 {
-			c.retryFor = d
-		}
-	}
-}
-
 // Transient reports whether err says the API server could not take the
 // request now rather than that it refused it: no answer at all (a
 // connection refused, reset or cut short, a timeout), 429, 500, 503, 504,

@@ -58,10 +58,6 @@ func (t *tracker) begin(spawnID string, now time.Time, websocket bool) func(func
 	}
 }
 
-// OpenFresh is how recent a replica's record must be for its open
-// WebSockets to count: three flush intervals.
-func (p *Proxy) OpenFresh() time.Duration { return 3 * p.cfg.ActivityFlush }
-
 // Activity returns what this replica saw of spawnID; ok is false when it
 // saw nothing.
 func (p *Proxy) Activity(spawnID string) (fleet.ProxyActivity, bool) {
@@ -118,7 +114,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 
 // flush writes the changed spawns' activity, stamped with the time of
 // writing: readers count a replica's open WebSockets only while its stamp
-// is recent (see OpenFresh), so a replica that died drops out of the sums.
+// is recent (reclaim.Config.ProxyFresh: three flush intervals), so a replica that died drops out of the sums.
 func (p *Proxy) flush(ctx context.Context) {
 	now := p.now()
 	for id, a := range p.activity.snapshot(now) {

@@ -105,7 +105,8 @@ type Config struct {
 	// server active. No record, or a failed read, changes nothing.
 	Proxy ProxyActivity
 	// ProxyFresh is how recent a proxy replica's record must be for its
-	// open WebSockets to count (proxy.Proxy.OpenFresh); 0 means 30 s.
+	// open WebSockets to count (three of the proxy's flush intervals,
+	// proxy.Config.ActivityFlush); 0 means 30 s.
 	ProxyFresh time.Duration
 	// Interval is the time between cycles; 0 means 30 s. Activity within
 	// the last Interval (at least 1 min) counts as current.

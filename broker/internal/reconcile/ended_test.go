@@ -8,6 +8,7 @@ import (
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
+	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // TestAPassRecordsTheEndOfPodsThatEndedWhileRedisHadLostThem: Redis lost
@@ -69,7 +70,7 @@ func TestAPassRecordsTheEndOfPodsThatEndedWhileRedisHadLostThem(t *testing.T) {
 
 // TestAnEndedPodOfAnEarlierSpawnIsReleased: the pod of a spawn whose
 // record has ended already ended too; there is no end to record, and the
-// pod is released (by its pod event, or else by the pass).
+// pod is released by the pass.
 func TestAnEndedPodOfAnEarlierSpawnIsReleased(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
@@ -125,5 +126,37 @@ func TestAnEndedPodOfARemovedServerIsNotRestored(t *testing.T) {
 	}
 	if fin := f.Pod(t, "alice", "one").Finalizers; len(fin) != 0 {
 		t.Errorf("finalizers %v, want none", fin)
+	}
+}
+
+// TestAnEndedPodWhoseEndWasRecordedByAReplicaThatDiedIsReleasedByThePass:
+// the replica that recorded a server stopped died before it removed the
+// pod's finalizer. The other replica's pod event finds the end recorded
+// already and leaves the pod held (only the call that records an end
+// releases); the pass releases it.
+func TestAnEndedPodWhoseEndWasRecordedByAReplicaThatDiedIsReleasedByThePass(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	a := runningServer(t, f, "alice", "one", "10.0.0.1")
+	f.RecordStopped(t, a)
+	f.EndPod(t, "alice", "one")
+	f.WaitHandled(t, "the ended pod's event", func(e spawner.PodEvent) bool {
+		return e.Pod == a.Pod && e.Phase == spawner.PhaseGone && e.Held
+	})
+	if got := f.Releases.Calls(); len(got) != 0 {
+		t.Errorf("ReleasePod calls %+v on the event of a pod whose end was recorded already, want none", got)
+	}
+	if fin := f.Pod(t, "alice", "one").Finalizers; len(fin) != 1 {
+		t.Fatalf("finalizers %v before the pass, want gpubroker's", fin)
+	}
+	rep, err := newReconciler(f).Once(ctx)
+	if err != nil {
+		t.Fatalf("pass: %v", err)
+	}
+	if rep.ReleasedPods != 1 {
+		t.Errorf("report %+v, want 1 pod released", rep)
+	}
+	if fin := f.Pod(t, "alice", "one").Finalizers; len(fin) != 0 {
+		t.Errorf("finalizers %v after the pass, want none", fin)
 	}
 }

@@ -36,7 +36,11 @@
 //     (never its slice: it holds none any more); a pod of another spawn,
 //     or whose annotations cannot be read, has no end to record. A pod
 //     deleted between a loss of Redis's data and the pass that would have
-//     rebuilt its record therefore still leaves its server;
+//     rebuilt its record therefore still leaves its server. On the pod
+//     event path only the call that recorded the end releases the pod
+//     (broker/internal/servers, ended.go); an ended pod whose record is
+//     stopped, failed or moved on is this pass's to release, since the
+//     call that recorded that end may have died before its release;
 //   - deletes Secrets that belong to no pod and no unfinished record once
 //     passes have found them so, unchanged, for the grace period (a stop or
 //     a failed spawn whose Secret deletion failed, a record Redis lost);

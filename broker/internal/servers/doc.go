@@ -12,11 +12,13 @@
 //   - A slice is released only when its pod is gone or was never created;
 //     a pod that is still terminating keeps its slice. A pod that has ended
 //     but stays for gpubroker's finalizer (spawner.Ended) counts as gone,
-//     and its finalizer is removed only once the server's end is recorded
-//     (HandlePodEvent; the reconciler for a record Redis lost).
+//     and its finalizer is removed only once the server's end is recorded,
+//     by the call that recorded it (ended.go), else by the reconciler
+//     (which also rebuilds a record Redis lost first).
 //   - A step that must happen once per transition (counting a spawn) is
 //     taken only by the call whose Store.Advance moved the state, so two
-//     replicas handling the same pod event count it once.
+//     replicas handling the same pod event count it once, and release an
+//     ended pod once.
 //   - Steps after a successful placement run on a context detached from the
 //     caller's (with its own deadline), so a client that hangs up does not
 //     leave a half-created server; what a crash leaves half done is settled

@@ -17,10 +17,18 @@ import (
 //
 // A pod that has ended but is still there, held by
 // v1.FinalizerServerRecord (ev.Held with spawner.PhaseGone), is released
-// once its end is recorded: the record of its spawn is stopped or failed,
-// or the record has moved on to another spawn. A pod without a record
-// (Redis lost it) is left to the reconciler, which rebuilds the record
-// from the pod and then releases it; the event asks for a pass now.
+// by the call that records its end: the one whose transition moved the
+// record of its spawn to stopped or failed (Store.Advance), see
+// releaseEnded. Every replica watches the pods and handles the same event,
+// so the others, which find the end recorded already or record it a
+// second time, do not release it, and do not read the record back: one
+// release request per ended pod in all, not one per replica. A pod whose
+// record is terminal or has moved on to another spawn when the event
+// arrives (its end recorded by another call that did not release it: it
+// crashed, its release failed) is released by the leader's reconcile pass
+// (broker/internal/reconcile), within one pass interval. A pod without a
+// record (Redis lost it) is left to the reconciler, which rebuilds the
+// record from the pod and then releases it; the event asks for a pass now.
 func (s *Service) HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error {
 	key := fleet.ServerKey{User: ev.User, Name: ev.Server}
 	rec, err := s.store.GetServer(ctx, key)
@@ -33,29 +41,14 @@ func (s *Service) HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error
 	if err != nil {
 		return fmt.Errorf("pod event %s: %w", ev.Pod, err)
 	}
-	if rec.SpawnID == ev.SpawnID && !fleet.Terminal(rec.State) {
-		if err := s.apply(ctx, rec, ev); err != nil || ev.Phase != spawner.PhaseGone || !ev.Held {
-			return err
-		}
-		// Whether the end is recorded now (by this replica, or another
-		// one that handled the same pod): read it back.
-		if rec, err = s.store.GetServer(ctx, key); errors.Is(err, fleet.ErrNotFound) {
-			s.kick()
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("pod event %s: %w", ev.Pod, err)
-		}
+	if rec.SpawnID != ev.SpawnID || fleet.Terminal(rec.State) {
+		return nil // nothing left to record; a held pod is the pass's to release
 	}
-	if ev.Phase != spawner.PhaseGone || !ev.Held || rec.SpawnID == ev.SpawnID && !fleet.Terminal(rec.State) {
-		return nil
-	}
-	if err := s.pods.ReleasePod(ctx, ev.Pod, ev.SpawnID); err != nil {
-		return fmt.Errorf("server %s/%s: release ended pod %s: %w", rec.User, rec.Name, ev.Pod, err)
-	}
-	return nil
+	return s.apply(ctx, rec, ev)
 }
 
-// apply acts on one pod observation for the record of the same spawn.
+// apply acts on one pod observation for the record of the same spawn. The
+// call that records the server's end releases the pod (releaseEnded).
 func (s *Service) apply(ctx context.Context, rec fleet.Server, ev spawner.PodEvent) error {
 	var err error
 	podUp := ev.Phase == spawner.PhasePending || ev.Phase == spawner.PhaseStarting || ev.Phase == spawner.PhaseRunning
@@ -90,21 +83,21 @@ func (s *Service) apply(ctx context.Context, rec fleet.Server, ev spawner.PodEve
 	case spawner.PhaseFailed:
 		switch rec.State {
 		case v1.StateRunning:
-			err = s.stopAfterPodEnd(ctx, rec, "the notebook stopped: "+ev.Message)
+			err = s.stopAfterPodEnd(ctx, rec, "the notebook stopped: "+ev.Message, true)
 		case v1.StateStarting, v1.StateCreating:
-			s.fail(ctx, rec, errors.New(ev.Message), true)
+			s.fail(ctx, rec, errors.New(ev.Message), podMayRun)
 		}
 	case spawner.PhaseGone:
 		switch rec.State {
 		case v1.StateStopping:
-			_, err = s.finishStop(ctx, rec, stoppedMessage(rec))
+			_, err = s.finishStop(ctx, rec, stoppedMessage(rec), ev.Held)
 		case v1.StateRunning:
-			err = s.stopAfterPodEnd(ctx, rec, "the pod was deleted outside gpubroker")
+			err = s.stopAfterPodEnd(ctx, rec, "the pod was deleted outside gpubroker", ev.Held)
 		default:
 			// Starting, or a record behind its pod (creating, or pending
 			// and placing after writes were lost): the pod ended before
 			// it ran the notebook.
-			s.fail(ctx, rec, errors.New("the pod was deleted before it started"), false)
+			s.fail(ctx, rec, errors.New("the pod was deleted before it started"), endedPod(ev.Held))
 		}
 	}
 	return ignoreConflict(err)
@@ -150,8 +143,11 @@ func ignoreConflict(err error) error {
 }
 
 // stopAfterPodEnd records that a running server's pod ended by itself: the
-// pod (if any is left) is deleted and the slice released.
-func (s *Service) stopAfterPodEnd(ctx context.Context, rec fleet.Server, message string) error {
+// pod (if any is left) is deleted and the slice released. held says that
+// a pod may be left for gpubroker's finalizer once its deletion is asked
+// for (the event's pod was held, or it was still there): the call that
+// records the stop then releases it (finishStop).
+func (s *Service) stopAfterPodEnd(ctx context.Context, rec fleet.Server, message string, held bool) error {
 	rec, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStopping, message, fleet.ServerPatch{})
 	if err != nil {
 		return err
@@ -162,6 +158,6 @@ func (s *Service) stopAfterPodEnd(ctx context.Context, rec fleet.Server, message
 	if s.podPresent(rec) {
 		return nil
 	}
-	_, err = s.finishStop(ctx, rec, message)
+	_, err = s.finishStop(ctx, rec, message, held)
 	return err
 }

@@ -2,7 +2,6 @@ package servers_test
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -108,55 +107,47 @@ func TestTwoReplicasHandlingOnePodEventCountTheSpawnOnce(t *testing.T) {
 	}
 }
 
-// releaseWatch is the spawner of a replica that notes the server's state
-// in the store at each ReleasePod.
-type releaseWatch struct {
-	servers.Pods
-	store servers.Store
-	key   fleet.ServerKey
-	mu    sync.Mutex
-	seen  []fleet.State
-}
-
-func (p *releaseWatch) ReleasePod(ctx context.Context, name, spawnID string) error {
-	rec, err := p.store.GetServer(ctx, p.key)
-	p.mu.Lock()
-	p.seen = append(p.seen, rec.State)
-	p.mu.Unlock()
-	if err != nil {
-		return err
+// releases returns the ReleasePod calls of logs for pod, in all.
+func releases(pod string, logs ...*serverstest.ReleaseLog) []serverstest.Release {
+	var out []serverstest.Release
+	for _, l := range logs {
+		for _, r := range l.Calls() {
+			if r.Pod == pod {
+				out = append(out, r)
+			}
+		}
 	}
-	return p.Pods.ReleasePod(ctx, name, spawnID)
+	return out
 }
 
-// TestAnEndedPodIsReleasedOnceItsEndIsRecorded: a running server's pod is
-// deleted behind the broker's back and ends, held by gpubroker's finalizer.
-// Its event records the server stopped (slice released), and only then is
-// the finalizer removed.
-func TestAnEndedPodIsReleasedOnceItsEndIsRecorded(t *testing.T) {
+// TestTwoReplicasSeeingOneEndedPodReleaseItOnce: a running server's pod is
+// deleted behind the broker's back and ends, held by gpubroker's
+// finalizer. Both replicas watch the pods, so both handle its event. The
+// one whose transition recorded the server stopped (slice released)
+// removes the finalizer, after recording; the other neither releases it
+// nor reads the record back: one ReleasePod in all.
+func TestTwoReplicasSeeingOneEndedPodReleaseItOnce(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
-	key := fleet.ServerKey{User: "alice", Name: "lab"}
-	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
-		t.Fatalf("create: %v", err)
+	key, _ := runningLab(t, f)
+	rec, err := f.Store.GetServer(ctx, key)
+	if err != nil {
+		t.Fatal(err)
 	}
-	f.SetPodRunning(t, key.User, key.Name, "10.0.0.1")
-	rec := f.WaitState(t, key, v1.StateRunning)
 	// The fixture's replica handles the pod's events; this one is handed
-	// the ended pod's event too, and notes what it had recorded whenever
-	// it releases.
-	pods := &releaseWatch{Pods: f.Pods, store: f.Store, key: key}
-	replica := servers.New(f.Store, pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+	// the ended pod's event too.
+	other := &serverstest.ReleaseLog{Pods: f.Pods, Store: f.Store}
+	replica := servers.New(f.Store, other, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
 	f.EndPod(t, key.User, key.Name)
 	ev := spawner.PodEvent{User: key.User, Server: key.Name, SpawnID: rec.SpawnID, Pod: rec.Pod, Phase: spawner.PhaseGone, Held: true}
 	if err := replica.HandlePodEvent(ctx, ev); err != nil {
 		t.Fatalf("handle the ended pod's event: %v", err)
 	}
-	pods.mu.Lock()
-	seen := slices.Clone(pods.seen)
-	pods.mu.Unlock()
-	if len(seen) != 1 || seen[0] != v1.StateStopped {
-		t.Errorf("released with the server %v, want once, stopped", seen)
+	f.WaitHandled(t, "the ended pod's event", func(e spawner.PodEvent) bool {
+		return e.Pod == rec.Pod && e.Phase == spawner.PhaseGone && e.Held
+	})
+	if got := releases(rec.Pod, f.Releases, other); len(got) != 1 || got[0].State != v1.StateStopped {
+		t.Errorf("ReleasePod calls %+v, want one in all, with the server stopped", got)
 	}
 	if fin := f.Pod(t, key.User, key.Name).Finalizers; len(fin) != 0 {
 		t.Errorf("finalizers %v after the release, want none", fin)
@@ -168,5 +159,40 @@ func TestAnEndedPodIsReleasedOnceItsEndIsRecorded(t *testing.T) {
 	if ids, err := f.Store.AllocationIDs(ctx); err != nil || len(ids) != 0 {
 		t.Errorf("allocations %v (%v), want none", ids, err)
 	}
-	t.Logf("stopped: %s", got.Message)
+}
+
+// TestAFailedSpawnsPodIsReleasedByTheCallThatFailedIt: a spawn's notebook
+// keeps crashing; both replicas handle the pod's event, fail the spawn and
+// delete its pod, which the API server keeps terminating (it holds
+// gpubroker's finalizer). The replica whose transition recorded the
+// failure releases the pod right after, with no reconcile pass and before
+// the pod ends, so a new start of the server need not wait for a pass to
+// let the old pod go: one ReleasePod in all.
+func TestAFailedSpawnsPodIsReleasedByTheCallThatFailedIt(t *testing.T) {
+	f := serverstest.New(t)
+	f.KeepDeletedPods(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "alice", Name: "lab"}
+	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	rec := f.WaitState(t, key, v1.StateStarting)
+	other := &serverstest.ReleaseLog{Pods: f.Pods, Store: f.Store}
+	replica := servers.New(f.Store, other, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+	f.SetPodWaiting(t, key.User, key.Name, "CrashLoopBackOff", "back-off restarting failed container")
+	ev := spawner.PodEvent{User: key.User, Server: key.Name, SpawnID: rec.SpawnID, Pod: rec.Pod, Phase: spawner.PhaseFailed, Message: "the notebook keeps crashing"}
+	if err := replica.HandlePodEvent(ctx, ev); err != nil {
+		t.Fatalf("handle the failed pod's event: %v", err)
+	}
+	f.WaitHandled(t, "the failed pod's event", func(e spawner.PodEvent) bool {
+		return e.Pod == rec.Pod && e.Phase == spawner.PhaseFailed
+	})
+	f.WaitState(t, key, v1.StateFailed)
+	if got := releases(rec.Pod, f.Releases, other); len(got) != 1 || got[0].State != v1.StateFailed {
+		t.Errorf("ReleasePod calls %+v, want one in all, with the server failed", got)
+	}
+	pod := f.Pod(t, key.User, key.Name)
+	if pod.DeletionTimestamp == nil || len(pod.Finalizers) != 0 {
+		t.Errorf("pod deleting %v with finalizers %v, want it deleting and released", pod.DeletionTimestamp != nil, pod.Finalizers)
+	}
 }

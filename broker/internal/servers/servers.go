@@ -419,7 +419,7 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 			left := rec.UpdatedAt.Add(fleet.PodCreateWindow).Sub(s.now())
 			if left <= 0 {
 				err := fmt.Errorf("%w: %s took too long between its placement and its pod; start it again", fleet.ErrConflict, rec.Name)
-				return s.fail(ctx, rec, err, true), err
+				return s.fail(ctx, rec, err, podMayRun), err
 			}
 			cctx, ccancel := context.WithTimeout(ctx, left)
 			perr := sec.wait(cctx)
@@ -440,7 +440,7 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 				case errors.Is(perr, spawner.ErrInvalid), errors.Is(perr, spawner.ErrNotOwned):
 					return s.refuse(ctx, rec, fmt.Errorf("%w: %s", fleet.ErrConflict, innermost(perr)))
 				}
-				return s.fail(ctx, rec, perr, true), perr
+				return s.fail(ctx, rec, perr, podMayRun), perr
 			}
 			podMade = true
 			pod := spawner.PodName(rec.User, rec.Name)
@@ -557,7 +557,7 @@ func (s *Service) refuse(ctx context.Context, rec fleet.Server, cause error) (fl
 	log := s.log.With("user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
 	if _, err := s.store.DiscardServer(ctx, rec.ServerKey, rec.SpawnID); err != nil {
 		log.WarnContext(ctx, "undo a refused start", "err", err)
-		return s.fail(ctx, rec, cause, false), cause
+		return s.fail(ctx, rec, cause, noPod), cause
 	}
 	if rec.Allocation != nil || rec.State == v1.StateCreating {
 		// Discarded first: an allocation without its record is released by
@@ -593,39 +593,6 @@ func placedMessage(a fleet.Allocation) string {
 		return fmt.Sprintf("placed an MPS client of %d MiB and %d%% of the SMs on GPU %s (node %s); creating the pod", a.Slice.MemoryMiB, a.Slice.ComputePercent, a.GPUUUID, a.Node)
 	}
 	return fmt.Sprintf("placed %d MiB and %d%% compute on GPU %s (node %s); creating the pod", a.Slice.MemoryMiB, a.Slice.ComputePercent, a.GPUUUID, a.Node)
-}
-
-// fail records a failed spawn and releases what it held. It returns the
-// record as last seen; errors are logged, since the caller already has the
-// failure to report. A spawn that fails before its pod was made (its
-// create never answered success) forgets its idempotency key, so that a
-// retry of that create runs again.
-func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, podMayExist bool) fleet.Server {
-	log := s.log.With("user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
-	podLeft := false
-	if podMayExist {
-		if err := s.pods.Delete(ctx, rec.User, rec.Name, rec.SpawnID); err != nil {
-			// The pod may still run on its GPU: its slice stays held, and
-			// the reconciler deletes the pod and then frees the slice.
-			log.WarnContext(ctx, "delete pod of failed spawn; its slice stays held until the reconciler removes it", "err", err)
-			podLeft = true
-		}
-	}
-	if !podLeft {
-		if _, err := s.store.Release(ctx, rec.SpawnID); err != nil {
-			log.WarnContext(ctx, "release slice of failed spawn", "err", err)
-		}
-	}
-	patch := fleet.ServerPatch{DropAllocation: true, ForgetIdempotencyKey: starting(rec.State)}
-	out, moved, err := s.store.Advance(ctx, rec.ServerKey, rec.SpawnID, v1.StateFailed, fleet.Message(cause), patch)
-	if err != nil {
-		log.WarnContext(ctx, "record failed spawn", "err", err)
-		return rec
-	}
-	if moved { // a replica that found it failed already did not fail it
-		s.metrics.ObserveSpawn(out.Profile, outcome(cause), out.UpdatedAt.Sub(out.CreatedAt))
-	}
-	return out
 }
 
 // innermost returns the text of the deepest error in err's chain (the last

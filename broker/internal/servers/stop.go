@@ -56,7 +56,9 @@ func (s *Service) stop(ctx context.Context, by audit.Actor, rec fleet.Server) (f
 	if s.podPresent(rec) {
 		return rec, nil // released when the pod is gone (pod event or reconciler)
 	}
-	out, err := s.finishStop(ctx, rec, "stopped")
+	// No live pod is left: none, or one that ended and is held for
+	// gpubroker's finalizer, which this call releases if it records the stop.
+	out, err := s.finishStop(ctx, rec, "stopped", true)
 	if errors.Is(err, fleet.ErrNotFound) {
 		// Redis lost its data while the stop ran: the pod is gone and the
 		// slice with the data, so the stop is done and nothing of the
@@ -75,9 +77,14 @@ func (s *Service) stop(ctx context.Context, by audit.Actor, rec fleet.Server) (f
 }
 
 // Remove deletes a stopped or failed server's record and its events, for
-// by; nothing else is touched (a stopped server holds no pod or slice, and
-// user data is never in the record). A live server is a *fleet.StateError
-// (stop it first); fleet.ErrNotFound if there is no such server. Audited.
+// by; nothing else is touched (a stopped server holds no slice, and user
+// data is never in the record), except that a pod of the removed spawn
+// still held for gpubroker's finalizer is released: its end was recorded
+// (the record was terminal), and the call that recorded it may not have
+// released it (releaseEnded), so a new start of the name does not wait for
+// the reconcile pass to let the old pod go. A live server is a
+// *fleet.StateError (stop it first); fleet.ErrNotFound if there is no such
+// server. Audited.
 func (s *Service) Remove(ctx context.Context, by audit.Actor, key fleet.ServerKey) error {
 	rec, err := s.store.GetServer(ctx, key)
 	if err != nil {
@@ -88,6 +95,9 @@ func (s *Service) Remove(ctx context.Context, by audit.Actor, key fleet.ServerKe
 	}
 	err = s.store.DeleteServer(ctx, key, rec.SpawnID)
 	s.record(ctx, by, auditRemove, key, map[string]string{"spawnId": rec.SpawnID, "state": string(rec.State), "profile": rec.Profile}, err)
+	if err == nil {
+		s.releaseEnded(ctx, rec)
+	}
 	return err
 }
 
@@ -115,17 +125,25 @@ func stoppedMessage(rec fleet.Server) string {
 }
 
 // finishStop releases a stopping server's slice and records it stopped,
-// holding no GPU.
-func (s *Service) finishStop(ctx context.Context, rec fleet.Server, message string) (fleet.Server, error) {
+// holding no GPU. held says that the server's pod may be left for
+// gpubroker's finalizer (ended, its deletion asked for): when this call is
+// the one that moved the record to stopped (Store.Advance), it releases
+// that pod (releaseEnded); a call that finds it stopped already leaves the
+// release to the one that moved it.
+func (s *Service) finishStop(ctx context.Context, rec fleet.Server, message string, held bool) (fleet.Server, error) {
 	if _, err := s.store.Release(ctx, rec.SpawnID); err != nil {
 		return rec, fmt.Errorf("server %s/%s: release slice: %w", rec.User, rec.Name, err)
 	}
-	return s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStopped, message, fleet.ServerPatch{URL: new(string), DropAllocation: true})
+	out, moved, err := s.store.Advance(ctx, rec.ServerKey, rec.SpawnID, v1.StateStopped, message, fleet.ServerPatch{URL: new(string), DropAllocation: true})
+	if err == nil && moved && held {
+		s.releaseEnded(ctx, out)
+	}
+	return out, err
 }
 
 // Abandon fails a spawn that was interrupted before its pod existed (a
 // broker crash between steps): any pod is deleted and the slice released.
 // It is a no-op for a record that moved on meanwhile.
 func (s *Service) Abandon(ctx context.Context, rec fleet.Server, reason string) {
-	s.fail(ctx, rec, errors.New(reason), true)
+	s.fail(ctx, rec, errors.New(reason), podMayRun)
 }

@@ -3,7 +3,6 @@ package render
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -18,7 +17,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
 )
 
@@ -228,15 +226,6 @@ func (r *Result) OfKind(kind string) []*unstructured.Unstructured {
 	return out
 }
 
-// Kinds returns the kinds rendered, sorted.
-func (r *Result) Kinds() []string {
-	set := map[string]bool{}
-	for _, u := range r.Objects {
-		set[u.GetKind()] = true
-	}
-	return slices.Sorted(maps.Keys(set))
-}
-
 // Deployment returns the only Deployment whose component label is
 // component ("broker", "redis-trial"), decoded.
 func (r *Result) Deployment(component string) (*appsv1.Deployment, error) {
@@ -271,11 +260,6 @@ func Decode(u *unstructured.Unstructured, into any) error {
 		return fmt.Errorf("%s: %w", Key(u), err)
 	}
 	return nil
-}
-
-// GVK returns u's group, version and kind.
-func GVK(u *unstructured.Unstructured) schema.GroupVersionKind {
-	return u.GroupVersionKind()
 }
 
 // merge merges src into dst as Helm merges --values files: maps key by

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -97,6 +98,13 @@ type Fixture struct {
 	Catalog *catalog.Catalog
 	Clock   *Clock
 	Log     *slog.Logger
+	// Releases are the ReleasePod calls of Service (it reaches Pods
+	// through it).
+	Releases *ReleaseLog
+
+	mu      sync.Mutex
+	handled []spawner.PodEvent // the pod events Service has handled, in order
+	changed chan struct{}      // closed and replaced at each handled event
 }
 
 // New starts a fixture with two 40960 MiB GPUs, gpu-a on node n1 and gpu-b
@@ -142,15 +150,17 @@ func New(t testing.TB, opts ...servers.Option) *Fixture {
 		return handled, obj, err
 	})
 	pods := spawner.New(kube, spawner.Config{Namespace: Namespace}.WithDefaults(), log, spawner.WithClock(clock.Now))
+	releases := &ReleaseLog{Pods: pods, Store: store}
 	ids := 0
 	var idsMu sync.Mutex
-	svc := servers.New(store, pods, cat, log, append([]servers.Option{servers.WithClock(clock.Now), servers.WithSpawnIDs(func() string {
+	svc := servers.New(store, releases, cat, log, append([]servers.Option{servers.WithClock(clock.Now), servers.WithSpawnIDs(func() string {
 		idsMu.Lock()
 		defer idsMu.Unlock()
 		ids++
 		return fmt.Sprintf("spawn%03d", ids)
 	}), servers.WithAudit(auditLog)}, opts...)...)
-	f := &Fixture{Redis: rs, Store: store, Audit: auditLog, Prefix: prefix, Kube: kube, Pods: pods, Service: svc, Catalog: cat, Clock: clock, Log: log}
+	f := &Fixture{Redis: rs, Store: store, Audit: auditLog, Prefix: prefix, Kube: kube, Pods: pods, Service: svc, Catalog: cat, Clock: clock, Log: log,
+		Releases: releases, changed: make(chan struct{})}
 
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = pods.Run(ctx) })
@@ -168,6 +178,11 @@ func New(t testing.TB, opts ...servers.Option) *Fixture {
 				return
 			case ev := <-events:
 				_ = svc.HandlePodEvent(ctx, ev)
+				f.mu.Lock()
+				f.handled = append(f.handled, ev)
+				close(f.changed)
+				f.changed = make(chan struct{})
+				f.mu.Unlock()
 			}
 		}
 	})
@@ -297,5 +312,111 @@ func (f *Fixture) Verify(t testing.TB) {
 	t.Helper()
 	if err := f.Store.Verify(t.Context()); err != nil {
 		t.Fatalf("store invariants: %v", err)
+	}
+}
+
+// WaitHandled waits until Service has handled a pod event that match
+// accepts (HandlePodEvent returned), failing the test after a deadline.
+func (f *Fixture) WaitHandled(t testing.TB, what string, match func(spawner.PodEvent) bool) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		f.mu.Lock()
+		changed := f.changed
+		found := slices.ContainsFunc(f.handled, match)
+		f.mu.Unlock()
+		if found {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("the fixture's replica did not handle %s within 10s", what)
+		}
+	}
+}
+
+// KeepDeletedPods makes the fake API server delete a pod as the real one
+// does while the pod holds finalizers: the pod stays, marked for deletion
+// with the grace period asked for (30 s by default: terminating, not
+// ended), and only a pod without finalizers is removed at once. (The fake
+// clientset removes every deleted object at once.)
+func (f *Fixture) KeepDeletedPods(t testing.TB) {
+	t.Helper()
+	f.Kube.PrependReactor("delete", "pods", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		del := action.(k8stesting.DeleteAction)
+		obj, err := f.Kube.Tracker().Get(action.GetResource(), action.GetNamespace(), del.GetName())
+		if err != nil {
+			return false, nil, nil // the fake answers as it does
+		}
+		p := obj.(*corev1.Pod).DeepCopy()
+		if len(p.Finalizers) == 0 || p.DeletionTimestamp != nil {
+			return p.DeletionTimestamp != nil, nil, nil
+		}
+		grace := int64(30)
+		if g := del.GetDeleteOptions().GracePeriodSeconds; g != nil {
+			grace = *g
+		}
+		now := metav1.NewTime(f.Clock.Now())
+		p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, &grace
+		return true, nil, f.Kube.Tracker().Update(action.GetResource(), p, action.GetNamespace())
+	})
+}
+
+// ReleaseLog is a servers.Pods that notes each ReleasePod call before it
+// passes it on, with the state of the record of the released spawn in
+// Store at that moment.
+type ReleaseLog struct {
+	servers.Pods
+	// Store is where the state of the released spawn's record is read;
+	// nil: not read.
+	Store servers.Store
+
+	mu    sync.Mutex
+	calls []Release
+}
+
+// Release is one ReleasePod call that a ReleaseLog saw.
+type Release struct {
+	Pod, SpawnID string
+	// State is the state of the spawn's record when the call came, ""
+	// when there was none or the log has no Store.
+	State fleet.State
+}
+
+// ReleasePod notes the call, then passes it on.
+func (l *ReleaseLog) ReleasePod(ctx context.Context, name, spawnID string) error {
+	r := Release{Pod: name, SpawnID: spawnID}
+	if l.Store != nil {
+		recs, err := l.Store.ListServers(ctx, "")
+		if err != nil {
+			return err
+		}
+		if i := slices.IndexFunc(recs, func(s fleet.Server) bool { return s.SpawnID == spawnID }); i >= 0 {
+			r.State = recs[i].State
+		}
+	}
+	l.mu.Lock()
+	l.calls = append(l.calls, r)
+	l.mu.Unlock()
+	return l.Pods.ReleasePod(ctx, name, spawnID)
+}
+
+// Calls returns the calls noted so far, in order.
+func (l *ReleaseLog) Calls() []Release {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.calls)
+}
+
+// RecordStopped records rec's spawn stopping and then stopped, without its
+// slice, in the store alone: what the replica that records a stop writes
+// before it releases the pod, as if it died right after.
+func (f *Fixture) RecordStopped(t testing.TB, rec fleet.Server) {
+	t.Helper()
+	for _, to := range []fleet.State{v1.StateStopping, v1.StateStopped} {
+		if _, err := f.Store.Transition(t.Context(), rec.ServerKey, rec.SpawnID, to, string(to), fleet.ServerPatch{DropAllocation: to == v1.StateStopped}); err != nil {
+			t.Fatalf("record %s/%s %s: %v", rec.User, rec.Name, to, err)
+		}
 	}
 }

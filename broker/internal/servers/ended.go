@@ -1,0 +1,113 @@
+package servers
+
+// Recording a server's end and letting its pod go: a failed spawn, and who
+// removes gpubroker's finalizer (v1.FinalizerServerRecord) from an ended
+// pod.
+//
+// Every replica watches the pods, so every replica handles the event of a
+// pod that ended, and every one of them asks the store to record the end.
+// The store moves the record once (Store.Advance reports the call that
+// moved it: the mover), and only the mover removes the finalizer. The
+// others neither release nor read the record back, so an ended pod costs
+// one release request in all, not one per replica (the release is a JSON
+// patch that the other replicas' patches would fail, each failure costing
+// a read). Where the mover never releases (it crashed between recording
+// and releasing, its release request failed, the end was recorded by a
+// call that knew of no pod held), the leader's reconcile pass does: it
+// releases every ended pod whose record is stopped or failed, has moved on
+// to another spawn or is gone (broker/internal/reconcile, ended.go), and
+// replays the end of a pod whose record is still live (the pass is then
+// the mover, or a later pass finds the record ended). So no pod is held
+// longer than about two reconcile intervals after its end is recorded,
+// and none is released before.
+
+import (
+	"context"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/broker/internal/fleet"
+	"github.com/gpubroker/gpubroker/spawner"
+)
+
+// podFate is what a failing spawn knows of its pod (Service.fail).
+type podFate int
+
+const (
+	// noPod: the pod was never made, or it is gone without being held;
+	// there is nothing to delete or release.
+	noPod podFate = iota
+	// podMayRun: the pod may exist and run; it is deleted, and released
+	// once the failure is recorded (a pod being deleted can be released at
+	// once: its end is recorded by then).
+	podMayRun
+	// podHeld: the pod ended and may be held for gpubroker's finalizer; it
+	// is released once the failure is recorded.
+	podHeld
+)
+
+// endedPod is the podFate of a pod that a pod event saw end: held for
+// gpubroker's finalizer or gone.
+func endedPod(held bool) podFate {
+	if held {
+		return podHeld
+	}
+	return noPod
+}
+
+// fail records a failed spawn and releases what it held. It returns the
+// record as last seen; errors are logged, since the caller already has the
+// failure to report. A spawn that fails before its pod was made (its
+// create never answered success) forgets its idempotency key, so that a
+// retry of that create runs again.
+//
+// pod says what may be left of the spawn's pod. The call that moved the
+// record to failed (the winner among replicas and the spawn racing to fail
+// it) releases that pod at once (releaseEnded), unless its deletion failed
+// (it still runs: the reconciler deletes it, then releases it). A failed
+// spawn's pod therefore does not stay terminating until the next reconcile
+// pass, where a new start of the server would be refused as "still
+// shutting down".
+func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, pod podFate) fleet.Server {
+	log := s.log.With("user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
+	podLeft := false
+	if pod == podMayRun {
+		if err := s.pods.Delete(ctx, rec.User, rec.Name, rec.SpawnID); err != nil {
+			// The pod may still run on its GPU: its slice stays held, and
+			// the reconciler deletes the pod and then frees the slice.
+			log.WarnContext(ctx, "delete pod of failed spawn; its slice stays held until the reconciler removes it", "err", err)
+			podLeft = true
+		}
+	}
+	if !podLeft {
+		if _, err := s.store.Release(ctx, rec.SpawnID); err != nil {
+			log.WarnContext(ctx, "release slice of failed spawn", "err", err)
+		}
+	}
+	patch := fleet.ServerPatch{DropAllocation: true, ForgetIdempotencyKey: starting(rec.State)}
+	out, moved, err := s.store.Advance(ctx, rec.ServerKey, rec.SpawnID, v1.StateFailed, fleet.Message(cause), patch)
+	if err != nil {
+		log.WarnContext(ctx, "record failed spawn", "err", err)
+		return rec
+	}
+	if !moved {
+		return out // a replica that found it failed already did not fail it
+	}
+	s.metrics.ObserveSpawn(out.Profile, outcome(cause), out.UpdatedAt.Sub(out.CreatedAt))
+	if pod != noPod && !podLeft {
+		s.releaseEnded(ctx, rec)
+	}
+	return out
+}
+
+// releaseEnded removes gpubroker's finalizer from the pod of rec's spawn,
+// whose end is recorded (rec is stopped or failed, or removed), so the API
+// server lets it go once it is deleted; a pod that is gone, not being
+// deleted, of another spawn or already released is left alone
+// (spawner.Client.ReleasePod). A failure is logged, not returned: the end
+// is recorded, and the leader's reconcile pass releases the pod.
+func (s *Service) releaseEnded(ctx context.Context, rec fleet.Server) {
+	pod := spawner.PodName(rec.User, rec.Name)
+	if err := s.pods.ReleasePod(ctx, pod, rec.SpawnID); err != nil {
+		s.log.WarnContext(ctx, "release the ended pod; the reconcile pass will", "user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID, "pod", pod, "err", err)
+	}
+}
