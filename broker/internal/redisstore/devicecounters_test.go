@@ -3,6 +3,7 @@ package redisstore
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"testing"
 
@@ -185,4 +186,40 @@ func TestDeviceCountersOfEarlierBuildsAreReadAndStoredBinary(t *testing.T) {
 	toLegacy()
 	register(t, s, gpu)
 	wantBinary("a registration", usageValue(1, 1024, 10))
+}
+
+// TestUnreadableDeviceCountersChangeNothing: a device whose use field is
+// not 16 bytes makes a health change and a registration fail before they
+// write anything (Redis keeps a failed script's earlier writes), so the
+// device does not end up unhealthy while still in an index placement
+// trusts, nor with half an inventory update.
+func TestUnreadableDeviceCountersChangeNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	s, _ := newStore(t, srv)
+	gpu := h200("GPU-1", "n1")
+	register(t, s, gpu)
+	key := s.k.GPU("GPU-1")
+	if err := rdb.HSet(t.Context(), key, "use", "short").Err(); err != nil {
+		t.Fatal(err)
+	}
+	before, err := rdb.HGetAll(t.Context(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetGPUHealth(t.Context(), "GPU-1", false); err == nil {
+		t.Error("SetGPUHealth on a device with a 5-byte use field succeeded")
+	}
+	moved := gpu
+	moved.Node = "n2"
+	if err := s.RegisterGPU(t.Context(), moved); err == nil {
+		t.Error("RegisterGPU on a device with a 5-byte use field succeeded")
+	}
+	after, err := rdb.HGetAll(t.Context(), key).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(before, after) {
+		t.Errorf("the failed scripts wrote: before %q, after %q", before, after)
+	}
 }

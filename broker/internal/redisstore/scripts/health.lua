@@ -7,6 +7,9 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
+-- Read (gpu_load raises on unreadable counters) before anything is written.
+local g = gpu_load(KEYS[1])
 redis.call('HSET', KEYS[1], 'healthy', ARGV[2])
-gpu_index(gpu_load(KEYS[1]), ARGV[1], 'any')
+g.healthy = ARGV[2] == '1'
+gpu_index(g, ARGV[1], 'any')
 return 1

@@ -15,6 +15,8 @@
 -- Returns 1 when the device is new, 0 when it was updated.
 
 local gkey, uuid = KEYS[1], ARGV[1]
+-- Unreadable counters raise here, before anything is written.
+gpu_counters(gkey, redis.call('HGET', gkey, 'use'))
 local cur = redis.call('HMGET', gkey, 'mode', 'amode')
 local instance = ARGV[12] ~= ''
 local mode = cur[1] or 'sliced'
