@@ -114,7 +114,9 @@ func profilePhase(ctx context.Context, e *env, phase, brokerAddr string) (wait f
 				errs <- ctx.Err()
 				return
 			}
-			body, err := fetch(ctx)
+			fctx, cancel := context.WithTimeout(ctx, scalePprofWindow+30*time.Second)
+			body, err := fetch(fctx)
+			cancel()
 			if err == nil {
 				err = os.WriteFile(filepath.Join(*scalePprof, file), body, 0o644)
 			}

@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -10,6 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/e2e/harness"
@@ -157,23 +162,38 @@ func createRunningSteps(ctx context.Context, c *harness.Client, user, name strin
 // (no replica sees it) and no finalizer.
 type rawPods struct {
 	e        *env
+	cs       kubernetes.Interface
 	label    string
 	template *corev1.Pod
 	w        *harness.PodWatch
 }
 
-// newRawPods starts the watch of the pods labelled bench=label.
-func newRawPods(ctx context.Context, e *env, label string, template *corev1.Pod) (*rawPods, error) {
-	w, err := harness.WatchPods(ctx, e.cluster.Client, e.ns, "bench="+label)
+// newRawPods starts the watch of the pods labelled bench=label, both
+// through cs (rigClient).
+func newRawPods(ctx context.Context, e *env, cs kubernetes.Interface, label string, template *corev1.Pod) (*rawPods, error) {
+	w, err := harness.WatchPods(ctx, cs, e.ns, "bench="+label)
 	if err != nil {
 		return nil, err
 	}
-	return &rawPods{e: e, label: label, template: template, w: w}, nil
+	return &rawPods{e: e, cs: cs, label: label, template: template, w: w}, nil
+}
+
+// rigClient is the admin's client-go client (QPS 200, burst 400) speaking
+// to the API server as the brokers do (cliconfig.Kube.RESTConfig):
+// protobuf, no gzip. The raw pods and the rig's watches use it, so a raw
+// create and a broker's cost the API server the same encoding.
+func rigClient(e *env) (kubernetes.Interface, error) {
+	rc := rest.CopyConfig(e.cluster.RESTConfig)
+	rc.ContentType = runtime.ContentTypeProtobuf
+	rc.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	rc.DisableCompression = true
+	return kubernetes.NewForConfig(rc)
 }
 
 // serverPodTemplate creates server name of user through c, copies its pod
 // as the API server holds it (spec and annotations, nothing a server
-// wrote), then deletes the server and waits until its pod is gone.
+// wrote), then stops the server, waits until it is stopped and its pod
+// gone, and removes it: nothing of it is left to cost CPU in a phase.
 func serverPodTemplate(ctx context.Context, e *env, c *harness.Client, user, name string) (*corev1.Pod, error) {
 	if _, err := createRunning(ctx, c, user, name); err != nil {
 		return nil, fmt.Errorf("template server: %w", err)
@@ -184,20 +204,32 @@ func serverPodTemplate(ctx context.Context, e *env, c *harness.Client, user, nam
 		return nil, fmt.Errorf("template server's pod: %w", err)
 	}
 	template := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Annotations: pod.Annotations},
+		ObjectMeta: metav1.ObjectMeta{Annotations: maps.Clone(pod.Annotations)},
 		Spec:       *pod.Spec.DeepCopy(),
 	}
 	if _, err := c.DeleteServer(ctx, user, name); err != nil {
-		return nil, fmt.Errorf("delete the template server: %w", err)
+		return nil, fmt.Errorf("stop the template server: %w", err)
+	}
+	if _, err := c.WaitServer(ctx, user, name, v1.StateStopped, time.Minute); err != nil {
+		return nil, fmt.Errorf("the template server: %w", err)
 	}
 	err = harness.Poll(ctx, 100*time.Millisecond, time.Minute, func(ctx context.Context) (bool, string, error) {
 		_, err := e.cluster.Client.CoreV1().Pods(e.ns).Get(ctx, podName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return true, "", nil
 		}
-		return false, "the template server's pod is still there", err
+		if err != nil {
+			return false, fmt.Sprintf("reading the template server's pod: %v", err), nil // a transient error: try again
+		}
+		return false, "the template server's pod is still there", nil
 	})
-	return template, err
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Do(ctx, http.MethodDelete, harness.ServerPath(user, name)+"?remove=true", nil, nil, nil); err != nil {
+		return nil, fmt.Errorf("remove the template server: %w", err)
+	}
+	return template, nil
 }
 
 // create creates raw pod i and waits until it runs (at most 2 minutes):
@@ -205,13 +237,13 @@ func serverPodTemplate(ctx context.Context, e *env, c *harness.Client, user, nam
 func (p *rawPods) create(ctx context.Context, i int) (time.Duration, error) {
 	name := fmt.Sprintf("%s-%d", p.label, i)
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"bench": p.label}, Annotations: p.template.Annotations},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"bench": p.label}, Annotations: maps.Clone(p.template.Annotations)},
 		Spec:       *p.template.Spec.DeepCopy(),
 	}
 	pod.Spec.NodeName = p.e.nodes[i%len(p.e.nodes)]
 	running := p.w.Running(name)
 	start := time.Now()
-	if _, err := p.e.cluster.Client.CoreV1().Pods(p.e.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := p.cs.CoreV1().Pods(p.e.ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		return 0, fmt.Errorf("create pod %s: %w", name, err)
 	}
 	select {
@@ -229,7 +261,7 @@ func (p *rawPods) create(ctx context.Context, i int) (time.Duration, error) {
 func (p *rawPods) removeAll(ctx context.Context) error {
 	defer p.w.Stop()
 	zero := int64(0)
-	if err := p.e.cluster.Client.CoreV1().Pods(p.e.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero},
+	if err := p.cs.CoreV1().Pods(p.e.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero},
 		metav1.ListOptions{LabelSelector: "bench=" + p.label}); err != nil {
 		return fmt.Errorf("delete the raw pods: %w", err)
 	}

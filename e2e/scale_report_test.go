@@ -33,7 +33,9 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	}
 	say("scale rig: %d nodes × %d GPUs, %d replicas, %d servers of %d users, %d in flight, %s; Kubernetes client limit: raw pods QPS 200 burst 400, brokers %s",
 		cfg.nodes, cfg.gpus, cfg.replicas, cfg.servers, cfg.users, cfg.workers, rate, limit)
-	say("raw pods: copies of a notebook pod a broker made (same spec and annotations), created by a plain client-go client")
+	if r.template {
+		say("raw pods: copies of a notebook pod a broker made (same spec and annotations), created by a plain client-go client speaking protobuf without gzip, as the brokers do")
+	}
 	if len(r.raw.Latencies) == 0 {
 		return
 	}

@@ -34,8 +34,8 @@ var (
 	scaleRate      = flag.Float64("scale-rate", 0, "BenchmarkScale: creates started per second at most, 0 = as fast as the workers go")
 	scaleWatchers  = flag.Int("scale-watchers", 1000, "BenchmarkScale: event-stream watchers of one server")
 	scaleEvents    = flag.Int("scale-events", 20, "BenchmarkScale: events fanned out to the watchers")
-	scalePprof     = flag.String("scale-pprof", "", "BenchmarkScale: a folder to write the Lease holder's CPU profile of the measured reconcile passes to (its --debug-pprof-listen); empty: none")
-	scaleBinaryB   = flag.String("scale-broker-b", "", "BenchmarkScale: a second gpubroker binary (another build, e.g. main's) for the odd replicas; the creates each binary's replicas served are then reported apart, side by side in the one load")
+	scalePprof     = flag.String("scale-pprof", "", "BenchmarkScale: a folder to write CPU profiles to: the Lease holder's over the measured reconcile passes (leader-cpu.pprof, its --debug-pprof-listen), kube-apiserver's in each alone phase (apiserver-raw-alone.pprof, apiserver-servers-alone.pprof) and replica 0's in the servers' (broker-servers-alone.pprof); empty: none")
+	scaleBinaryB   = flag.String("scale-broker-b", "", "BenchmarkScale: a second gpubroker binary (another build that reads the same Redis formats: from 2026-12-02 on, when the device counters became binary) for the odd replicas; the creates each binary's replicas served are then reported apart, side by side in the one load")
 	scaleKubeQPS   = flag.Float64("scale-kube-qps", 200, "BenchmarkScale: each broker's --kube-api-qps (its --kube-api-burst twice that); the default is the raw pods' client's limit (harness.Cluster.Client, QPS 200, burst 400), so both sides have the same client-side limit; 0: the brokers' own defaults (50/100), at which 3 replicas sustain 75 creates/s (two requests a create)")
 	scaleReconcile = flag.Duration("scale-reconcile-interval", 10*time.Second, "BenchmarkScale: the brokers' --reconcile-interval")
 )
@@ -54,6 +54,8 @@ type scaleConfig struct {
 
 // scaleReport is what one run measured.
 type scaleReport struct {
+	// template: the raw pods' template was made (serverPodTemplate).
+	template bool
 	// raw and alone: the first half of the creates, raw pods alone and
 	// then servers through the brokers alone, each kind at the same offered
 	// rate (the throughput comparison); broker and sideRaw: the second half
@@ -291,7 +293,12 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	raw, err := newRawPods(ctx, e, "scale-raw", template)
+	r.template = true
+	rig, err := rigClient(e)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	raw, err := newRawPods(ctx, e, rig, "scale-raw", template)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -306,12 +313,12 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		tb.Fatalf("raw pods: %v", err)
 	}
 
-	managed, err := harness.WatchPods(ctx, e.cluster.Client, e.ns, v1.LabelManagedBy+"="+v1.ManagedByValue)
+	managed, err := harness.WatchPods(ctx, rig, e.ns, v1.LabelManagedBy+"="+v1.ManagedByValue)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer managed.Stop()
-	side, err := newRawPods(ctx, e, "scale-side", template)
+	side, err := newRawPods(ctx, e, rig, "scale-side", template)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -648,8 +655,11 @@ func fetchProfile(ctx context.Context, addr string, d time.Duration, dir string)
 }
 
 // getProfile fetches a CPU profile of d (whole seconds) from the pprof
-// listener at addr (a broker's --debug-pprof-listen).
+// listener at addr (a broker's --debug-pprof-listen), giving up 30 s after
+// the profile should have come.
 func getProfile(ctx context.Context, addr string, d time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), nil)
 	if err != nil {
 		return nil, err
