@@ -104,10 +104,15 @@ func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, pod p
 // server lets it go once it is deleted; a pod that is gone, not being
 // deleted, of another spawn or already released is left alone
 // (spawner.Client.ReleasePod). A failure is logged, not returned: the end
-// is recorded, and the leader's reconcile pass releases the pod.
+// is recorded, and a reconcile pass releases the pod. It asks for one at
+// once (WithReconcileTrigger; a triggered pass runs on this replica whether
+// or not it holds the Lease), since no other replica retries this release
+// and the leader's periodic pass may be far off, or absent while no
+// replica holds the Lease.
 func (s *Service) releaseEnded(ctx context.Context, rec fleet.Server) {
 	pod := spawner.PodName(rec.User, rec.Name)
 	if err := s.pods.ReleasePod(ctx, pod, rec.SpawnID); err != nil {
-		s.log.WarnContext(ctx, "release the ended pod; the reconcile pass will", "user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID, "pod", pod, "err", err)
+		s.log.WarnContext(ctx, "release the ended pod; a reconcile pass will", "user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID, "pod", pod, "err", err)
+		s.kick()
 	}
 }

@@ -436,6 +436,11 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 					// is the caller's to read, not an internal failure.
 					return s.refuse(ctx, rec, fmt.Errorf("%w: the cluster refused the notebook pod: %s", fleet.ErrConflict, innermost(perr)))
 				case errors.Is(perr, spawner.ErrPodExists):
+					// The pod of an earlier spawn: terminating, or ended and
+					// held by its finalizer when its release failed. A pass
+					// releases an ended one now rather than at the leader's
+					// next interval.
+					s.kick()
 					return s.refuse(ctx, rec, fmt.Errorf("%w: the notebook pod of an earlier start of %s is still shutting down; start it again in a few seconds", fleet.ErrConflict, rec.Name))
 				case errors.Is(perr, spawner.ErrInvalid), errors.Is(perr, spawner.ErrNotOwned):
 					return s.refuse(ctx, rec, fmt.Errorf("%w: %s", fleet.ErrConflict, innermost(perr)))

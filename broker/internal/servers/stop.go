@@ -96,7 +96,13 @@ func (s *Service) Remove(ctx context.Context, by audit.Actor, key fleet.ServerKe
 	err = s.store.DeleteServer(ctx, key, rec.SpawnID)
 	s.record(ctx, by, auditRemove, key, map[string]string{"spawnId": rec.SpawnID, "state": string(rec.State), "profile": rec.Profile}, err)
 	if err == nil {
-		s.releaseEnded(ctx, rec)
+		// The record is gone: the release must not end with the request
+		// (a client that hangs up), or a pass could find the pod without a
+		// record and, within PodCreateWindow of a reconcile epoch, restore
+		// the server its owner just removed.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+		defer cancel()
+		s.releaseEnded(rctx, rec)
 	}
 	return err
 }
