@@ -25,13 +25,7 @@ import (
 // for the pass.
 func TestRemovingAServerReleasesItsEndedPod(t *testing.T) {
 	f := serverstest.New(t)
-	key, rec := runningLab(t, f)
-	f.RecordStopped(t, rec)
-	f.EndPod(t, key.User, key.Name)
-	pod := spawner.PodName(key.User, key.Name)
-	f.WaitHandled(t, "the ended pod's event", func(e spawner.PodEvent) bool {
-		return e.Pod == pod && e.Phase == spawner.PhaseGone && e.Held
-	})
+	key, _ := endRecordedThenPodEnded(t, f)
 	if fin := f.Pod(t, key.User, key.Name).Finalizers; len(fin) != 1 {
 		t.Fatalf("finalizers %v after the event of a pod whose end was recorded already, want gpubroker's kept for the pass", fin)
 	}
@@ -48,13 +42,7 @@ func TestRemovingAServerReleasesItsEndedPod(t *testing.T) {
 func TestAFailedReleaseAsksForAPass(t *testing.T) {
 	kicks := 0
 	f := serverstest.New(t, servers.WithReconcileTrigger(func() { kicks++ }))
-	key, rec := runningLab(t, f)
-	f.RecordStopped(t, rec)
-	f.EndPod(t, key.User, key.Name)
-	pod := spawner.PodName(key.User, key.Name)
-	f.WaitHandled(t, "the ended pod's event", func(e spawner.PodEvent) bool {
-		return e.Pod == pod && e.Phase == spawner.PhaseGone && e.Held
-	})
+	key, pod := endRecordedThenPodEnded(t, f)
 	before := kicks
 	f.Kube.PrependReactor("patch", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, pod, errors.New("no patch for you"))
@@ -86,4 +74,20 @@ func TestAStartRefusedByAnEarlierPodAsksForAPass(t *testing.T) {
 	if kicks != before+1 {
 		t.Errorf("the refused start asked for %d passes, want 1", kicks-before)
 	}
+}
+
+// endRecordedThenPodEnded runs alice's server lab, records its stop in the
+// store alone (as a replica that died before its release would), then ends
+// its pod and waits until the fixture's replica has handled that event,
+// which leaves the pod held: its end was recorded by another call.
+func endRecordedThenPodEnded(t *testing.T, f *serverstest.Fixture) (fleet.ServerKey, string) {
+	t.Helper()
+	key, rec := runningLab(t, f)
+	f.RecordStopped(t, rec)
+	f.EndPod(t, key.User, key.Name)
+	pod := spawner.PodName(key.User, key.Name)
+	f.WaitHandled(t, "the ended pod's event", func(e spawner.PodEvent) bool {
+		return e.Pod == pod && e.Phase == spawner.PhaseGone && e.Held
+	})
+	return key, pod
 }
