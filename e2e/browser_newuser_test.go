@@ -17,7 +17,8 @@ import (
 // liveEqualsFresh waits until the content of the page's main element, as
 // the live page shows it now, equals that of a fresh load of the same URL
 // (fetched in the page, parsed apart), and fails the test with both texts
-// when it does not within pageTimeout.
+// when it does not within pageTimeout (or, when the texts agree, with the
+// markup around the first place it differs).
 func (b *tab) liveEqualsFresh(what string) {
 	b.t.Helper()
 	const compare = `(async () => {
@@ -25,8 +26,17 @@ func (b *tab) liveEqualsFresh(what string) {
 		const r = await fetch(location.pathname, {credentials: 'same-origin'});
 		const fresh = new DOMParser().parseFromString(await r.text(), 'text/html').querySelector('main');
 		const live = document.querySelector('main');
-		if (norm(fresh.innerHTML) === norm(live.innerHTML)) { return ''; }
-		return 'live: ' + norm(live.innerText) + '\n fresh: ' + norm(fresh.innerText);
+		const a = norm(live.innerHTML), b = norm(fresh.innerHTML);
+		if (a === b) { return ''; }
+		if (norm(live.innerText) !== norm(fresh.innerText)) {
+			return 'live: ' + norm(live.innerText) + '\n fresh: ' + norm(fresh.innerText);
+		}
+		// The same text: show where the markup parts (an attribute, a
+		// hidden element), which the texts cannot.
+		let i = 0;
+		while (i < a.length && a[i] === b[i]) { i++; }
+		const at = Math.max(0, i - 120);
+		return 'the same text, the markup differs at ' + i + ':\n live: ' + a.slice(at, i + 240) + '\n fresh: ' + b.slice(at, i + 240);
 	})()`
 	var diff string
 	err := harness.Poll(b.ctx, 200*time.Millisecond, pageTimeout, func(ctx context.Context) (bool, string, error) {
