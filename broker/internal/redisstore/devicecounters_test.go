@@ -115,12 +115,7 @@ return {read, redis.call('HGETALL', KEYS[1])}`
 // refusal read them), and the next place, release or registration stores
 // them binary in use; Verify accepts both forms.
 func TestDeviceCountersOfEarlierBuildsAreReadAndStoredBinary(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	s, _ := newStore(t, srv)
-	gpu := h200("GPU-1", "n1")
-	register(t, s, gpu)
-	key := s.k.GPU("GPU-1")
+	rdb, s, gpu, key := oneH200(t)
 	// toLegacy rewrites the device's counters as an earlier build stored them.
 	toLegacy := func() {
 		t.Helper()
@@ -194,12 +189,7 @@ func TestDeviceCountersOfEarlierBuildsAreReadAndStoredBinary(t *testing.T) {
 // device does not end up unhealthy while still in an index placement
 // trusts, nor with half an inventory update.
 func TestUnreadableDeviceCountersChangeNothing(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	s, _ := newStore(t, srv)
-	gpu := h200("GPU-1", "n1")
-	register(t, s, gpu)
-	key := s.k.GPU("GPU-1")
+	rdb, s, gpu, key := oneH200(t)
 	if err := rdb.HSet(t.Context(), key, "use", "short").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -222,4 +212,16 @@ func TestUnreadableDeviceCountersChangeNothing(t *testing.T) {
 	if !maps.Equal(before, after) {
 		t.Errorf("the failed scripts wrote: before %q, after %q", before, after)
 	}
+}
+
+// oneH200 starts a redis-server with a Store on it, registers one H200
+// (GPU-1 on node n1) and returns the client, the Store, the GPU and its
+// device key.
+func oneH200(t *testing.T) (*redis.Client, *Store, fleet.GPU, string) {
+	t.Helper()
+	srv := redistest.Start(t)
+	s, _ := newStore(t, srv)
+	gpu := h200("GPU-1", "n1")
+	register(t, s, gpu)
+	return srv.Client(t), s, gpu, s.k.GPU("GPU-1")
 }

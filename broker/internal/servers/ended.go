@@ -13,7 +13,8 @@ package servers
 // patch that the other replicas' patches would fail, each failure costing
 // a read). Where the mover never releases (it crashed between recording
 // and releasing, its release request failed, the end was recorded by a
-// call that knew of no pod held), the leader's reconcile pass does: it
+// call that knew of no pod held), a reconcile pass does (one asked for at
+// once when a release fails, else the leader's periodic pass): it
 // releases every ended pod whose record is stopped or failed, has moved on
 // to another spawn or is gone (broker/internal/reconcile, ended.go), and
 // replays the end of a pod whose record is still live (the pass is then

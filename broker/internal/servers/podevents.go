@@ -25,8 +25,9 @@ import (
 // release request per ended pod in all, not one per replica. A pod whose
 // record is terminal or has moved on to another spawn when the event
 // arrives (its end recorded by another call that did not release it: it
-// crashed, its release failed) is released by the leader's reconcile pass
-// (broker/internal/reconcile), within one pass interval. A pod without a
+// crashed, its release failed) is released by a reconcile pass
+// (broker/internal/reconcile): one that failed release asked for at once,
+// else the leader's, within one pass interval. A pod without a
 // record (Redis lost it) is left to the reconciler, which rebuilds the
 // record from the pod and then releases it; the event asks for a pass now.
 func (s *Service) HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error {
