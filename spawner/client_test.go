@@ -140,7 +140,7 @@ func TestPodsBeforeSync(t *testing.T) {
 	if _, err := c.Pods(); !errors.Is(err, ErrNotSynced) {
 		t.Errorf("Pods before Run: err = %v, want ErrNotSynced", err)
 	}
-	if _, err := c.HasPod("alice", "nb", "s1"); !errors.Is(err, ErrNotSynced) {
+	if _, err := c.HasPod(t.Context(), "alice", "nb", "s1"); !errors.Is(err, ErrNotSynced) {
 		t.Errorf("HasPod before Run: err = %v, want ErrNotSynced", err)
 	}
 	if c.Synced() {
@@ -559,11 +559,11 @@ func TestNotebookTokenAndPrefix(t *testing.T) {
 	if _, ok, _ := h.client.PodBySlugs("alice", "other"); ok {
 		t.Error("PodBySlugs found a pod for another server")
 	}
-	if ok, err := h.client.HasPod(spec.User, spec.Server, spec.SpawnID); err != nil || !ok {
+	if ok, err := h.client.HasPod(ctx, spec.User, spec.Server, spec.SpawnID); err != nil || !ok {
 		t.Errorf("HasPod of the cached spawn = %t %v, want true", ok, err)
 	}
 	for _, other := range [][3]string{{spec.User, spec.Server, "old-spawn"}, {spec.User, "other", spec.SpawnID}, {"bob", spec.Server, spec.SpawnID}} {
-		if ok, err := h.client.HasPod(other[0], other[1], other[2]); err != nil || ok {
+		if ok, err := h.client.HasPod(ctx, other[0], other[1], other[2]); err != nil || ok {
 			t.Errorf("HasPod%v = %t %v, want false", other, ok, err)
 		}
 	}

@@ -12,7 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 )
@@ -87,7 +89,7 @@ func TestAnEndedPodIsClassifiedGoneAndNotPresent(t *testing.T) {
 		t.Fatalf("finalizers of a new pod (-want +got):\n%s", diff)
 	}
 	h.endPod(t, name)
-	if ok, err := h.client.HasPod(spec.User, spec.Server, spec.SpawnID); ok || err != nil {
+	if ok, err := h.client.HasPod(t.Context(), spec.User, spec.Server, spec.SpawnID); ok || err != nil {
 		t.Errorf("HasPod of an ended pod = %t, %v; want false", ok, err)
 	}
 	pods, err := h.client.Pods()
@@ -210,4 +212,36 @@ func TestReleasePodGivesUpOnEndlessConflicts(t *testing.T) {
 		t.Errorf("finalizers %v, want gpubroker's kept", h.finalizers(t, name))
 	}
 	t.Logf("gave up after %s: %v", time.Since(start).Round(time.Millisecond), err)
+}
+
+// TestHasPodAsksTheAPIServerWhenTheCacheLacksThePod: a cache that lags the
+// API server (a pod created moments ago, a watch re-establishing) does not
+// make HasPod say "no pod" while the pod is there: a caller frees the
+// slice on that answer.
+func TestHasPodAsksTheAPIServerWhenTheCacheLacksThePod(t *testing.T) {
+	h := startClient(t)
+	spec := testSpec()
+	if err := h.client.Create(t.Context(), spec, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.waitEvent(t, "the pod is cached", func(ev PodEvent) bool { return ev.SpawnID == spec.SpawnID })
+	h.client.mu.Lock()
+	h.client.lister = corelisters.NewPodLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}))
+	h.client.mu.Unlock()
+	if ok, err := h.client.HasPod(t.Context(), spec.User, spec.Server, spec.SpawnID); err != nil || !ok {
+		t.Errorf("HasPod of a pod the cache lacks but the API server has = %t, %v; want true", ok, err)
+	}
+	if ok, err := h.client.HasPod(t.Context(), spec.User, spec.Server, "another-spawn"); err != nil || ok {
+		t.Errorf("HasPod of another spawn = %t, %v; want false", ok, err)
+	}
+	h.endPod(t, PodName(spec.User, spec.Server))
+	if ok, err := h.client.HasPod(t.Context(), spec.User, spec.Server, spec.SpawnID); err != nil || ok {
+		t.Errorf("HasPod of an ended pod the cache lacks = %t, %v; want false", ok, err)
+	}
+	if err := h.cs.CoreV1().Pods("notebooks").Delete(t.Context(), PodName(spec.User, spec.Server), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := h.client.HasPod(t.Context(), spec.User, spec.Server, spec.SpawnID); err != nil || ok {
+		t.Errorf("HasPod of a pod gone from the API server = %t, %v; want false", ok, err)
+	}
 }

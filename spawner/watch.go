@@ -220,25 +220,36 @@ func (c *Client) managed(pod *corev1.Pod, now time.Time) (ManagedPod, error) {
 	return m, err
 }
 
-// HasPod reports whether the cache holds the pod of spawn spawnID of
-// server (user, server): a managed pod named PodName(user, server) whose
-// annotations name that user, server and spawn, as a pod Pods lists with
-// those User, Server and SpawnID, and that has not Ended (one that has is
-// there only for its finalizer). It is one lookup by name, not a listing
-// of every pod. The error wraps ErrNotSynced before the cache has synced
-// and after Run has returned.
-func (c *Client) HasPod(user, server, spawnID string) (bool, error) {
+// HasPod reports whether the pod of spawn spawnID of server (user, server)
+// is there and has not Ended (one that has is there only for its
+// finalizer): a managed pod named PodName(user, server) whose annotations
+// name that user, server and spawn, as a pod Pods lists with those User,
+// Server and SpawnID. The cache answers when it holds a pod of that name
+// (one lookup by name, not a listing of every pod). When it holds none,
+// the API server is asked (one GET): the cache may lag it (a pod created
+// moments ago, or a watch that is re-establishing after an API server
+// restart), and a caller that frees a slice on "no pod" must not do so
+// while the pod runs. The error wraps ErrNotSynced before the cache has
+// synced and after Run has returned; errors of the GET are the API
+// server's (callers count an error as present).
+func (c *Client) HasPod(ctx context.Context, user, server, spawnID string) (bool, error) {
 	c.mu.Lock()
 	lister := c.lister
 	c.mu.Unlock()
 	if lister == nil {
 		return false, fmt.Errorf("find pod: %w", ErrNotSynced)
 	}
-	pod, err := lister.Pods(c.cfg.Namespace).Get(PodName(user, server))
-	switch {
-	case apierrors.IsNotFound(err):
-		return false, nil
-	case err != nil:
+	name := PodName(user, server)
+	pod, err := lister.Pods(c.cfg.Namespace).Get(name)
+	if apierrors.IsNotFound(err) {
+		pod, err = c.cs.CoreV1().Pods(c.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, apiError("find pod", name, err)
+		}
+	} else if err != nil {
 		return false, fmt.Errorf("find pod: %w", err)
 	}
 	a := pod.Annotations

@@ -156,7 +156,7 @@ func (s *Service) stopAfterPodEnd(ctx context.Context, rec fleet.Server, message
 	if err := s.pods.Delete(ctx, rec.User, rec.Name, rec.SpawnID); err != nil {
 		return fmt.Errorf("server %s/%s: delete ended pod: %w", rec.User, rec.Name, err)
 	}
-	if s.podPresent(rec) {
+	if s.podPresent(ctx, rec) {
 		return nil
 	}
 	_, err = s.finishStop(ctx, rec, message, held)

@@ -55,9 +55,11 @@ type Pods interface {
 	// PutSecret wrote when s.SecretEnv is set.
 	CreatePod(ctx context.Context, s spawner.Spec) error
 	Delete(ctx context.Context, user, server, spawnID string) error
-	// HasPod reports whether the pod cache holds the pod of spawn spawnID
-	// of (user, server), not ended; before the cache has synced it fails.
-	HasPod(user, server, spawnID string) (bool, error)
+	// HasPod reports whether the pod of spawn spawnID of (user, server) is
+	// there, not ended: the pod cache answers, and the API server when the
+	// cache holds no pod of that name (it may lag); before the cache has
+	// synced it fails.
+	HasPod(ctx context.Context, user, server, spawnID string) (bool, error)
 	// ReleasePod removes v1.FinalizerServerRecord from the deleted pod
 	// name of spawnID once the server's end is recorded; idempotent.
 	ReleasePod(ctx context.Context, name, spawnID string) error

@@ -392,8 +392,8 @@ func (p *eagerPods) Delete(ctx context.Context, user, server, spawnID string) er
 	return p.inner.Delete(ctx, user, server, spawnID)
 }
 
-func (p *eagerPods) HasPod(user, server, spawnID string) (bool, error) {
-	return p.inner.HasPod(user, server, spawnID)
+func (p *eagerPods) HasPod(ctx context.Context, user, server, spawnID string) (bool, error) {
+	return p.inner.HasPod(ctx, user, server, spawnID)
 }
 
 func (p *eagerPods) PutSecret(ctx context.Context, s spawner.Spec, secret map[string]string) error {
@@ -601,11 +601,11 @@ func (p *flushingPods) Delete(ctx context.Context, user, server, spawnID string)
 	return nil
 }
 
-func (p *flushingPods) HasPod(user, server, spawnID string) (bool, error) {
+func (p *flushingPods) HasPod(ctx context.Context, user, server, spawnID string) (bool, error) {
 	if p.gone.Load() {
 		return false, nil
 	}
-	return p.inner.HasPod(user, server, spawnID)
+	return p.inner.HasPod(ctx, user, server, spawnID)
 }
 
 // TestAStopThatRedisLostMidwayAnswersStopped: Redis lost its data after the

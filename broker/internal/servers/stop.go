@@ -53,7 +53,7 @@ func (s *Service) stop(ctx context.Context, by audit.Actor, rec fleet.Server) (f
 		}
 		return rec, err
 	}
-	if s.podPresent(rec) {
+	if s.podPresent(ctx, rec) {
 		return rec, nil // released when the pod is gone (pod event or reconciler)
 	}
 	// No live pod is left: none, or one that ended and is held for
@@ -107,12 +107,16 @@ func (s *Service) Remove(ctx context.Context, by audit.Actor, key fleet.ServerKe
 	return err
 }
 
-// podPresent reports whether the spawner's cache still holds rec's pod (a
-// lookup by name: every stop asks, so a listing of the fleet's pods here
-// made each stop cost as much as the fleet is large). An unsynced cache
-// counts as present, so nothing is released early.
-func (s *Service) podPresent(rec fleet.Server) bool {
-	present, err := s.pods.HasPod(rec.User, rec.Name, rec.SpawnID)
+// podPresent reports whether rec's pod is still there, not ended: a
+// lookup by name in the spawner's cache (every stop asks, so a listing of
+// the fleet's pods here made each stop cost as much as the fleet is large),
+// confirmed with the API server when the cache holds no such pod (it may
+// lag: a pod created moments ago, or a watch re-establishing after an API
+// server restart; freeing the slice then would let another spawn onto the
+// GPU while the pod runs out its grace period). An unsynced cache or a
+// failed lookup counts as present, so nothing is released early.
+func (s *Service) podPresent(ctx context.Context, rec fleet.Server) bool {
+	present, err := s.pods.HasPod(ctx, rec.User, rec.Name, rec.SpawnID)
 	return present || err != nil
 }
 
