@@ -452,6 +452,16 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 			podMade = true
 			pod := spawner.PodName(rec.User, rec.Name)
 			rec, err = s.step(ctx, rec, v1.StateStarting, "pod created; waiting for it to start", fleet.ServerPatch{Pod: &pod})
+			if err != nil && (rec.State == v1.StateStopping || rec.State == v1.StateStopped) {
+				// Stopped while the pod was being made: the stop found no
+				// pod and kept the slice (stop); this pod's end finishes it.
+				// (Stopped already: a reconcile pass with an orphan grace
+				// shorter than fleet.RebuildFence settled the stop first;
+				// the pod must not run on the freed slice either.)
+				if derr := s.pods.Delete(ctx, rec.User, rec.Name, rec.SpawnID); derr != nil {
+					log.WarnContext(ctx, "delete the pod of a start stopped while creating it; the reconciler will", "err", derr)
+				}
+			}
 		default:
 			return rec, nil
 		}

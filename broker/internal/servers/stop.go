@@ -35,9 +35,14 @@ func (s *Service) Delete(ctx context.Context, by audit.Actor, key fleet.ServerKe
 }
 
 // stop takes a live record to stopping, deletes its pod and, once the pod
-// is gone, releases the slice.
+// is gone, releases the slice. A record stopped while creating keeps its
+// slice although no pod is found, while its spawn may still create one.
 func (s *Service) stop(ctx context.Context, by audit.Actor, rec fleet.Server) (fleet.Server, error) {
 	key := rec.ServerKey
+	// A spawn in creating may still make its pod (up to
+	// fleet.PodCreateWindow after creating was recorded, RebuildFence with
+	// the clocks' slack): finding no pod then does not free the slice.
+	mayCreate := rec.State == v1.StateCreating && s.now().Sub(rec.UpdatedAt) <= fleet.RebuildFence
 	var err error
 	if rec.State != v1.StateStopping {
 		rec, err = s.store.Transition(ctx, key, rec.SpawnID, v1.StateStopping, msgStopping+byText(by, key.User), fleet.ServerPatch{})
@@ -55,6 +60,13 @@ func (s *Service) stop(ctx context.Context, by audit.Actor, rec fleet.Server) (f
 	}
 	if s.podPresent(ctx, rec) {
 		return rec, nil // released when the pod is gone (pod event or reconciler)
+	}
+	if mayCreate {
+		// The spawn deletes the pod it makes after this stop (spawn), and
+		// the pod's end finishes the stop; a spawn that makes none leaves
+		// the record to the reconciler, which finishes it once it has been
+		// quiet for its grace period.
+		return rec, nil
 	}
 	// No live pod is left: none, or one that ended and is held for
 	// gpubroker's finalizer, which this call releases if it records the stop.
