@@ -29,7 +29,10 @@ func (v *apiView) list(ctx context.Context) error {
 		}
 		v.bySpawn = make(map[string]spawner.ManagedPod, len(pods))
 		for _, p := range pods {
-			if p.Err == nil {
+			// A pod whose other annotations cannot be read still proves
+			// that its spawn's pod is there (absent), though not its slice
+			// (unheld).
+			if p.Err == nil || p.SpawnID != "" {
 				v.bySpawn[p.SpawnID] = p
 			}
 		}
@@ -37,8 +40,10 @@ func (v *apiView) list(ctx context.Context) error {
 	return v.err
 }
 
-// absent reports whether the API server has no pod of spawnID; a failed
-// list is not proof (false, and the error once).
+// absent reports whether the API server has no pod of spawnID, counting a
+// pod whose other annotations cannot be read (a record must not be settled
+// as ended, and its slice freed, while such a pod runs); a failed list is
+// not proof (false, and the error once).
 func (v *apiView) absent(ctx context.Context, spawnID string) (bool, error) {
 	if v.listed && v.err != nil {
 		return false, nil
@@ -50,15 +55,15 @@ func (v *apiView) absent(ctx context.Context, spawnID string) (bool, error) {
 	return !ok, nil
 }
 
-// unheld returns the names of the API server's pods that are not being
-// deleted and whose slices are not in held, sorted.
+// unheld returns the names of the API server's readable pods that are not
+// being deleted and whose slices are not in held, sorted.
 func (v *apiView) unheld(ctx context.Context, held map[string]bool) ([]string, error) {
 	if err := v.list(ctx); err != nil {
 		return nil, err
 	}
 	var out []string
 	for id, p := range v.bySpawn {
-		if !p.Deleting && !held[id] {
+		if p.Err == nil && !p.Deleting && !held[id] {
 			out = append(out, p.Name)
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/reconcile"
@@ -227,4 +229,34 @@ func TestTheRebuildWaitsForTheServersOfItsPods(t *testing.T) {
 		t.Errorf("alice/one after the rebuild: %+v, %v; want spawn %s", got, err, old.SpawnID)
 	}
 	f.Verify(t)
+}
+
+// TestARecordIsNotSettledWhileItsPodHasUnreadableAnnotations: a stopping
+// server's pod, still terminating, whose slice annotation was overwritten
+// with garbage (kubectl annotate, or another build's format) is still the
+// server's pod: a pass must not take the record for one whose pod is gone
+// and free its slice while the pod runs.
+func TestARecordIsNotSettledWhileItsPodHasUnreadableAnnotations(t *testing.T) {
+	f := serverstest.New(t)
+	f.KeepDeletedPods(t)
+	ctx := t.Context()
+	rec := runningServer(t, f, "lena", "nb", "10.0.0.5")
+	if s, err := f.Service.Delete(ctx, serverstest.By, rec.ServerKey); err != nil || s.State != v1.StateStopping {
+		t.Fatalf("Delete = %s, %v; want stopping while the pod terminates", s.State, err)
+	}
+	pod := f.Pod(t, "lena", "nb")
+	pod.Annotations[v1.AnnotationMemoryMiB] = "lots"
+	if _, err := f.Kube.CoreV1().Pods(serverstest.Namespace).Update(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Clock.Advance(grace + time.Second)
+	if _, err := newReconciler(f).Once(ctx); err != nil {
+		t.Logf("pass: %v", err)
+	}
+	if _, err := f.Store.Allocation(ctx, rec.SpawnID); err != nil {
+		t.Errorf("the slice of a terminating pod with unreadable annotations after a pass: %v, want kept", err)
+	}
+	if s, err := f.Service.Get(ctx, rec.ServerKey); err != nil || s.State != v1.StateStopping {
+		t.Errorf("server %s (%v), want still stopping", s.State, err)
+	}
 }
