@@ -24,6 +24,7 @@ package servers
 
 import (
 	"context"
+	"fmt"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
@@ -61,22 +62,31 @@ func endedPod(held bool) podFate {
 // create never answered success) forgets its idempotency key, so that a
 // retry of that create runs again.
 //
-// pod says what may be left of the spawn's pod. The call that moved the
+// pod says what may be left of the spawn's pod. A pod that may run
+// (podMayRun) is deleted, and its slice is freed only once it is gone: at
+// once when no pod is left, else when its end comes (freeFailed, on the
+// pod's gone event; the reconciler frees it should that be missed). The
+// failed record keeps its allocation until then. The call that moved the
 // record to failed (the winner among replicas and the spawn racing to fail
-// it) releases that pod at once (releaseEnded), unless its deletion failed
-// (it still runs: the reconciler deletes it, then releases it). A failed
-// spawn's pod therefore does not stay terminating until the next reconcile
-// pass, where a new start of the server would be refused as "still
-// shutting down".
+// it) releases an ended pod at once (releaseEnded), unless its deletion
+// failed (it still runs: the reconciler deletes it, then releases it); a
+// terminating one is released too, and its gone event, held or not, frees
+// the slice. A failed spawn's pod therefore does not stay held until the
+// next reconcile pass, where a new start of the server would be refused as
+// "still shutting down".
 func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, pod podFate) fleet.Server {
 	log := s.log.With("user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID)
-	podLeft := false
+	podLeft, terminating := false, false
 	if pod == podMayRun {
 		if err := s.pods.Delete(ctx, rec.User, rec.Name, rec.SpawnID); err != nil {
 			// The pod may still run on its GPU: its slice stays held, and
 			// the reconciler deletes the pod and then frees the slice.
 			log.WarnContext(ctx, "delete pod of failed spawn; its slice stays held until the reconciler removes it", "err", err)
 			podLeft = true
+		} else if s.podPresent(ctx, rec) {
+			// Its deletion is asked for, but it may run through its grace
+			// period: the slice is freed once it is gone (freeFailed).
+			podLeft, terminating = true, true
 		}
 	}
 	if !podLeft {
@@ -84,7 +94,7 @@ func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, pod p
 			log.WarnContext(ctx, "release slice of failed spawn", "err", err)
 		}
 	}
-	patch := fleet.ServerPatch{DropAllocation: true, ForgetIdempotencyKey: starting(rec.State)}
+	patch := fleet.ServerPatch{DropAllocation: !podLeft, ForgetIdempotencyKey: starting(rec.State)}
 	out, moved, err := s.store.Advance(ctx, rec.ServerKey, rec.SpawnID, v1.StateFailed, fleet.Message(cause), patch)
 	if err != nil {
 		log.WarnContext(ctx, "record failed spawn", "err", err)
@@ -94,7 +104,9 @@ func (s *Service) fail(ctx context.Context, rec fleet.Server, cause error, pod p
 		return out // a replica that found it failed already did not fail it
 	}
 	s.metrics.ObserveSpawn(out.Profile, outcome(cause), out.UpdatedAt.Sub(out.CreatedAt))
-	if pod != noPod && !podLeft {
+	if pod != noPod && (!podLeft || terminating) {
+		// The failure is recorded: a terminating pod need not wait for the
+		// finalizer either; its slice stays held until it is gone.
 		s.releaseEnded(ctx, rec)
 	}
 	return out
@@ -116,4 +128,30 @@ func (s *Service) releaseEnded(ctx context.Context, rec fleet.Server) {
 		s.log.WarnContext(ctx, "release the ended pod; a reconcile pass will", "user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID, "pod", pod, "err", err)
 		s.kick()
 	}
+}
+
+// freeFailed frees the slice of a failed spawn whose pod, still there when
+// the spawn failed (fail), is now gone: ev is the pod's gone event for
+// record rec, failed and still holding its allocation. Every replica
+// handles the event; the one whose release freed the slice (Store.Release
+// reports it) drops the record's allocation and releases the pod if it is
+// held, so an ended pod costs one release request in all. A crash in
+// between leaves the record showing an allocation that is free and the pod
+// held: the reconciler releases the pod. The error is storage's, for the
+// caller to retry.
+func (s *Service) freeFailed(ctx context.Context, rec fleet.Server, held bool) error {
+	freed, err := s.store.Release(ctx, rec.SpawnID)
+	if err != nil {
+		return fmt.Errorf("server %s/%s: release slice of failed spawn: %w", rec.User, rec.Name, err)
+	}
+	if !freed {
+		return nil // another replica freed it, or the reconciler did
+	}
+	if _, err := s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateFailed, rec.Message, fleet.ServerPatch{DropAllocation: true}); err != nil {
+		s.log.WarnContext(ctx, "drop the allocation of a failed spawn whose slice was freed", "user", rec.User, "server", rec.Name, "spawn_id", rec.SpawnID, "err", err)
+	}
+	if held {
+		s.releaseEnded(ctx, rec)
+	}
+	return nil
 }

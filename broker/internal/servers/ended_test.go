@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -90,4 +91,54 @@ func endRecordedThenPodEnded(t *testing.T, f *serverstest.Fixture) (fleet.Server
 		return e.Pod == pod && e.Phase == spawner.PhaseGone && e.Held
 	})
 	return key, pod
+}
+
+// TestAFailedSpawnKeepsItsSliceUntilItsPodIsGone: a spawn that fails while
+// its pod exists asks for the pod's deletion, but the pod runs through its
+// grace period: the slice stays held, and the failed record shows it,
+// until the pod is gone, when it is freed. The pod itself is released
+// once, when the failure is recorded.
+func TestAFailedSpawnKeepsItsSliceUntilItsPodIsGone(t *testing.T) {
+	f := serverstest.New(t)
+	f.KeepDeletedPods(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "mia", Name: "nb"}
+	s, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.SetPodWaiting(t, key.User, key.Name, "InvalidImageName", "no such image")
+	pod := spawner.PodName(key.User, key.Name)
+	f.WaitHandled(t, "the failed pod's event", func(e spawner.PodEvent) bool { return e.Pod == pod && e.Phase == spawner.PhaseFailed })
+	failed := f.WaitState(t, key, v1.StateFailed)
+	if p := f.Pod(t, key.User, key.Name); p.DeletionTimestamp == nil {
+		t.Fatal("the failed spawn's pod was not deleted")
+	}
+	if _, err := f.Store.Allocation(ctx, s.SpawnID); err != nil {
+		t.Errorf("the slice while the failed spawn's pod terminates: %v, want held", err)
+	}
+	if failed.Allocation == nil {
+		t.Error("the failed record shows no allocation while its slice is held")
+	}
+
+	if calls := f.Releases.Calls(); len(calls) != 1 || calls[0].Pod != pod || calls[0].State != v1.StateFailed {
+		t.Errorf("releases %+v, want one of %s once the failure is recorded", calls, pod)
+	}
+
+	// Its containers end, and the API server removes it (released, it
+	// holds no finalizer).
+	if err := f.Kube.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), serverstest.Namespace, pod); err != nil {
+		t.Fatal(err)
+	}
+	f.WaitHandled(t, "the pod's end", func(e spawner.PodEvent) bool { return e.Pod == pod && e.Phase == spawner.PhaseGone })
+	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 0 {
+		t.Errorf("allocations after the pod is gone = %v, want none", allocs)
+	}
+	if got, err := f.Service.Get(ctx, key); err != nil || got.State != v1.StateFailed || got.Allocation != nil {
+		t.Errorf("record after the pod is gone: %s, allocation %v (%v); want failed without one", got.State, got.Allocation, err)
+	}
+	if calls := f.Releases.Calls(); len(calls) != 1 {
+		t.Errorf("releases %+v, want still one", calls)
+	}
+	f.Verify(t)
 }

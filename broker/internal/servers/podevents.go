@@ -15,6 +15,9 @@ import (
 // as is an event that the server's state has already passed. It returns an
 // error only when storage failed, so the caller can retry.
 //
+// The gone event of the pod a failed spawn left terminating (fail) frees
+// the slice the failed record still holds (freeFailed).
+//
 // A pod that has ended but is still there, held by
 // v1.FinalizerServerRecord (ev.Held with spawner.PhaseGone), is released
 // by the call that records its end: the one whose transition moved the
@@ -41,6 +44,9 @@ func (s *Service) HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error
 	}
 	if err != nil {
 		return fmt.Errorf("pod event %s: %w", ev.Pod, err)
+	}
+	if rec.SpawnID == ev.SpawnID && rec.State == v1.StateFailed && rec.Allocation != nil && ev.Phase == spawner.PhaseGone {
+		return s.freeFailed(ctx, rec, ev.Held) // the pod a failed spawn left is gone
 	}
 	if rec.SpawnID != ev.SpawnID || fleet.Terminal(rec.State) {
 		return nil // nothing left to record; a held pod is the pass's to release

@@ -160,7 +160,12 @@ func TestFailedAndStoppedServers(t *testing.T) {
 		t.Errorf("remove while starting: %v", err)
 	}
 	f.SetPodWaiting(t, "erin", "nb", "CrashLoopBackOff", "back-off restarting failed container")
-	failed := f.WaitState(t, key, v1.StateFailed)
+	f.WaitState(t, key, v1.StateFailed)
+	waitPodGone(t, f, key) // a failed spawn's slice is freed once its pod is gone
+	failed, err := f.Service.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if failed.Allocation != nil {
 		t.Errorf("a failed server holds %+v", failed.Allocation)
 	}

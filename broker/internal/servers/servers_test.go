@@ -324,6 +324,7 @@ func TestCrashLoopFailsTheSpawnAndReleases(t *testing.T) {
 	if !strings.Contains(strings.ToLower(s.Message), "crash") {
 		t.Errorf("failure message %q does not say it crashed", s.Message)
 	}
+	waitPodGone(t, f, key) // the slice is freed once the deleted pod is gone
 	allocs, _ := f.Store.Allocations(ctx)
 	if len(allocs) != 0 {
 		t.Errorf("allocations after the failed spawn: %v, want none", allocs)
@@ -641,4 +642,12 @@ func (p *eagerPods) ReleasePod(ctx context.Context, name, spawnID string) error 
 
 func (p *flushingPods) ReleasePod(ctx context.Context, name, spawnID string) error {
 	return p.inner.ReleasePod(ctx, name, spawnID)
+}
+
+// waitPodGone waits until the fixture's replica has handled the gone event
+// of the pod of server key.
+func waitPodGone(t *testing.T, f *serverstest.Fixture, key fleet.ServerKey) {
+	t.Helper()
+	pod := spawner.PodName(key.User, key.Name)
+	f.WaitHandled(t, "the pod's end", func(e spawner.PodEvent) bool { return e.Pod == pod && e.Phase == spawner.PhaseGone })
 }
