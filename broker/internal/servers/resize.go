@@ -174,7 +174,9 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, want fle
 // before it restores a slice from the pod, so a rebuild between the store's
 // change and the pod's makes the write fail: Resize then starts over, the
 // store check runs again on the rebuilt data, and the pod is written only
-// for a slice the store admitted after the rebuild. When the pod cannot be
+// for a slice the store admitted after the rebuild. A turn that starts over
+// after an ordinary change of the pod (a status update) finds the store at
+// the new slice already and still writes the pod. When the pod cannot be
 // written, the store is set back to the pod's slice and the resize fails
 // (503 class: nothing changed, try again).
 func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec fleet.Server, want fleet.Slice, msg, actor string) (fleet.Server, error) {
@@ -183,6 +185,7 @@ func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec f
 	userQuota, groupQuotas := s.catalog.Quotas().ForUser(key.User, rec.Allocation.Groups)
 	req := fleet.PlaceRequest{SliceID: rec.SpawnID, User: key.User, Slice: want, UserQuota: userQuota, GroupQuotas: groupQuotas}
 	var last error
+	stored := false // a turn changed the store: the pod must still be written
 	for range resizeFenceRetries {
 		rv, err := cfg.Pods.SliceVersion(ctx, key.User, key.Name, rec.SpawnID)
 		if err != nil {
@@ -193,9 +196,12 @@ func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec f
 		if err != nil {
 			return fleet.Server{}, err
 		}
-		if !changed {
+		if !changed && !stored {
 			return out, nil
 		}
+		// A turn after a refused write finds the store at want already
+		// ("same"): the pod still says the old slice, so it is written.
+		stored = true
 		last = cfg.Pods.AnnotateSliceAt(ctx, key.User, key.Name, rec.SpawnID, rv, want)
 		if last == nil {
 			log.InfoContext(ctx, "slice resized", "actor", actor, "mem_mib", want.MemoryMiB, "sm_percent", want.ComputePercent)

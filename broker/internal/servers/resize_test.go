@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/audit"
@@ -282,5 +283,58 @@ func TestResizeNotConfigured(t *testing.T) {
 	f := serverstest.New(t)
 	if _, err := f.Service.Resize(t.Context(), fleet.ServerKey{User: "a", Name: "b"}, fleet.Slice{MemoryMiB: 1, ComputePercent: 1, ComputeLimitPercent: 1}, serverstest.By); err == nil || errors.Is(err, fleet.ErrInvalid) {
 		t.Errorf("err = %v, want an internal error", err)
+	}
+}
+
+// touchingAnnotator changes the pod (as a kubelet's status update would)
+// right before the first conditional write of a slice, so that write is
+// refused as a changed pod.
+type touchingAnnotator struct {
+	servers.SliceAnnotator
+	t       *testing.T
+	f       *resizeFixture
+	touched bool
+}
+
+func (a *touchingAnnotator) AnnotateSliceAt(ctx context.Context, user, server, spawnID, rv string, slice v1.Slice) error {
+	if !a.touched {
+		a.touched = true
+		p := a.f.Pod(a.t, user, server)
+		p.Annotations["example.com/touched"] = "yes"
+		p.ResourceVersion += "1" // the fake API server keeps versions as given
+		if _, err := a.f.Kube.CoreV1().Pods(serverstest.Namespace).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+	}
+	return a.SliceAnnotator.AnnotateSliceAt(ctx, user, server, spawnID, rv, slice)
+}
+
+// TestAResizeWhosePodChangedMeanwhileIsStillWrittenOnThePod: the pod
+// changes between reading its version and writing the slice; the resize
+// starts over, finds the store at the new slice already, and must still
+// write it on the pod (a rebuild from pods would otherwise bring the old
+// slice back while the notebook runs with the new one).
+func TestAResizeWhosePodChangedMeanwhileIsStillWrittenOnThePod(t *testing.T) {
+	f := newResizeFixture(t, 0)
+	// The fake API server keeps no resourceVersions of its own: give the
+	// pod one, as a real API server does.
+	p := f.Pod(t, "alice", "lab")
+	p.ResourceVersion = "100"
+	if _, err := f.Kube.CoreV1().Pods(serverstest.Namespace).Update(t.Context(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pods := &touchingAnnotator{SliceAnnotator: f.Pods, t: t, f: f}
+	svc := servers.New(f.Store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now),
+		servers.WithResize(servers.ResizeConfig{Store: f.Store, Quotas: f.agents, Pods: pods, Deadline: 30 * time.Second}))
+	want := fleet.Slice{MemoryMiB: 16384, ComputePercent: 30, ComputeLimitPercent: 60}
+	if _, err := svc.Resize(t.Context(), f.key, want, serverstest.By); err != nil {
+		t.Fatalf("Resize: %v", err)
+	}
+	if !pods.touched {
+		t.Fatal("the pod was never written")
+	}
+	pod := f.Pod(t, "alice", "lab")
+	if got := pod.Annotations[v1.AnnotationMemoryMiB] + "/" + pod.Annotations[v1.AnnotationComputePercent] + "/" + pod.Annotations[v1.AnnotationComputeLimitPercent]; got != "16384/30/60" {
+		t.Errorf("pod slice annotations = %s, want 16384/30/60 (the store holds it)", got)
 	}
 }
