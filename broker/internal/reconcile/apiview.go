@@ -29,10 +29,11 @@ func (v *apiView) list(ctx context.Context) error {
 		}
 		v.bySpawn = make(map[string]spawner.ManagedPod, len(pods))
 		for _, p := range pods {
-			// A pod whose other annotations cannot be read still proves
-			// that its spawn's pod is there (absent), though not its slice
+			// Every pod that names its spawn (a readable one always does)
+			// proves that its spawn's pod is there (absent), even when its
+			// other annotations cannot be read, though not its slice
 			// (unheld).
-			if p.Err == nil || p.SpawnID != "" {
+			if p.SpawnID != "" {
 				v.bySpawn[p.SpawnID] = p
 			}
 		}
