@@ -40,8 +40,10 @@ func (c *Client) AnnotateSlice(ctx context.Context, user, server, spawnID string
 
 // SliceVersion returns the resourceVersion of the notebook pod of
 // user/server, checked as AnnotateSlice checks it (managed, of spawnID),
-// for a later AnnotateSliceAt.
-func (c *Client) SliceVersion(ctx context.Context, user, server, spawnID string) (string, error) {
+// for a later AnnotateSliceAt, and the slice its annotations record at that
+// version. A pod whose annotations cannot be read (ParsePod's error) is an
+// error: its slice is unknown.
+func (c *Client) SliceVersion(ctx context.Context, user, server, spawnID string) (string, v1.Slice, error) {
 	var pod *corev1.Pod
 	err := c.retry(ctx, "get pod "+PodName(user, server), func(ctx context.Context) error {
 		var err error
@@ -49,9 +51,13 @@ func (c *Client) SliceVersion(ctx context.Context, user, server, spawnID string)
 		return err
 	})
 	if err != nil {
-		return "", err
+		return "", v1.Slice{}, err
 	}
-	return pod.ResourceVersion, nil
+	m, err := ParsePod(pod)
+	if err != nil {
+		return "", v1.Slice{}, err
+	}
+	return pod.ResourceVersion, m.Slice, nil
 }
 
 // AnnotateSliceAt is AnnotateSlice once, on the condition that the pod is

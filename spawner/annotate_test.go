@@ -144,9 +144,12 @@ func TestFenceSliceStopsAnOlderAnnotate(t *testing.T) {
 		version++
 		return false, nil, nil // the tracker applies it
 	})
-	rv, err := h.client.SliceVersion(ctx, spec.User, spec.Server, spec.SpawnID)
+	rv, recorded, err := h.client.SliceVersion(ctx, spec.User, spec.Server, spec.SpawnID)
 	if err != nil {
 		t.Fatalf("SliceVersion: %v", err)
+	}
+	if recorded != spec.Slice {
+		t.Errorf("SliceVersion's slice = %+v, want the pod's %+v", recorded, spec.Slice)
 	}
 	fenced, err := h.client.FenceSlice(ctx, PodName(spec.User, spec.Server), spec.SpawnID)
 	if err != nil {
@@ -173,11 +176,14 @@ func TestFenceSliceStopsAnOlderAnnotate(t *testing.T) {
 		t.Errorf("fenced pod has no %s annotation", v1.AnnotationSliceRestored)
 	}
 	// With the current version the write goes through.
-	rv, err = h.client.SliceVersion(ctx, spec.User, spec.Server, spec.SpawnID)
+	rv, _, err = h.client.SliceVersion(ctx, spec.User, spec.Server, spec.SpawnID)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := h.client.AnnotateSliceAt(ctx, spec.User, spec.Server, spec.SpawnID, rv, grown); err != nil {
 		t.Fatalf("AnnotateSliceAt at the current version: %v", err)
+	}
+	if _, recorded, err = h.client.SliceVersion(ctx, spec.User, spec.Server, spec.SpawnID); err != nil || recorded != grown {
+		t.Errorf("SliceVersion after the write = %+v, %v; want %+v", recorded, err, grown)
 	}
 }

@@ -16,7 +16,8 @@ import (
 type GPUUsage struct {
 	GPU fleet.GPU
 	// AllocatedMiB is Σ slice memory on the GPU, MiB. It may exceed
-	// GPU.MemoryMiB only after Restore recorded pods that overcommit it or
+	// GPU.MemoryMiB only after Restore recorded pods that overcommit it,
+	// after UndoResize put back a slice whose room was taken meanwhile, or
 	// after the GPU was re-registered smaller.
 	AllocatedMiB int64
 	// AllocatedComputePercent is Σ guaranteed compute, percent (≤ 100 under

@@ -40,6 +40,26 @@ var resizeScript = redis.NewScript(libConsts + libLua + serversLua + resizeLua)
 // (the reconcile marker is missing: the GPU's counters may not hold every
 // pod's slice yet, so a growth could take room a running pod holds).
 func (s *Store) Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRequest, message string) (srv fleet.Server, changed bool, err error) {
+	return s.resize(ctx, k, req, message, nil)
+}
+
+// UndoResize puts the slice of server k's current spawn back to req.Slice
+// after a Resize to from that its pod did not record: the pod still says
+// req.Slice, and the GPU's and subjects' counters must charge what the pod
+// (and so the node agent) holds. It is Resize without the checks of room,
+// quotas and the reconcile marker (undoing a shrink is a growth, and
+// refusing it would leave the store charging less than the notebook may
+// use), on the condition that the allocation still holds from: when a
+// later resize changed it, nothing is written and changed is false with a
+// nil error (the later resize owns the slice now). req.UserQuota and
+// req.GroupQuotas are ignored. Errors: as Resize's, less the refusals of
+// room, quotas and readiness.
+func (s *Store) UndoResize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRequest, from fleet.Slice, message string) (srv fleet.Server, changed bool, err error) {
+	return s.resize(ctx, k, req, message, &from)
+}
+
+// resize runs resize.lua; undo, when set, is the slice an undo expects.
+func (s *Store) resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRequest, message string, undo *fleet.Slice) (srv fleet.Server, changed bool, err error) {
 	if err := fleet.ValidateSlice(req.Slice); err != nil {
 		return fleet.Server{}, false, fmt.Errorf("%w: resize server %s/%s: %w", fleet.ErrInvalid, k.User, k.Name, err)
 	}
@@ -74,6 +94,9 @@ func (s *Store) Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRe
 	for _, g := range fleet.SortedGroups(req.GroupQuotas) {
 		q := req.GroupQuotas[g]
 		args = append(args, "group", g, q.MemoryMiB, q.ComputePercent)
+	}
+	if undo != nil {
+		args = append(args, "undo", undo.MemoryMiB, undo.ComputePercent, undo.ComputeLimitPercent)
 	}
 	keys := []string{s.k.Allocs(), s.k.Usage(), s.k.Server(k.User, k.Name), s.k.Events(k.User, k.Name), s.k.Marker()}
 
@@ -110,6 +133,8 @@ func resizeResult(k fleet.ServerKey, req fleet.PlaceRequest, res any) (fleet.Ser
 		return srv, tag == "resized", nil, err
 	case "notfound":
 		return fleet.Server{}, false, fmt.Errorf("%w: user %s has no server %q", fleet.ErrNotFound, k.User, k.Name), nil
+	case "moved":
+		return fleet.Server{}, false, nil, nil
 	case "spawn":
 		f, err := stringsN(rest, 1)
 		if err != nil {

@@ -415,3 +415,51 @@ func TestResizeGrowthWaitsForTheRebuild(t *testing.T) {
 	}
 	verify(t, s)
 }
+
+// An undo puts back the slice the pod still records even when the shrink
+// it undoes freed room another slice took since (and past the user's
+// quota): the counters then charge what the node agent enforces. An undo
+// that finds the slice moved on by a later resize writes nothing.
+func TestUndoResizeRestoresTheRecordedSliceWhateverItTakes(t *testing.T) {
+	srv := redistest.Start(t)
+	s, _ := newStore(t, srv)
+	ctx := t.Context()
+	register(t, s, fleet.GPU{UUID: "GPU-0", Node: "n1", Model: "L4", MemoryMiB: 16384, SMCount: 58, Healthy: true})
+	quota := fleet.Quota{MemoryMiB: 3000}
+	runningServer(t, s, "alice", "nb", "spawn-a", fleet.PlaceRequest{Slice: slice(4096, 50)})
+	k := fleet.ServerKey{User: "alice", Name: "nb"}
+	shrunk := slice(2048, 20)
+	if _, changed, err := s.Resize(ctx, k, fleet.PlaceRequest{SliceID: "spawn-a", Slice: shrunk, UserQuota: quota}, "shrink"); err != nil || !changed {
+		t.Fatalf("shrink = %v, %v", changed, err)
+	}
+	runningServer(t, s, "bob", "nb", "spawn-b", fleet.PlaceRequest{Slice: slice(14336, 80)})
+	back := fleet.PlaceRequest{SliceID: "spawn-a", Slice: slice(4096, 50), UserQuota: quota}
+	if _, _, err := s.Resize(ctx, k, back, "grow"); !errors.Is(err, fleet.ErrNoCapacity) {
+		t.Fatalf("growing back with Resize: err = %v, want ErrNoCapacity (the room is taken)", err)
+	}
+
+	if _, changed, err := s.UndoResize(ctx, k, back, slice(3072, 20), "undo"); err != nil || changed {
+		t.Errorf("undo from a slice the server does not hold = %v, %v; want nothing written", changed, err)
+	}
+	rec, changed, err := s.UndoResize(ctx, k, back, shrunk, "undo")
+	if err != nil || !changed {
+		t.Fatalf("undo = %v, %v; want changed", changed, err)
+	}
+	if rec.Slice != back.Slice || rec.Allocation.Slice != back.Slice {
+		t.Errorf("undone record slice %+v, allocation %+v; want %+v", rec.Slice, rec.Allocation.Slice, back.Slice)
+	}
+	gpus, err := s.GPUUsage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gpus[0].AllocatedMiB != 4096+14336 || gpus[0].AllocatedComputePercent != 130 {
+		t.Errorf("GPU charges %d MiB, %d%%; want %d MiB, 130%% (what the pods hold)", gpus[0].AllocatedMiB, gpus[0].AllocatedComputePercent, 4096+14336)
+	}
+	used, _, err := s.QuotaUsed(ctx, "alice", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if used.MemoryMiB != 4096 || used.ComputePercent != 50 {
+		t.Errorf("alice is charged %d MiB, %d%%; want 4096 MiB, 50%%", used.MemoryMiB, used.ComputePercent)
+	}
+}

@@ -32,6 +32,7 @@ const (
 // broker/internal/redisstore.Store; see its Resize for the contract).
 type SliceStore interface {
 	Resize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRequest, message string) (fleet.Server, bool, error)
+	UndoResize(ctx context.Context, k fleet.ServerKey, req fleet.PlaceRequest, from fleet.Slice, message string) (fleet.Server, bool, error)
 }
 
 // LiveQuotas is the broker's side of the node agents' live quotas and
@@ -44,10 +45,11 @@ type LiveQuotas interface {
 
 // SliceAnnotator records a slice in its pod's annotations, the durable
 // record of allocations (implemented by spawner.Client): SliceVersion reads
-// the pod's resourceVersion, AnnotateSliceAt writes on the condition that
-// it is unchanged (else an error wrapping spawner.ErrPodChanged).
+// the pod's resourceVersion and the slice it records, AnnotateSliceAt
+// writes on the condition that the version is unchanged (else an error
+// wrapping spawner.ErrPodChanged).
 type SliceAnnotator interface {
-	SliceVersion(ctx context.Context, user, server, spawnID string) (string, error)
+	SliceVersion(ctx context.Context, user, server, spawnID string) (string, v1.Slice, error)
 	AnnotateSliceAt(ctx context.Context, user, server, spawnID, resourceVersion string, slice v1.Slice) error
 }
 
@@ -177,17 +179,25 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, want fle
 // for a slice the store admitted after the rebuild. A turn that starts over
 // after an ordinary change of the pod (a status update) finds the store at
 // the new slice already and still writes the pod. When the pod cannot be
-// written, the store is set back to the pod's slice and the resize fails
-// (503 class: nothing changed, try again).
+// written, the store is set back to the slice the pod said at its last read
+// and the resize fails (503 class: nothing changed, try again). That undo
+// is forced (Store.UndoResize): undoing a shrink is a growth, and the room
+// the shrink freed may be taken by then; refusing the undo would leave the
+// store charging less than the pod, and so the node agent, grants. It is
+// skipped when a later resize changed the store's slice meanwhile.
 func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec fleet.Server, want fleet.Slice, msg, actor string) (fleet.Server, error) {
 	cfg := s.resize
 	log := s.log.With("user", key.User, "server", key.Name, "slice_id", rec.SpawnID)
 	userQuota, groupQuotas := s.catalog.Quotas().ForUser(key.User, rec.Allocation.Groups)
 	req := fleet.PlaceRequest{SliceID: rec.SpawnID, User: key.User, Slice: want, UserQuota: userQuota, GroupQuotas: groupQuotas}
 	var last error
-	stored := false // a turn changed the store: the pod must still be written
+	stored := false       // a turn changed the store: the pod must still be written
+	recorded := rec.Slice // the slice the pod says, at its last read
 	for range resizeFenceRetries {
-		rv, err := cfg.Pods.SliceVersion(ctx, key.User, key.Name, rec.SpawnID)
+		rv, onPod, err := cfg.Pods.SliceVersion(ctx, key.User, key.Name, rec.SpawnID)
+		if err == nil {
+			recorded = onPod
+		}
 		if err != nil {
 			log.WarnContext(ctx, "read the pod before a resize", "err", err)
 			return fleet.Server{}, fmt.Errorf("%w: server %q: its pod could not be read, so the slice is unchanged; try again", fleet.ErrUnavailable, key.Name)
@@ -211,13 +221,18 @@ func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec f
 			break
 		}
 	}
-	// The pod still says rec.Slice (every write above was refused): put the
-	// store back to it. A shrink back always fits.
+	// Every write above was refused: the pod still says recorded. Put the
+	// store back to it, whatever room or quota that takes, unless a later
+	// resize moved the store's slice on from want (that one owns it now).
 	back := req
-	back.Slice = rec.Slice
-	if _, _, err := cfg.Store.Resize(ctx, key, back, "resize undone: its pod could not record it"); err != nil {
+	back.Slice = recorded
+	_, undone, err := cfg.Store.UndoResize(ctx, key, back, want, "resize undone: its pod could not record it")
+	if err != nil {
 		log.ErrorContext(ctx, "undo a resize the pod did not record", "err", err, "record_err", last)
 		return fleet.Server{}, fmt.Errorf("server %s/%s: the pod did not record the new slice (%w) and undoing it failed: %w", key.User, key.Name, last, err)
+	}
+	if !undone {
+		log.WarnContext(ctx, "resize not undone: a later resize changed the slice", "err", last)
 	}
 	log.WarnContext(ctx, "resize undone: the pod did not record it", "err", last)
 	return fleet.Server{}, fmt.Errorf("%w: server %q: the cluster did not record the new slice on its pod, so the slice is unchanged; try again", fleet.ErrUnavailable, key.Name)

@@ -19,9 +19,17 @@
 -- ARGV[12] k, then k quota caps: scope ("user"/"group"), name, memory MiB,
 --          compute percent (0 = none); a charged subject without caps is
 --          not limited
+-- ARGV[13+4k] "undo" or absent; with "undo", ARGV[14+4k..16+4k] are the
+--          memory MiB, compute percent and compute limit percent the
+--          allocation must hold now (the slice a failed resize stored).
+--          An undo puts back the slice the pod still records, so it is not
+--          checked against room, quotas or the marker: the GPU's and the
+--          subjects' counters return to what the pod's slice charges
 -- Returns one of
 --   {"resized", HGETALL}   the slice changed; event appended
 --   {"same", HGETALL}      the slice already was the asked one; nothing written
+--   {"moved", mem, cp, cl} an undo found another slice than the one it
+--                          undoes (a later resize changed it); nothing written
 --   {"notfound"}           no such server
 --   {"spawn", current}     the caller's spawn is not the current one
 --   {"state", current}     the server is not running
@@ -52,6 +60,12 @@ if not rec then
 end
 local a = cjson.decode(rec)
 local mem, cp, cl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local k = tonumber(ARGV[12])
+local undo = ARGV[13 + 4 * k] == 'undo'
+if undo and (a.memoryMiB ~= tonumber(ARGV[14 + 4 * k]) or a.computePercent ~= tonumber(ARGV[15 + 4 * k]) or
+    a.computeLimitPercent ~= tonumber(ARGV[16 + 4 * k])) then
+  return {'moved', tostring(a.memoryMiB), tostring(a.computePercent), tostring(a.computeLimitPercent)}
+end
 if a.memoryMiB == mem and a.computePercent == cp and a.computeLimitPercent == cl then
   return {'same', redis.call('HGETALL', KEYS[3])}
 end
@@ -67,7 +81,7 @@ end
 if g.mode ~= 'sliced' or (a.sharing and a.sharing ~= 'sliced') then
   return {'mode', a.sharing or g.mode}
 end
-local grows = dm > 0 or dc > 0
+local grows = not undo and (dm > 0 or dc > 0)
 if grows and redis.call('EXISTS', KEYS[5]) == 0 then
   return {'notready'}
 end
@@ -79,7 +93,6 @@ end
 
 -- Quotas: the subjects the allocation charges, user first.
 local caps = {}
-local k = tonumber(ARGV[12])
 for i = 1, k do
   local base = 13 + 4 * (i - 1)
   caps[ARGV[base] .. ':' .. ARGV[base + 1]] = {tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])}
@@ -93,7 +106,7 @@ end
 local used = usage_load(KEYS[2], prefixes)
 for i, sub in ipairs(subjects) do
   local c = caps[sub[1] .. ':' .. sub[2]]
-  if c then
+  if c and not undo then
     if dm > 0 and c[1] > 0 and used[i][2] + dm > c[1] then
       return {'quota', sub[1], sub[2], 'memoryMiB', tostring(c[1]), tostring(used[i][2]), tostring(dm)}
     end
