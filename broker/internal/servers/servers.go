@@ -401,7 +401,16 @@ func (s *Service) spawn(ctx context.Context, rec fleet.Server, prof fleet.Profil
 				return rec, unknown(perr, rec.Name+" may or may not have started")
 			}
 			log.InfoContext(ctx, "slice placed", "gpu_uuid", alloc.GPUUUID, "node", alloc.Node, "mem_mib", alloc.Slice.MemoryMiB, "sm_percent", alloc.Slice.ComputePercent)
+			placed := rec
 			rec, err = s.step(ctx, rec, v1.StateCreating, placedMessage(alloc), fleet.ServerPatch{Allocation: &alloc})
+			if err != nil && unrecorded(placed, rec, err) {
+				// Stopped, failed or removed while placing: the stop's
+				// release may have run before this placement; nothing will
+				// create a pod on the slice.
+				if _, rerr := s.store.Release(ctx, placed.SpawnID); rerr != nil {
+					log.WarnContext(ctx, "release the slice of a start ended while placing it; the reconciler will", "err", rerr)
+				}
+			}
 		case v1.StateCreating:
 			if rec.Allocation == nil {
 				return rec, fmt.Errorf("server %s/%s: creating without an allocation", rec.User, rec.Name)
@@ -550,6 +559,21 @@ func (s *Service) step(ctx context.Context, rec fleet.Server, to fleet.State, me
 		return cur, fmt.Errorf("%w: %s", fleet.ErrConflict, err.Error())
 	}
 	return cur, nil
+}
+
+// unrecorded reports whether the step of placing (from placed) to creating
+// failed with err, leaving cur, because the start ended meanwhile without
+// recording the placement: removed (errUndone), started again (another
+// spawn), or stopping, stopped or failed holding no allocation. An outage
+// or a step of the same start that overtook this one is not.
+func unrecorded(placed, cur fleet.Server, err error) bool {
+	switch {
+	case errors.Is(err, errUndone), cur.SpawnID != placed.SpawnID:
+		return true
+	case cur.Allocation != nil:
+		return false
+	}
+	return cur.State == v1.StateStopping || cur.State == v1.StateStopped || cur.State == v1.StateFailed
 }
 
 // unknown marks an outage (a *fleet.UnavailableError) in the middle of an

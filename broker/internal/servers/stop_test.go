@@ -77,3 +77,58 @@ func TestAStopWhileItsPodIsBeingCreatedKeepsTheSlice(t *testing.T) {
 	}
 	f.Verify(t)
 }
+
+// heldPlace is the store with a placement that waits, once entered, until
+// proceed is closed: a place script in flight at Redis.
+type heldPlace struct {
+	servers.Store
+	entered, proceed chan struct{}
+}
+
+func (s *heldPlace) Place(ctx context.Context, req fleet.PlaceRequest) (fleet.Allocation, error) {
+	close(s.entered)
+	select {
+	case <-s.proceed:
+	case <-ctx.Done():
+		return fleet.Allocation{}, ctx.Err()
+	}
+	return s.Store.Place(ctx, req)
+}
+
+// TestAStopWhileItsSliceIsBeingPlacedFreesTheSlice: a stop that settles
+// a start while its placement is in flight (the stop's release finds
+// nothing yet) leaves the spawn to release the slice it then places; it is
+// not left charged until a reconcile pass.
+func TestAStopWhileItsSliceIsBeingPlacedFreesTheSlice(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	store := &heldPlace{Store: f.Store, entered: make(chan struct{}), proceed: make(chan struct{})}
+	svc := servers.New(store, f.Releases, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+	key := fleet.ServerKey{User: "ivy", Name: "nb"}
+	created := make(chan error, 1)
+	go func() {
+		_, _, err := svc.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k")
+		created <- err
+	}()
+	select {
+	case <-store.entered:
+	case err := <-created:
+		t.Fatalf("Create returned %v before placing its slice", err)
+	}
+	s, err := svc.Delete(ctx, serverstest.By, key)
+	if err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if s.State != v1.StateStopped {
+		t.Fatalf("a stop while placing: state %s, want stopped (no pod can exist)", s.State)
+	}
+
+	close(store.proceed)
+	if err := <-created; !errors.Is(err, fleet.ErrConflict) {
+		t.Errorf("Create = %v, want ErrConflict (stopped while it was starting)", err)
+	}
+	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 0 {
+		t.Errorf("allocations after the start ended = %v, want none", allocs)
+	}
+	f.Verify(t)
+}
