@@ -41,8 +41,12 @@ func (s *Service) stop(ctx context.Context, by audit.Actor, rec fleet.Server) (f
 	key := rec.ServerKey
 	// A spawn in creating may still make its pod (up to
 	// fleet.PodCreateWindow after creating was recorded, RebuildFence with
-	// the clocks' slack): finding no pod then does not free the slice.
-	mayCreate := rec.State == v1.StateCreating && s.now().Sub(rec.UpdatedAt) <= fleet.RebuildFence
+	// the clocks' slack): finding no pod then does not free the slice. So
+	// may one stopped while creating, which an earlier stop left stopping
+	// with its allocation and no pod name (UpdatedAt is then that stop's,
+	// later than creating's: the window only grows).
+	mayCreate := (rec.State == v1.StateCreating || rec.State == v1.StateStopping && rec.Pod == "" && rec.Allocation != nil) &&
+		s.now().Sub(rec.UpdatedAt) <= fleet.RebuildFence
 	var err error
 	if rec.State != v1.StateStopping {
 		rec, err = s.store.Transition(ctx, key, rec.SpawnID, v1.StateStopping, msgStopping+byText(by, key.User), fleet.ServerPatch{})

@@ -34,7 +34,7 @@ func (p *heldCreate) CreatePod(ctx context.Context, s spawner.Spec) error {
 
 // TestAStopWhileItsPodIsBeingCreatedKeepsTheSlice: a stop that finds no
 // pod while the spawn is still creating it does not free the slice (the
-// pod is about to run on it); the spawn deletes the pod it then makes, and
+// pod is about to run on it), nor does a second stop; the spawn deletes the pod it then makes, and
 // the pod's end frees the slice and records the stop.
 func TestAStopWhileItsPodIsBeingCreatedKeepsTheSlice(t *testing.T) {
 	f := serverstest.New(t)
@@ -62,6 +62,14 @@ func TestAStopWhileItsPodIsBeingCreatedKeepsTheSlice(t *testing.T) {
 	}
 	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 1 {
 		t.Errorf("allocations while the pod may still be created = %v, want the slice kept", allocs)
+	}
+	// A retried stop (a client that got no answer) finds the record
+	// stopping and still no pod: the spawn may still make it.
+	if s, err := svc.Delete(ctx, serverstest.By, key); err != nil || s.State != v1.StateStopping {
+		t.Errorf("a second stop while the pod is being created = %s, %v; want stopping", s.State, err)
+	}
+	if allocs, _ := f.Store.Allocations(ctx); len(allocs) != 1 {
+		t.Errorf("allocations after a second stop while the pod may still be created = %v, want the slice kept", allocs)
 	}
 
 	close(pods.proceed)
