@@ -178,9 +178,13 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, want fle
 // store check runs again on the rebuilt data, and the pod is written only
 // for a slice the store admitted after the rebuild. A turn that starts over
 // after an ordinary change of the pod (a status update) finds the store at
-// the new slice already and still writes the pod. When the pod cannot be
-// written, the store is set back to the slice the pod said at its last read
-// and the resize fails (503 class: nothing changed, try again). That undo
+// the new slice already and still writes the pod, and so does a retry of a
+// resize whose first try died between the store and the pod. A write that
+// fails other than by its condition may have been applied (its answer
+// lost): the pod is read again and decides. When the pod cannot be written,
+// the store is set back to the slice the pod says (the larger of both in
+// each resource when it cannot be read) and the resize fails (503 class:
+// nothing changed, try again). That undo
 // is forced (Store.UndoResize): undoing a shrink is a growth, and the room
 // the shrink freed may be taken by then; refusing the undo would leave the
 // store charging less than the pod, and so the node agent, grants. It is
@@ -190,28 +194,32 @@ func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec f
 	log := s.log.With("user", key.User, "server", key.Name, "slice_id", rec.SpawnID)
 	userQuota, groupQuotas := s.catalog.Quotas().ForUser(key.User, rec.Allocation.Groups)
 	req := fleet.PlaceRequest{SliceID: rec.SpawnID, User: key.User, Slice: want, UserQuota: userQuota, GroupQuotas: groupQuotas}
-	var last error
-	stored := false       // a turn changed the store: the pod must still be written
-	recorded := rec.Slice // the slice the pod says, at its last read
+	var (
+		last     error
+		out      fleet.Server
+		stored   bool        // a turn changed the store: the pod must still be written
+		recorded fleet.Slice // the slice the pod says, at its last read
+	)
 	for range resizeFenceRetries {
 		rv, onPod, err := cfg.Pods.SliceVersion(ctx, key.User, key.Name, rec.SpawnID)
-		if err == nil {
-			recorded = onPod
-		}
 		if err != nil {
 			log.WarnContext(ctx, "read the pod before a resize", "err", err)
 			return fleet.Server{}, fmt.Errorf("%w: server %q: its pod could not be read, so the slice is unchanged; try again", fleet.ErrUnavailable, key.Name)
 		}
-		out, changed, err := cfg.Store.Resize(ctx, key, req, msg)
+		recorded = onPod
+		var changed bool
+		out, changed, err = cfg.Store.Resize(ctx, key, req, msg)
 		if err != nil {
 			return fleet.Server{}, err
 		}
-		if !changed && !stored {
+		// The store holds want now. A turn after a refused write, or a
+		// resize whose earlier try died between the store and the pod (a
+		// replica killed), finds it so already ("same"): unless the pod
+		// says want too, it is written.
+		stored = stored || changed || onPod != want
+		if !stored || onPod == want {
 			return out, nil
 		}
-		// A turn after a refused write finds the store at want already
-		// ("same"): the pod still says the old slice, so it is written.
-		stored = true
 		last = cfg.Pods.AnnotateSliceAt(ctx, key.User, key.Name, rec.SpawnID, rv, want)
 		if last == nil {
 			log.InfoContext(ctx, "slice resized", "actor", actor, "mem_mib", want.MemoryMiB, "sm_percent", want.ComputePercent)
@@ -221,20 +229,38 @@ func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec f
 			break
 		}
 	}
-	// Every write above was refused: the pod still says recorded. Put the
-	// store back to it, whatever room or quota that takes, unless a later
-	// resize moved the store's slice on from want (that one owns it now).
+	if !errors.Is(last, spawner.ErrPodChanged) {
+		// Not a refusal: the write may have been applied with its answer
+		// lost (an API server restarting). The pod decides; unread, the
+		// store charges the larger of both slices in each resource.
+		_, onPod, err := cfg.Pods.SliceVersion(ctx, key.User, key.Name, rec.SpawnID)
+		switch {
+		case err == nil && onPod == want:
+			log.InfoContext(ctx, "slice resized; its pod recorded it though the write's answer was an error", "actor", actor, "err", last)
+			return out, nil
+		case err == nil:
+			recorded = onPod
+		default:
+			log.WarnContext(ctx, "read the pod after a failed write of its slice", "err", err)
+			recorded = fleet.Slice{MemoryMiB: max(recorded.MemoryMiB, want.MemoryMiB), ComputePercent: max(recorded.ComputePercent, want.ComputePercent),
+				ComputeLimitPercent: max(recorded.ComputeLimitPercent, want.ComputeLimitPercent)}
+		}
+	}
+	// The pod says recorded. Put the store back to it, whatever room or
+	// quota that takes, unless a later resize moved the store's slice on
+	// from want (that one owns it now).
 	back := req
 	back.Slice = recorded
 	_, undone, err := cfg.Store.UndoResize(ctx, key, back, want, "resize undone: its pod could not record it")
-	if err != nil {
+	switch {
+	case err != nil:
 		log.ErrorContext(ctx, "undo a resize the pod did not record", "err", err, "record_err", last)
 		return fleet.Server{}, fmt.Errorf("server %s/%s: the pod did not record the new slice (%w) and undoing it failed: %w", key.User, key.Name, last, err)
-	}
-	if !undone {
+	case undone:
+		log.WarnContext(ctx, "resize undone: the pod did not record it", "err", last)
+	default:
 		log.WarnContext(ctx, "resize not undone: a later resize changed the slice", "err", last)
 	}
-	log.WarnContext(ctx, "resize undone: the pod did not record it", "err", last)
 	return fleet.Server{}, fmt.Errorf("%w: server %q: the cluster did not record the new slice on its pod, so the slice is unchanged; try again", fleet.ErrUnavailable, key.Name)
 }
 

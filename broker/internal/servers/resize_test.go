@@ -18,6 +18,7 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // resizeFixture is a running server "alice/lab" (profile small: 10240 MiB,
@@ -395,5 +396,66 @@ func TestAShrinkThePodDidNotRecordIsUndoneEvenWhenItsRoomIsTaken(t *testing.T) {
 		if g.GPU.UUID == before.Allocation.GPUUUID && g.AllocatedComputePercent != before.Slice.ComputePercent+95 {
 			t.Errorf("GPU %s charges %d%% compute; want %d%% (alice's pod's slice and the other one)", g.GPU.UUID, g.AllocatedComputePercent, before.Slice.ComputePercent+95)
 		}
+	}
+}
+
+// lostReply applies the slice write and then answers an outage, as an API
+// server restarting mid-request may.
+type lostReply struct{ servers.SliceAnnotator }
+
+func (l lostReply) AnnotateSliceAt(ctx context.Context, user, server, spawnID, rv string, slice v1.Slice) error {
+	if err := l.SliceAnnotator.AnnotateSliceAt(ctx, user, server, spawnID, rv, slice); err != nil {
+		return err
+	}
+	return fmt.Errorf("annotate pod: %w: the answer was lost", spawner.ErrUnavailable)
+}
+
+// TestAResizeWhosePodWriteLostItsAnswerIsNotUndone: the pod recorded the
+// new slice though its write answered an error; the resize must not put
+// the store back (a rebuild from the pod would restore the new slice under
+// a store that charges the old one).
+func TestAResizeWhosePodWriteLostItsAnswerIsNotUndone(t *testing.T) {
+	f := newResizeFixture(t, 0)
+	svc := servers.New(f.Store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now),
+		servers.WithResize(servers.ResizeConfig{Store: f.Store, Quotas: f.agents, Pods: lostReply{f.Pods}, Deadline: 30 * time.Second}))
+	want := fleet.Slice{MemoryMiB: 16384, ComputePercent: 30, ComputeLimitPercent: 60}
+	if _, err := svc.Resize(t.Context(), f.key, want, serverstest.By); err != nil {
+		t.Errorf("Resize whose pod recorded the slice: %v", err)
+	}
+	f.checkSlice(t, want)
+}
+
+// TestAResizeRetriedAfterItsReplicaDiedWritesThePod: a replica died
+// between changing the store and writing the pod; the client's retry
+// finds the store at the new slice already and must still write the pod.
+func TestAResizeRetriedAfterItsReplicaDiedWritesThePod(t *testing.T) {
+	f := newResizeFixture(t, 0)
+	ctx := t.Context()
+	rec, err := f.Store.GetServer(ctx, f.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fleet.Slice{MemoryMiB: 16384, ComputePercent: 30, ComputeLimitPercent: 60}
+	if _, changed, err := f.Store.Resize(ctx, f.key, fleet.PlaceRequest{SliceID: rec.SpawnID, User: "alice", Slice: want}, "the dead replica's change"); err != nil || !changed {
+		t.Fatalf("store resize = %v, %v", changed, err)
+	}
+	if _, err := f.svc.Resize(ctx, f.key, want, serverstest.By); err != nil {
+		t.Fatalf("retried Resize: %v", err)
+	}
+	f.checkSlice(t, want)
+}
+
+// checkSlice fails unless the store and the pod both hold want.
+func (f *resizeFixture) checkSlice(t *testing.T, want fleet.Slice) {
+	t.Helper()
+	rec, err := f.Store.GetServer(t.Context(), f.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := f.Pod(t, f.key.User, f.key.Name)
+	onPod := pod.Annotations[v1.AnnotationMemoryMiB] + "/" + pod.Annotations[v1.AnnotationComputePercent] + "/" + pod.Annotations[v1.AnnotationComputeLimitPercent]
+	wantText := fmt.Sprintf("%d/%d/%d", want.MemoryMiB, want.ComputePercent, want.ComputeLimitPercent)
+	if rec.Allocation.Slice != want || onPod != wantText {
+		t.Errorf("store %+v, pod %s; want both %s", rec.Allocation.Slice, onPod, wantText)
 	}
 }
