@@ -93,9 +93,11 @@ func WithResize(c ResizeConfig) Option {
 //
 // The store checks and charges the change atomically (room on the GPU, the
 // user's and groups' quotas for the growth); the pod's annotations are
-// updated; the desired quota goes to the node agent; then Resize waits up
-// to ResizeConfig.Wait for the agent to apply it and answers applied or
-// pending with a deadline. Shrinking memory is refused unless a fresh
+// updated; the desired quota goes to the node agent (the store's slice
+// after that, when another resize of the server overtook this one: the
+// answer's Slice); then Resize waits up to ResizeConfig.Wait for the agent
+// to apply it and answers applied or pending with a deadline (pending also
+// when the acknowledgement cannot be read). Shrinking memory is refused unless a fresh
 // sample from the node agent shows the notebook's processes use no more
 // than want.MemoryMiB now: "the notebook uses 6144 MiB now; memory cannot
 // shrink below that"; with no fresh figure the shrink is refused as well,
@@ -105,8 +107,10 @@ func WithResize(c ResizeConfig) Option {
 // Errors: fleet.ErrInvalid (bad names or slice), fleet.ErrNotFound,
 // fleet.ErrConflict (not running; memory in use or unknown), fleet.ErrNoCapacity
 // (the GPU lacks room), *fleet.QuotaError, fleet.ErrNotReady (a growth while
-// the allocations are being rebuilt after Redis lost its data); others are
-// internal.
+// the allocations are being rebuilt after Redis lost its data),
+// fleet.ErrUnavailable (the pod could not record the slice, so nothing
+// changed; or the slice is recorded but the agent could not be told, after
+// retries for up to the service's step timeout); others are internal.
 func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, by audit.Actor) (fleet.ResizeResult, error) {
 	res, err := s.resizeSlice(ctx, key, want, by)
 	if !errors.Is(err, fleet.ErrInvalid) && !errors.Is(err, fleet.ErrNotFound) {
@@ -146,18 +150,26 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, want fle
 		msg += fmt.Sprintf(" (up to %d%%)", want.ComputeLimitPercent)
 	}
 	msg += byText(by, key.User)
-	out, err := s.resizeRecorded(ctx, key, rec, want, msg, by.Name)
+	// From the store's change on, a caller that hangs up must not leave it
+	// half done: the pod's record, an undo and the agent's quota follow on
+	// a detached context (the wait for the agent does not).
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	out, err := s.resizeRecorded(dctx, key, rec, want, msg, by.Name)
 	if err != nil {
 		return fleet.ResizeResult{}, err
 	}
-	gen, err := cfg.Quotas.SetDesiredQuota(ctx, rec.SpawnID, want)
+	sent, gen, err := s.sendQuota(dctx, key, rec.SpawnID, want)
 	if err != nil {
-		return fleet.ResizeResult{}, fmt.Errorf("server %s/%s: send the new quota to the node agent: %w", key.User, key.Name, err)
+		s.log.ErrorContext(ctx, "send a recorded resize to the node agent", "user", key.User, "server", key.Name, "slice_id", rec.SpawnID, "err", err)
+		return fleet.ResizeResult{}, fmt.Errorf("%w: server %q: the new slice is recorded, but the node agent could not be told (%w); the notebook keeps its old limits until its slice is changed again", fleet.ErrUnavailable, key.Name, err)
 	}
-	res := fleet.ResizeResult{Server: out, Slice: want, Generation: gen}
+	res := fleet.ResizeResult{Server: out, Slice: sent, Generation: gen}
 	applied, err := waitApplied(ctx, *cfg, rec.SpawnID, gen)
 	if err != nil {
-		return fleet.ResizeResult{}, fmt.Errorf("server %s/%s: %w", key.User, key.Name, err)
+		// Sent, and recorded: only the acknowledgement is unknown.
+		s.log.WarnContext(ctx, "read the applied quota after a resize; answering pending", "user", key.User, "server", key.Name, "err", err)
+		applied = false
 	}
 	res.Applied = applied
 	if !applied {
@@ -262,6 +274,51 @@ func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec f
 		log.WarnContext(ctx, "resize not undone: a later resize changed the slice", "err", last)
 	}
 	return fleet.Server{}, fmt.Errorf("%w: server %q: the cluster did not record the new slice on its pod, so the slice is unchanged; try again", fleet.ErrUnavailable, key.Name)
+}
+
+// sendQuota sends want to the node agent as the desired quota of slice,
+// then reads the store's slice back and, while it differs, sends that
+// instead (at most resizeFenceRetries times): resizes of one server are
+// not serialized, and the one whose send came last may not be the one
+// whose store change did. Each resize's last send follows a read that
+// comes after its own store change, so the last send of all carries the
+// store's final slice. It returns the slice and generation sent last.
+func (s *Service) sendQuota(ctx context.Context, key fleet.ServerKey, slice string, want fleet.Slice) (fleet.Slice, int64, error) {
+	sent := want
+	var gen int64
+	for range resizeFenceRetries {
+		var err error
+		if gen, err = s.setDesiredQuota(ctx, slice, sent); err != nil {
+			return sent, 0, err
+		}
+		cur, err := s.store.GetServer(ctx, key)
+		if err != nil || cur.SpawnID != slice || cur.Allocation == nil || cur.Allocation.Slice == sent {
+			// Unread, ended or replaced: nothing newer to send for it.
+			break
+		}
+		sent = cur.Allocation.Slice
+	}
+	return sent, gen, nil
+}
+
+// setDesiredQuota is LiveQuotas.SetDesiredQuota retried, with a doubling
+// pause from 50 ms, until it succeeds or ctx ends (Redis failing over).
+func (s *Service) setDesiredQuota(ctx context.Context, slice string, q fleet.Slice) (int64, error) {
+	pause := 50 * time.Millisecond
+	for {
+		gen, err := s.resize.Quotas.SetDesiredQuota(ctx, slice, q)
+		if err == nil {
+			return gen, nil
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, err
+		case <-t.C:
+		}
+		pause = min(2*pause, 2*time.Second)
+	}
 }
 
 // checkMemoryUse refuses a memory shrink to wantMiB unless a fresh sample

@@ -3,7 +3,6 @@ package servers_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -18,7 +17,6 @@ import (
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
 	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
-	"github.com/gpubroker/gpubroker/spawner"
 )
 
 // resizeFixture is a running server "alice/lab" (profile small: 10240 MiB,
@@ -338,124 +336,5 @@ func TestAResizeWhosePodChangedMeanwhileIsStillWrittenOnThePod(t *testing.T) {
 	pod := f.Pod(t, "alice", "lab")
 	if got := pod.Annotations[v1.AnnotationMemoryMiB] + "/" + pod.Annotations[v1.AnnotationComputePercent] + "/" + pod.Annotations[v1.AnnotationComputeLimitPercent]; got != "16384/30/60" {
 		t.Errorf("pod slice annotations = %s, want 16384/30/60 (the store holds it)", got)
-	}
-}
-
-// failingAnnotator cannot write the pod (the API server refuses for good);
-// before refusing, it lets other slices take the room a shrink freed.
-type failingAnnotator struct {
-	servers.SliceAnnotator
-	before func(ctx context.Context)
-}
-
-func (a *failingAnnotator) AnnotateSliceAt(ctx context.Context, user, server, spawnID, rv string, slice v1.Slice) error {
-	a.before(ctx)
-	return errors.New("the server is currently unable to handle the request")
-}
-
-// TestAShrinkThePodDidNotRecordIsUndoneEvenWhenItsRoomIsTaken: a shrink
-// frees room in the store before its pod records it; other slices take the
-// room; the pod cannot be written. The store must go back to charging the
-// pod's slice (the one the node agent enforces), though undoing the shrink
-// is a growth that no longer fits.
-func TestAShrinkThePodDidNotRecordIsUndoneEvenWhenItsRoomIsTaken(t *testing.T) {
-	f := newResizeFixture(t, 0)
-	before, err := f.Store.GetServer(t.Context(), f.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	placed := 0
-	pods := &failingAnnotator{SliceAnnotator: f.Pods, before: func(ctx context.Context) {
-		for placed < 2 { // one on each GPU: 95 % of alice's is free after the shrink
-			placed++
-			req := fleet.PlaceRequest{SliceID: fmt.Sprintf("other-%d", placed), User: "bob", Slice: fleet.Slice{MemoryMiB: 1024, ComputePercent: 95, ComputeLimitPercent: 95}}
-			if _, err := f.Store.Place(ctx, req); err != nil {
-				t.Errorf("place %s: %v", req.SliceID, err)
-			}
-		}
-	}}
-	svc := servers.New(f.Store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now),
-		servers.WithResize(servers.ResizeConfig{Store: f.Store, Quotas: f.agents, Pods: pods, Deadline: 30 * time.Second}))
-	shrink := before.Slice
-	shrink.ComputePercent = 5
-	if _, err := svc.Resize(t.Context(), f.key, shrink, serverstest.By); !errors.Is(err, fleet.ErrUnavailable) {
-		t.Fatalf("Resize with a pod that cannot be written: err = %v, want ErrUnavailable (nothing changed)", err)
-	}
-	after, err := f.Store.GetServer(t.Context(), f.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if after.Slice != before.Slice || after.Allocation.Slice != before.Slice {
-		t.Errorf("store slice %+v, allocation %+v after the failed shrink; want the pod's %+v", after.Slice, after.Allocation.Slice, before.Slice)
-	}
-	gpus, err := f.Store.GPUUsage(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, g := range gpus {
-		if g.GPU.UUID == before.Allocation.GPUUUID && g.AllocatedComputePercent != before.Slice.ComputePercent+95 {
-			t.Errorf("GPU %s charges %d%% compute; want %d%% (alice's pod's slice and the other one)", g.GPU.UUID, g.AllocatedComputePercent, before.Slice.ComputePercent+95)
-		}
-	}
-}
-
-// lostReply applies the slice write and then answers an outage, as an API
-// server restarting mid-request may.
-type lostReply struct{ servers.SliceAnnotator }
-
-func (l lostReply) AnnotateSliceAt(ctx context.Context, user, server, spawnID, rv string, slice v1.Slice) error {
-	if err := l.SliceAnnotator.AnnotateSliceAt(ctx, user, server, spawnID, rv, slice); err != nil {
-		return err
-	}
-	return fmt.Errorf("annotate pod: %w: the answer was lost", spawner.ErrUnavailable)
-}
-
-// TestAResizeWhosePodWriteLostItsAnswerIsNotUndone: the pod recorded the
-// new slice though its write answered an error; the resize must not put
-// the store back (a rebuild from the pod would restore the new slice under
-// a store that charges the old one).
-func TestAResizeWhosePodWriteLostItsAnswerIsNotUndone(t *testing.T) {
-	f := newResizeFixture(t, 0)
-	svc := servers.New(f.Store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now),
-		servers.WithResize(servers.ResizeConfig{Store: f.Store, Quotas: f.agents, Pods: lostReply{f.Pods}, Deadline: 30 * time.Second}))
-	want := fleet.Slice{MemoryMiB: 16384, ComputePercent: 30, ComputeLimitPercent: 60}
-	if _, err := svc.Resize(t.Context(), f.key, want, serverstest.By); err != nil {
-		t.Errorf("Resize whose pod recorded the slice: %v", err)
-	}
-	f.checkSlice(t, want)
-}
-
-// TestAResizeRetriedAfterItsReplicaDiedWritesThePod: a replica died
-// between changing the store and writing the pod; the client's retry
-// finds the store at the new slice already and must still write the pod.
-func TestAResizeRetriedAfterItsReplicaDiedWritesThePod(t *testing.T) {
-	f := newResizeFixture(t, 0)
-	ctx := t.Context()
-	rec, err := f.Store.GetServer(ctx, f.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := fleet.Slice{MemoryMiB: 16384, ComputePercent: 30, ComputeLimitPercent: 60}
-	if _, changed, err := f.Store.Resize(ctx, f.key, fleet.PlaceRequest{SliceID: rec.SpawnID, User: "alice", Slice: want}, "the dead replica's change"); err != nil || !changed {
-		t.Fatalf("store resize = %v, %v", changed, err)
-	}
-	if _, err := f.svc.Resize(ctx, f.key, want, serverstest.By); err != nil {
-		t.Fatalf("retried Resize: %v", err)
-	}
-	f.checkSlice(t, want)
-}
-
-// checkSlice fails unless the store and the pod both hold want.
-func (f *resizeFixture) checkSlice(t *testing.T, want fleet.Slice) {
-	t.Helper()
-	rec, err := f.Store.GetServer(t.Context(), f.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod := f.Pod(t, f.key.User, f.key.Name)
-	onPod := pod.Annotations[v1.AnnotationMemoryMiB] + "/" + pod.Annotations[v1.AnnotationComputePercent] + "/" + pod.Annotations[v1.AnnotationComputeLimitPercent]
-	wantText := fmt.Sprintf("%d/%d/%d", want.MemoryMiB, want.ComputePercent, want.ComputeLimitPercent)
-	if rec.Allocation.Slice != want || onPod != wantText {
-		t.Errorf("store %+v, pod %s; want both %s", rec.Allocation.Slice, onPod, wantText)
 	}
 }
