@@ -31,7 +31,10 @@
 //     it should that fail).
 //   - Resize (enabled by WithResize) changes a running slice in place through
 //     the store's one atomic script, then records it in the pod's
-//     annotations and sends it to the node agent as the desired quota. It
+//     annotations and sends it to the node agent as the desired quota (then
+//     the store's slice, should another resize have overtaken it), on a
+//     context detached from the caller's once the store changed. A pod that
+//     cannot record it undoes the store's change, unchecked (resize.go). It
 //     never shrinks memory below a fresh agent sample of what the notebook
 //     holds, and refuses when there is no fresh sample.
 package servers
