@@ -159,7 +159,11 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, want fle
 	if err != nil {
 		return fleet.ResizeResult{}, err
 	}
-	sent, gen, err := s.sendQuota(dctx, key, rec.SpawnID, want)
+	// The send has a timeout of its own: the pod's write may have taken
+	// all of the first (an API server restarting).
+	qctx, qcancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer qcancel()
+	sent, gen, err := s.sendQuota(qctx, key, rec.SpawnID, want)
 	if err != nil {
 		s.log.ErrorContext(ctx, "send a recorded resize to the node agent", "user", key.User, "server", key.Name, "slice_id", rec.SpawnID, "err", err)
 		return fleet.ResizeResult{}, fmt.Errorf("%w: server %q: the new slice is recorded, but the node agent could not be told (%w); the notebook keeps its old limits until its slice is changed again", fleet.ErrUnavailable, key.Name, err)
@@ -191,9 +195,10 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, want fle
 // for a slice the store admitted after the rebuild. A turn that starts over
 // after an ordinary change of the pod (a status update) finds the store at
 // the new slice already and still writes the pod, and so does a retry of a
-// resize whose first try died between the store and the pod. A write that
-// fails other than by its condition may have been applied (its answer
-// lost): the pod is read again and decides. When the pod cannot be written,
+// resize whose first try died between the store and the pod. Before an
+// undo the pod is read again and decides: a write may have been applied
+// with its answer lost, or a retry of this resize may have written it.
+// When the pod cannot be written,
 // the store is set back to the slice the pod says (the larger of both in
 // each resource when it cannot be read) and the resize fails (503 class:
 // nothing changed, try again). That undo
@@ -241,22 +246,22 @@ func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec f
 			break
 		}
 	}
-	if !errors.Is(last, spawner.ErrPodChanged) {
-		// Not a refusal: the write may have been applied with its answer
-		// lost (an API server restarting). The pod decides; unread, the
-		// store charges the larger of both slices in each resource.
-		_, onPod, err := cfg.Pods.SliceVersion(ctx, key.User, key.Name, rec.SpawnID)
-		switch {
-		case err == nil && onPod == want:
-			log.InfoContext(ctx, "slice resized; its pod recorded it though the write's answer was an error", "actor", actor, "err", last)
-			return out, nil
-		case err == nil:
-			recorded = onPod
-		default:
-			log.WarnContext(ctx, "read the pod after a failed write of its slice", "err", err)
-			recorded = fleet.Slice{MemoryMiB: max(recorded.MemoryMiB, want.MemoryMiB), ComputePercent: max(recorded.ComputePercent, want.ComputePercent),
-				ComputeLimitPercent: max(recorded.ComputeLimitPercent, want.ComputeLimitPercent)}
-		}
+	// Read the pod again before any undo: a write whose answer was an
+	// error may have been applied (an API server restarting), and after a
+	// refused one the pod may say want by now (a retry of this same resize
+	// found the store at want and wrote it). The pod decides; unread, the
+	// store charges the larger of both slices in each resource.
+	_, onPod, err := cfg.Pods.SliceVersion(ctx, key.User, key.Name, rec.SpawnID)
+	switch {
+	case err == nil && onPod == want:
+		log.InfoContext(ctx, "slice resized; its pod says so though this call's write was not answered as done", "actor", actor, "err", last)
+		return out, nil
+	case err == nil:
+		recorded = onPod
+	default:
+		log.WarnContext(ctx, "read the pod after a failed write of its slice", "err", err)
+		recorded = fleet.Slice{MemoryMiB: max(recorded.MemoryMiB, want.MemoryMiB), ComputePercent: max(recorded.ComputePercent, want.ComputePercent),
+			ComputeLimitPercent: max(recorded.ComputeLimitPercent, want.ComputeLimitPercent)}
 	}
 	// The pod says recorded. Put the store back to it, whatever room or
 	// quota that takes, unless a later resize moved the store's slice on
@@ -282,39 +287,49 @@ func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec f
 // not serialized, and the one whose send came last may not be the one
 // whose store change did. Each resize's last send follows a read that
 // comes after its own store change, so the last send of all carries the
-// store's final slice. It returns the slice and generation sent last.
+// store's final slice. Sends and reads are retried until ctx ends (Redis
+// failing over); a read that never succeeds is an error, since the send
+// may have been overtaken. It returns the slice and generation sent last.
 func (s *Service) sendQuota(ctx context.Context, key fleet.ServerKey, slice string, want fleet.Slice) (fleet.Slice, int64, error) {
 	sent := want
 	var gen int64
 	for range resizeFenceRetries {
 		var err error
-		if gen, err = s.setDesiredQuota(ctx, slice, sent); err != nil {
+		if gen, err = retried(ctx, func() (int64, error) { return s.resize.Quotas.SetDesiredQuota(ctx, slice, sent) }); err != nil {
 			return sent, 0, err
 		}
-		cur, err := s.store.GetServer(ctx, key)
-		if err != nil || cur.SpawnID != slice || cur.Allocation == nil || cur.Allocation.Slice == sent {
-			// Unread, ended or replaced: nothing newer to send for it.
-			break
+		cur, err := retried(ctx, func() (fleet.Server, error) {
+			cur, err := s.store.GetServer(ctx, key)
+			if errors.Is(err, fleet.ErrNotFound) {
+				return cur, nil // removed: nothing newer to send for it
+			}
+			return cur, err
+		})
+		if err != nil {
+			return sent, 0, fmt.Errorf("read the slice back after sending it: %w", err)
+		}
+		if cur.SpawnID != slice || cur.Allocation == nil || cur.Allocation.Slice == sent {
+			break // ended or replaced, or the store's slice was sent
 		}
 		sent = cur.Allocation.Slice
 	}
 	return sent, gen, nil
 }
 
-// setDesiredQuota is LiveQuotas.SetDesiredQuota retried, with a doubling
-// pause from 50 ms, until it succeeds or ctx ends (Redis failing over).
-func (s *Service) setDesiredQuota(ctx context.Context, slice string, q fleet.Slice) (int64, error) {
+// retried calls f until it succeeds or ctx ends, with a doubling pause
+// from 50 ms (at most 2 s) between tries; it returns f's last answer.
+func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
 	pause := 50 * time.Millisecond
 	for {
-		gen, err := s.resize.Quotas.SetDesiredQuota(ctx, slice, q)
+		v, err := f()
 		if err == nil {
-			return gen, nil
+			return v, nil
 		}
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return 0, err
+			return v, err
 		case <-t.C:
 		}
 		pause = min(2*pause, 2*time.Second)

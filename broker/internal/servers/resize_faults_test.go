@@ -216,3 +216,50 @@ func TestAResizeWhoseClientHangsUpIsFinished(t *testing.T) {
 		t.Errorf("desired quota = %+v, %v; want %+v", d.Slice, err, want)
 	}
 }
+
+// churnThenTwin refuses a resize's pod writes as a pod whose status
+// changed; before the last one it lets a retry of the same resize run
+// whole and succeed.
+type churnThenTwin struct {
+	servers.SliceAnnotator
+	n    int
+	twin func(ctx context.Context)
+}
+
+func (c *churnThenTwin) AnnotateSliceAt(ctx context.Context, user, server, spawnID, rv string, slice v1.Slice) error {
+	c.n++
+	if c.n == 5 {
+		c.twin(ctx)
+	}
+	return fmt.Errorf("annotate: %w (a status update, or the twin's write)", spawner.ErrPodChanged)
+}
+
+// TestARefusedResizeDoesNotUndoItsSucceededTwin: a resize whose pod writes
+// are all refused must not put the store back when the pod says the new
+// slice meanwhile (a client's retry of the same resize found the store at
+// it and wrote the pod): the undo would leave the store charging less than
+// the pod and the agent hold.
+func TestARefusedResizeDoesNotUndoItsSucceededTwin(t *testing.T) {
+	f := newResizeFixture(t, 0)
+	before, err := f.Store.GetServer(t.Context(), f.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := before.Slice
+	want.ComputePercent += 20
+	pods := &churnThenTwin{SliceAnnotator: f.Pods}
+	pods.twin = func(ctx context.Context) {
+		if _, err := f.svc.Resize(ctx, f.key, want, serverstest.By); err != nil {
+			t.Errorf("the twin resize: %v", err)
+		}
+	}
+	svc := servers.New(f.Store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now),
+		servers.WithResize(servers.ResizeConfig{Store: f.Store, Quotas: f.agents, Pods: pods, Deadline: 30 * time.Second}))
+	if _, err := svc.Resize(t.Context(), f.key, want, serverstest.By); err != nil {
+		t.Errorf("Resize whose twin recorded the slice: %v", err)
+	}
+	if pods.n < 5 {
+		t.Fatalf("the twin never ran (%d writes)", pods.n)
+	}
+	f.checkSlice(t, want)
+}
