@@ -40,7 +40,11 @@
 //   - Exempt users and groups (and exempt overrides) are never reclaimed.
 //   - Extensions are granted atomically against the per-spawn limit
 //     (IdleStates.ExtendIdle); the cycle never writes the extension fields,
-//     so it cannot undo one.
+//     so it cannot undo one, and it reads the idle state again right before
+//     an idle stop or shrink, so an extension granted while it probed the
+//     notebooks holds.
+//   - A shrink that took effect stays on the ladder (and is restored once
+//     the notebook is busy) even when its event or audit write failed.
 //   - Exactly one replica runs the cycle: the composition root runs it under
 //     broker/internal/leader (a Lease released on shutdown only after the
 //     cycle stopped).

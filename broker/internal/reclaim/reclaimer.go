@@ -351,22 +351,26 @@ func (r *Reclaimer) cycle(ctx context.Context) (CycleReport, error) {
 		failed := false
 		compute := s.Slice.ComputePercent // the server's compute after the actions
 		for _, a := range acts {
-			if err := r.do(ctx, now, s, pol, a, o.obs[i].inputs); err != nil {
-				errs = append(errs, err)
-				failed = true
+			applied, err := r.do(ctx, now, s, pol, a, o.obs[i].inputs)
+			if applied && a.compute > 0 {
+				compute = a.compute
+			}
+			if applied && a.stop {
+				next.StoppedAt = now
+			}
+			if err != nil {
+				if !errors.Is(err, errExtendedMeanwhile) {
+					errs = append(errs, err)
+				}
+				// A change that took effect before a later step failed
+				// (its event, its audit) keeps the ladder's record of it:
+				// a shrink forgotten would never be restored.
+				failed = !applied
 				break
 			}
 			if a.audit != "" {
 				rep.Actions++
 				r.metrics.ObserveAction(actionName(a.audit), a.why, pol.DryRun)
-			}
-			if !pol.DryRun {
-				if a.compute > 0 {
-					compute = a.compute
-				}
-				if a.stop {
-					next.StoppedAt = now
-				}
 			}
 		}
 		if failed {
@@ -422,28 +426,48 @@ func changed(prev, next IdleState) bool {
 	return prev != next
 }
 
-// do carries out a (unless the policy is a dry run) and audits it.
-func (r *Reclaimer) do(ctx context.Context, now time.Time, s fleet.Server, pol Policy, a act, inputs map[string]string) error {
+// errExtendedMeanwhile is do's answer for an idle action on a spawn whose
+// user extended its idle clock while the cycle ran: nothing was done.
+var errExtendedMeanwhile = errors.New("reclaim: extended while the cycle ran")
+
+// do carries out a (unless the policy is a dry run) and audits it. applied
+// reports whether a's change of the server (a stop, a compute change) took
+// effect, also when a later step (its event, its audit) failed. An idle
+// stop or shrink first reads the spawn's idle state again: an extension
+// granted since the cycle read it (its probes take seconds) makes do
+// answer errExtendedMeanwhile, doing nothing; a state that cannot be read
+// stops the action too (never act on missing data).
+func (r *Reclaimer) do(ctx context.Context, now time.Time, s fleet.Server, pol Policy, a act, inputs map[string]string) (applied bool, err error) {
 	if !pol.DryRun {
-		var err error
+		if (a.stop || a.compute > 0) && a.why == whyIdle {
+			st, err := r.state(ctx, s)
+			if err != nil {
+				return false, fmt.Errorf("reclaim %s/%s: %s: %w", s.User, s.Name, a.audit, err)
+			}
+			if now.Before(st.ExtendedUntil) {
+				return false, errExtendedMeanwhile
+			}
+		}
 		switch {
 		case a.stop:
 			if _, err = r.servers.Transition(ctx, s.ServerKey, s.SpawnID, v1.StateRunning, a.message, fleet.ServerPatch{}); err == nil {
 				_, err = r.stopper.Delete(ctx, ActorOf, s.ServerKey)
+				applied = err == nil
 			}
 		case a.compute > 0:
 			if err = r.shrinker.SetCompute(ctx, s, a.compute, a.limit); err == nil {
+				applied = true
 				_, err = r.servers.Transition(ctx, s.ServerKey, s.SpawnID, v1.StateRunning, a.message, fleet.ServerPatch{})
 			}
 		default:
 			_, err = r.servers.Transition(ctx, s.ServerKey, s.SpawnID, v1.StateRunning, a.message, fleet.ServerPatch{})
 		}
 		if err != nil {
-			return fmt.Errorf("reclaim %s/%s: %s: %w", s.User, s.Name, a.audit, err)
+			return applied, fmt.Errorf("reclaim %s/%s: %s: %w", s.User, s.Name, a.audit, err)
 		}
 	}
 	if a.audit == "" {
-		return nil
+		return applied, nil
 	}
 	in := maps.Clone(inputs)
 	if in == nil {
@@ -457,7 +481,7 @@ func (r *Reclaimer) do(ctx context.Context, now time.Time, s fleet.Server, pol P
 	if a.compute > 0 {
 		in["computePercent"] = strconv.Itoa(a.compute)
 	}
-	return r.audit.AppendAudit(ctx, audit.Entry{Time: now, Source: v1.AuditSourceReclaim, Actor: Actor, ActorKind: v1.ActorReclaimer, Action: a.audit, Target: target(s),
+	return applied, r.audit.AppendAudit(ctx, audit.Entry{Time: now, Source: v1.AuditSourceReclaim, Actor: Actor, ActorKind: v1.ActorReclaimer, Action: a.audit, Target: target(s),
 		Reason: a.message, PolicyVersion: pol.Version, Inputs: in})
 }
 
