@@ -51,7 +51,8 @@ func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *recla
 		Policies: policies, Audit: audit, States: redisstore.NewReclaim(p.redis, cfg.Redis.Prefix),
 		Samples: redisstore.AgentSamples{Agents: p.agents}, Servers: p.store, Stopper: svc,
 		Shrinker: reclaim.ShrinkFunc(func(ctx context.Context, srv fleet.Server, cp, cl int) error {
-			_, err := svc.Resize(ctx, srv.ServerKey, fleet.Slice{MemoryMiB: srv.Slice.MemoryMiB, ComputePercent: cp, ComputeLimitPercent: cl}, reclaim.ActorOf)
+			// The spawn the cycle judged, with the memory it has then.
+			_, err := svc.ResizeCompute(ctx, srv.ServerKey, srv.SpawnID, cp, cl, reclaim.ActorOf)
 			return err
 		}),
 		Prober: reclaim.NewProber(&http.Client{Timeout: 10 * time.Second}, 5*time.Second, notebookTarget(p.spawner, token.Reveal())),

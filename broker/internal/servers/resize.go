@@ -112,7 +112,30 @@ func WithResize(c ResizeConfig) Option {
 // changed; or the slice is recorded but the agent could not be told, after
 // retries for up to the service's step timeout); others are internal.
 func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, by audit.Actor) (fleet.ResizeResult, error) {
-	res, err := s.resizeSlice(ctx, key, want, by)
+	return s.resizeAudited(ctx, key, by, &want, func(fleet.Server) (fleet.Slice, error) { return want, nil })
+}
+
+// ResizeCompute is Resize of the guaranteed compute and its limit only, of
+// spawn spawnID of server key: the memory is the one the server holds when
+// the resize reads it, so a memory change made since the caller looked is
+// kept (the reclaimer's shrink and restore use it). A server started again
+// since (another spawn) is fleet.ErrConflict, untouched.
+func (s *Service) ResizeCompute(ctx context.Context, key fleet.ServerKey, spawnID string, computePercent, computeLimitPercent int, by audit.Actor) (fleet.ResizeResult, error) {
+	want := fleet.Slice{ComputePercent: computePercent, ComputeLimitPercent: computeLimitPercent}
+	return s.resizeAudited(ctx, key, by, &want, func(rec fleet.Server) (fleet.Slice, error) {
+		if rec.SpawnID != spawnID {
+			return fleet.Slice{}, fmt.Errorf("%w: %s was started again (spawn %s, not %s)", fleet.ErrConflict, key.Name, rec.SpawnID, spawnID)
+		}
+		want.MemoryMiB = rec.Slice.MemoryMiB
+		return want, nil
+	})
+}
+
+// resizeAudited runs resizeSlice and audits it with *want, the asked
+// slice, which pick (giving the slice to resize to from the record) may
+// complete.
+func (s *Service) resizeAudited(ctx context.Context, key fleet.ServerKey, by audit.Actor, want *fleet.Slice, pick func(fleet.Server) (fleet.Slice, error)) (fleet.ResizeResult, error) {
+	res, err := s.resizeSlice(ctx, key, pick, by)
 	if !errors.Is(err, fleet.ErrInvalid) && !errors.Is(err, fleet.ErrNotFound) {
 		in := map[string]string{"memoryMiB": strconv.FormatInt(want.MemoryMiB, 10), "computePercent": strconv.Itoa(want.ComputePercent),
 			"computeLimitPercent": strconv.Itoa(want.ComputeLimitPercent)}
@@ -124,17 +147,24 @@ func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Sl
 	return res, err
 }
 
-func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, want fleet.Slice, by audit.Actor) (fleet.ResizeResult, error) {
+func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, pick func(fleet.Server) (fleet.Slice, error), by audit.Actor) (fleet.ResizeResult, error) {
 	cfg := s.resize
 	if cfg == nil {
 		return fleet.ResizeResult{}, errors.New("servers: resize is not configured")
 	}
-	if err := errors.Join(fleet.ValidateName("user", key.User), fleet.ValidateName("server", key.Name), fleet.ValidateSlice(want)); err != nil {
+	if err := errors.Join(fleet.ValidateName("user", key.User), fleet.ValidateName("server", key.Name)); err != nil {
 		return fleet.ResizeResult{}, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}
 	rec, err := s.store.GetServer(ctx, key)
 	if err != nil {
 		return fleet.ResizeResult{}, err
+	}
+	want, err := pick(rec)
+	if err != nil {
+		return fleet.ResizeResult{}, err
+	}
+	if err := fleet.ValidateSlice(want); err != nil {
+		return fleet.ResizeResult{}, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}
 	if rec.State != v1.StateRunning || rec.Allocation == nil {
 		return fleet.ResizeResult{}, fmt.Errorf("%w: %s %s; only a running server can be resized", fleet.ErrConflict, key.Name, fleet.Doing(rec.State))

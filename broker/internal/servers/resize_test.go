@@ -338,3 +338,34 @@ func TestAResizeWhosePodChangedMeanwhileIsStillWrittenOnThePod(t *testing.T) {
 		t.Errorf("pod slice annotations = %s, want 16384/30/60 (the store holds it)", got)
 	}
 }
+
+// TestResizeComputeKeepsTheMemoryAndTheSpawn: the reclaimer's compute
+// change keeps a memory growth made since it looked, and never touches a
+// spawn other than the one it judged.
+func TestResizeComputeKeepsTheMemoryAndTheSpawn(t *testing.T) {
+	f := newResizeFixture(t, 0)
+	ctx := t.Context()
+	grown := fleet.Slice{MemoryMiB: 16384, ComputePercent: 20, ComputeLimitPercent: 50}
+	if _, err := f.svc.Resize(ctx, f.key, grown, serverstest.By); err != nil {
+		t.Fatalf("grow memory: %v", err)
+	}
+	reclaimer := audit.Actor{Name: "reclaimer", Kind: v1.ActorReclaimer}
+	if _, err := f.svc.ResizeCompute(ctx, f.key, "another-spawn", 5, 50, reclaimer); !errors.Is(err, fleet.ErrConflict) {
+		t.Errorf("ResizeCompute of another spawn: err = %v, want ErrConflict", err)
+	}
+	res, err := f.svc.ResizeCompute(ctx, f.key, f.spawn, 5, 50, reclaimer)
+	if err != nil {
+		t.Fatalf("ResizeCompute: %v", err)
+	}
+	want := fleet.Slice{MemoryMiB: 16384, ComputePercent: 5, ComputeLimitPercent: 50}
+	if res.Slice != want {
+		t.Errorf("ResizeCompute answered %+v, want %+v (the grown memory kept)", res.Slice, want)
+	}
+	rec, err := f.Store.GetServer(ctx, f.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Slice != want {
+		t.Errorf("stored slice %+v, want %+v", rec.Slice, want)
+	}
+}
