@@ -32,6 +32,24 @@ func (p *heldCreate) CreatePod(ctx context.Context, s spawner.Spec) error {
 	return p.Pods.CreatePod(ctx, s)
 }
 
+// createHeld starts server key (profile small) with svc in the background
+// and returns once entered is closed (the start reached a held step); the
+// channel gets Create's error.
+func createHeld(t *testing.T, svc *servers.Service, key fleet.ServerKey, entered chan struct{}) chan error {
+	t.Helper()
+	created := make(chan error, 1)
+	go func() {
+		_, _, err := svc.Create(t.Context(), serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k")
+		created <- err
+	}()
+	select {
+	case <-entered:
+	case err := <-created:
+		t.Fatalf("Create returned %v before reaching the held step", err)
+	}
+	return created
+}
+
 // TestAStopWhileItsPodIsBeingCreatedKeepsTheSlice: a stop that finds no
 // pod while the spawn is still creating it does not free the slice (the
 // pod is about to run on it), nor does a second stop; the spawn deletes the pod it then makes, and
@@ -42,16 +60,7 @@ func TestAStopWhileItsPodIsBeingCreatedKeepsTheSlice(t *testing.T) {
 	pods := &heldCreate{Pods: f.Releases, entered: make(chan struct{}), proceed: make(chan struct{})}
 	svc := servers.New(f.Store, pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
 	key := fleet.ServerKey{User: "ivy", Name: "nb"}
-	created := make(chan error, 1)
-	go func() {
-		_, _, err := svc.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k")
-		created <- err
-	}()
-	select {
-	case <-pods.entered:
-	case err := <-created:
-		t.Fatalf("Create returned %v before creating its pod", err)
-	}
+	created := createHeld(t, svc, key, pods.entered)
 
 	s, err := svc.Delete(ctx, serverstest.By, key)
 	if err != nil {
@@ -113,16 +122,7 @@ func TestAStopWhileItsSliceIsBeingPlacedFreesTheSlice(t *testing.T) {
 	store := &heldPlace{Store: f.Store, entered: make(chan struct{}), proceed: make(chan struct{})}
 	svc := servers.New(store, f.Releases, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
 	key := fleet.ServerKey{User: "ivy", Name: "nb"}
-	created := make(chan error, 1)
-	go func() {
-		_, _, err := svc.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k")
-		created <- err
-	}()
-	select {
-	case <-store.entered:
-	case err := <-created:
-		t.Fatalf("Create returned %v before placing its slice", err)
-	}
+	created := createHeld(t, svc, key, store.entered)
 	s, err := svc.Delete(ctx, serverstest.By, key)
 	if err != nil {
 		t.Fatalf("Delete: %v", err)
