@@ -31,11 +31,11 @@ func TestServerLifecycle(t *testing.T) {
 	e := newEnv(t, envOptions{nodes: 2, gpusPerNode: 1})
 	ctx := t.Context()
 	alice := e.client("alice", "ml")
-	const secretValue = "hub-api-token-value-3f9c1d"
+	const secretValue = "api-token-value-3f9c1d"
 	req := v1.CreateServerRequest{
 		Profile:   "small",
 		Env:       map[string]string{"E2E_PLAIN": "plain-value"},
-		SecretEnv: map[string]string{"JUPYTERHUB_API_TOKEN": secretValue},
+		SecretEnv: map[string]string{"E2E_API_TOKEN": secretValue},
 	}
 
 	created, status, err := alice.CreateServer(ctx, "alice", "nb", "key-1", req)
@@ -82,7 +82,7 @@ func TestServerLifecycle(t *testing.T) {
 	if got := pod.Spec.Containers[0].Env; !hasEnv(got, "E2E_PLAIN", "plain-value") {
 		t.Errorf("pod env lacks E2E_PLAIN=plain-value: %v", envNames(got))
 	}
-	secrets := e.checkSecretEnv(t, pod, "JUPYTERHUB_API_TOKEN", secretValue)
+	secrets := e.checkSecretEnv(t, pod, "E2E_API_TOKEN", secretValue)
 	if b, _ := json.Marshal(pod); strings.Contains(string(b), secretValue) {
 		t.Errorf("secret value appears in the pod object")
 	}

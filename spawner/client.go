@@ -318,7 +318,27 @@ const tokenCacheLimit = 8192
 // another spawn or without a token; other errors are the API server's
 // (retryable).
 func (c *Client) NotebookToken(ctx context.Context, user, server, spawnID string) (string, error) {
-	key := tokenKey{user, server, spawnID}
+	return c.secretToken(ctx, user, server, spawnID, v1.EnvNotebookToken)
+}
+
+// HubServerToken returns the API token JupyterHub gave the notebook server
+// of spawn spawnID ("JUPYTERHUB_API_TOKEN", which the broker keeps in the
+// server's Secret), as NotebookToken returns the notebook token. It grants
+// access to that one server and its user's activity only (JupyterHub's
+// "server" role), so the notebook, which holds it anyway, learns nothing
+// from a request that carries it; the hub's own API token must never be
+// sent to a notebook, whose process the tenant controls.
+func (c *Client) HubServerToken(ctx context.Context, user, server, spawnID string) (string, error) {
+	return c.secretToken(ctx, user, server, spawnID, EnvHubAPIToken)
+}
+
+// EnvHubAPIToken is the variable JupyterHub passes a spawned server its API
+// token in.
+const EnvHubAPIToken = "JUPYTERHUB_API_TOKEN"
+
+// secretToken is NotebookToken of the Secret's key field.
+func (c *Client) secretToken(ctx context.Context, user, server, spawnID, field string) (string, error) {
+	key := tokenKey{user, server, spawnID, field}
 	c.mu.Lock()
 	tok, ok := c.tokens[key]
 	c.mu.Unlock()
@@ -327,7 +347,7 @@ func (c *Client) NotebookToken(ctx context.Context, user, server, spawnID string
 	}
 	err := c.retry(ctx, "read secret "+SecretName(user, server), func(ctx context.Context) error {
 		var err error
-		tok, err = c.readNotebookToken(ctx, user, server, spawnID)
+		tok, err = c.readToken(ctx, user, server, spawnID, field)
 		return err
 	})
 	if err != nil {
@@ -342,10 +362,10 @@ func (c *Client) NotebookToken(ctx context.Context, user, server, spawnID string
 	return tok, nil
 }
 
-// tokenKey names one spawn of one server.
-type tokenKey struct{ user, server, spawnID string }
+// tokenKey names one token field of one spawn of one server.
+type tokenKey struct{ user, server, spawnID, field string }
 
-func (c *Client) readNotebookToken(ctx context.Context, user, server, spawnID string) (string, error) {
+func (c *Client) readToken(ctx context.Context, user, server, spawnID, field string) (string, error) {
 	name := SecretName(user, server)
 	s, err := c.cs.CoreV1().Secrets(c.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
@@ -358,9 +378,9 @@ func (c *Client) readNotebookToken(ctx context.Context, user, server, spawnID st
 	case spawnOf(s) != spawnID:
 		return "", fmt.Errorf("secret %s: %w: it belongs to spawn %s", name, ErrNoToken, spawnOf(s))
 	}
-	tok := string(s.Data[v1.EnvNotebookToken])
+	tok := string(s.Data[field])
 	if tok == "" {
-		return "", fmt.Errorf("secret %s: %w: it has no %s", name, ErrNoToken, v1.EnvNotebookToken)
+		return "", fmt.Errorf("secret %s: %w: it has no %s", name, ErrNoToken, field)
 	}
 	return tok, nil
 }

@@ -3,6 +3,7 @@ package spawner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -571,12 +572,34 @@ func TestNotebookTokenAndPrefix(t *testing.T) {
 	hubSpec := testSpec()
 	hubSpec.Server, hubSpec.SpawnID = "hub", "hub-spawn"
 	hubSpec.Env = map[string]string{"JUPYTERHUB_SERVICE_PREFIX": "/user/alice/hub/"}
-	if err := h.client.Create(ctx, hubSpec, nil); err != nil {
+	hubSpec.SecretEnv = true
+	if err := h.client.Create(ctx, hubSpec, map[string]string{EnvHubAPIToken: "the-server-token", v1.EnvNotebookToken: "nb-token"}); err != nil {
 		t.Fatal(err)
+	}
+	if tok, err := h.client.HubServerToken(ctx, "alice", "hub", "hub-spawn"); err != nil || tok != "the-server-token" {
+		t.Errorf("HubServerToken = %q, %v; want the server's own hub token", tok, err)
+	}
+	if tok, err := h.client.NotebookToken(ctx, "alice", "hub", "hub-spawn"); err != nil || tok != "nb-token" {
+		t.Errorf("NotebookToken of the hub server = %q, %v; want its notebook token (a separate cache entry)", tok, err)
 	}
 	h.waitEvent(t, "the hub's pod is cached", func(ev PodEvent) bool { return ev.SpawnID == hubSpec.SpawnID })
 	if prefix, hub, ok := h.client.NotebookPrefix("alice", "hub", "hub-spawn"); !ok || !hub || prefix != "/user/alice/hub/" {
 		t.Errorf("hub notebook: prefix %q hub %t ok %t, want the hub's prefix", prefix, hub, ok)
+	}
+
+	// A prefix that is not a plain path would move the probe, and the
+	// token it carries, to another host.
+	for i, bad := range []string{"@attacker.example/", "//attacker.example/", "/x@attacker.example/", "user/a/", "/a?b", `/a\b`} {
+		spec := testSpec()
+		spec.Server, spec.SpawnID = fmt.Sprintf("bad%d", i), fmt.Sprintf("bad-spawn-%d", i)
+		spec.Env = map[string]string{"JUPYTERHUB_SERVICE_PREFIX": bad}
+		if err := h.client.Create(ctx, spec, nil); err != nil {
+			t.Fatal(err)
+		}
+		h.waitEvent(t, "the pod with a bad prefix is cached", func(ev PodEvent) bool { return ev.SpawnID == spec.SpawnID })
+		if prefix, _, ok := h.client.NotebookPrefix(spec.User, spec.Server, spec.SpawnID); ok {
+			t.Errorf("prefix %q: NotebookPrefix = %q, ok; want refused", bad, prefix)
+		}
 	}
 }
 

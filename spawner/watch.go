@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -291,8 +293,11 @@ func (c *Client) PodBySlugs(userSlug, serverSlug string) (ManagedPod, bool, erro
 // NotebookPrefix returns the path prefix of the running notebook of spawn
 // spawnID of (user, server), read from its cached pod: JupyterHub's
 // JUPYTERHUB_SERVICE_PREFIX when the hub started it (hub is then true: the
-// notebook takes the hub's tokens, not the spawn's), else
-// v1.EnvBaseURL. ok is false when the cache has no such pod.
+// notebook takes tokens the hub issued, such as HubServerToken, not the
+// spawn's notebook token), else v1.EnvBaseURL. ok is false when the cache
+// has no such pod, or when the prefix is not a plain absolute path
+// (pathOnly): only the hub may set JUPYTERHUB_* variables, but the
+// prefix is appended to the pod's address and must not name another host.
 func (c *Client) NotebookPrefix(user, server, spawnID string) (prefix string, hub, ok bool) {
 	c.mu.Lock()
 	lister := c.lister
@@ -312,14 +317,25 @@ func (c *Client) NotebookPrefix(user, server, spawnID string) (prefix string, hu
 		for _, e := range ctr.Env {
 			switch e.Name {
 			case "JUPYTERHUB_SERVICE_PREFIX":
-				return e.Value, true, true
+				return e.Value, true, pathOnly(e.Value)
 			case v1.EnvBaseURL:
 				base = e.Value
 			}
 		}
-		return base, false, base != ""
+		return base, false, base != "" && pathOnly(base)
 	}
 	return "", false, false
+}
+
+// pathOnly reports whether p is an absolute URL path and nothing more: a
+// prefix appended to a pod's address must not name another host
+// ("@evil/", "//evil/") or carry a query, fragment or backslash.
+func pathOnly(p string) bool {
+	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsAny(p, "@?#\\ ") {
+		return false
+	}
+	u, err := url.Parse(p)
+	return err == nil && u.Scheme == "" && u.Host == "" && u.User == nil
 }
 
 // observe turns an informer notification into a queued event. It never

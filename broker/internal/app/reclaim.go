@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -55,7 +56,7 @@ func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *recla
 			_, err := svc.ResizeCompute(ctx, srv.ServerKey, srv.SpawnID, cp, cl, reclaim.ActorOf)
 			return err
 		}),
-		Prober: reclaim.NewProber(&http.Client{Timeout: 10 * time.Second}, 5*time.Second, notebookTarget(p.spawner, token.Reveal())),
+		Prober: reclaim.NewProber(&http.Client{Timeout: 10 * time.Second}, 5*time.Second, notebookTarget(p.spawner)),
 		Hub:    hub, Proxy: redisstore.NewNotebooks(p.redis, cfg.Redis.Prefix), ProxyFresh: 3 * proxy.DefaultActivityFlush,
 		Interval: cfg.ReclaimInterval, Log: log, Metrics: p.metrics,
 	})
@@ -63,22 +64,28 @@ func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *recla
 
 // notebookTarget locates a running server's notebook API for the probe:
 // its pod's URL under the notebook's own path prefix, with the spawn's
-// notebook token, or the hub API token for a notebook JupyterHub started
-// (it takes the hub's tokens only).
-func notebookTarget(sp *spawner.Client, hubToken string) reclaim.Target {
+// notebook token, or, for a notebook JupyterHub started, the API token the
+// hub gave that server (its own server only; the hub's API token, which
+// reaches every hub server, is never sent to a notebook: the tenant runs
+// the process that would receive it). The joined address must stay on the
+// pod's host.
+func notebookTarget(sp *spawner.Client) reclaim.Target {
 	return func(ctx context.Context, s fleet.Server) (string, string, error) {
 		prefix, hub, ok := sp.NotebookPrefix(s.User, s.Name, s.SpawnID)
 		if !ok {
-			return "", "", errors.New("the notebook's pod is not in the broker's cache")
+			return "", "", errors.New("the notebook's pod is not in the broker's cache, or its path prefix is not a plain path")
 		}
 		base := strings.TrimSuffix(s.URL, "/") + prefix
-		if hub {
-			if hubToken == "" {
-				return "", "", errors.New("JupyterHub started this notebook; give the broker --hub-api-token-file (scope access:servers) to read its activity")
-			}
-			return base, hubToken, nil
+		pod, err1 := url.Parse(s.URL)
+		joined, err2 := url.Parse(base)
+		if err1 != nil || err2 != nil || joined.Host != pod.Host || joined.User != nil {
+			return "", "", fmt.Errorf("the notebook's address %q does not stay on its pod's host", base)
 		}
-		tok, err := sp.NotebookToken(ctx, s.User, s.Name, s.SpawnID)
+		token := sp.NotebookToken
+		if hub {
+			token = sp.HubServerToken
+		}
+		tok, err := token(ctx, s.User, s.Name, s.SpawnID)
 		if err != nil {
 			return "", "", fmt.Errorf("the notebook's token: %w", err)
 		}
@@ -129,8 +136,8 @@ func leaseIdentity() (string, error) {
 	return host + "_" + hex.EncodeToString(b[:]), nil
 }
 
-// tokenTransport authenticates requests to JupyterHub and the notebook
-// servers with a hub API token.
+// tokenTransport authenticates requests to JupyterHub with the broker's
+// hub API token (never to a notebook server: notebookTarget).
 type tokenTransport struct {
 	token string
 	base  http.RoundTripper

@@ -202,7 +202,7 @@ func (c *Config) Table() *cliconfig.Table {
 			return nil
 		}})
 	add(cliconfig.Flag{Name: "hub-api-token-file", Placeholder: "PATH", Value: cliconfig.String(&c.HubAPITokenFile),
-		Help: "File holding a hub API token (scopes users:activity, access:servers); required with --hub-url.",
+		Help: "File holding a hub API token (scope users:activity); required with --hub-url.",
 		Check: func() error {
 			if c.HubURL != "" && c.HubAPITokenFile == "" {
 				return errors.New("is required with --hub-url")

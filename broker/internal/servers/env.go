@@ -16,6 +16,13 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // override them, or a notebook could lift its own limits.
 var reservedEnvPrefixes = []string{"GPUBROKER_", "NVIDIA_", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_", "LD_PRELOAD", v1.EnvNotebookToken}
 
+// hubEnvPrefix marks the variables JupyterHub gives the servers it spawns
+// (JUPYTERHUB_SERVICE_PREFIX, JUPYTERHUB_API_TOKEN, ...). Only the hub may
+// set them: the broker takes a server whose pod carries them for one the
+// hub started (spawner.Client.NotebookPrefix), and a user's own server must
+// not pass for one.
+const hubEnvPrefix = "JUPYTERHUB_"
+
 // secretWords mark an env name as a credential: its value goes into the
 // server's Secret even when the caller sent it as plain env (JupyterHub
 // sends JUPYTERHUB_API_TOKEN among its plain spawner environment).
@@ -29,8 +36,9 @@ const (
 )
 
 // splitEnv validates a create's environment and returns the plain and the
-// secret parts. Every problem is reported at once.
-func splitEnv(env, secretEnv map[string]string) (plain, secret map[string]string, err error) {
+// secret parts; hub says the hub asks (JUPYTERHUB_* names are allowed).
+// Every problem is reported at once.
+func splitEnv(env, secretEnv map[string]string, hub bool) (plain, secret map[string]string, err error) {
 	var errs []error
 	if n := len(env) + len(secretEnv); n > MaxEnv {
 		errs = append(errs, fmt.Errorf("%d environment variables given; the limit is %d", n, MaxEnv))
@@ -47,6 +55,10 @@ func splitEnv(env, secretEnv map[string]string) (plain, secret map[string]string
 				errs = append(errs, fmt.Errorf("environment variable %s is set by gpubroker and cannot be overridden", name))
 				ok = false
 			}
+		}
+		if !hub && strings.HasPrefix(strings.ToUpper(name), hubEnvPrefix) {
+			errs = append(errs, fmt.Errorf("environment variable %s is JupyterHub's to set; only a server the hub starts carries it", name))
+			ok = false
 		}
 		if len(value) > MaxEnvValueBytes {
 			errs = append(errs, fmt.Errorf("environment variable %s is %d bytes long; the limit is %d", name, len(value), MaxEnvValueBytes))

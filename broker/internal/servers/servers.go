@@ -218,7 +218,7 @@ func (s *Service) Create(ctx context.Context, by audit.Actor, user string, group
 	if err := errors.Join(fleet.ValidateName("user", user), fleet.ValidateName("server", name)); err != nil {
 		return fleet.Server{}, false, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}
-	plain, secret, err := splitEnv(req.Env, req.SecretEnv)
+	plain, secret, err := splitEnv(req.Env, req.SecretEnv, by.Kind == v1.ActorHub)
 	if err != nil {
 		return fleet.Server{}, false, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}

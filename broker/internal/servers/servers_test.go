@@ -19,6 +19,7 @@ import (
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/catalog"
+	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
@@ -161,6 +162,12 @@ func TestRefusals(t *testing.T) {
 			wantErr: fleet.ErrNoCapacity, wantMsg: "no GPU has 30 GiB free; the largest free block is 10 GiB on node n1"},
 		{name: "reserved env", user: "carol", server: "b", req: v1.CreateServerRequest{Profile: "small", Env: map[string]string{"LD_PRELOAD": "/x.so"}},
 			wantErr: fleet.ErrInvalid, wantMsg: "LD_PRELOAD is set by gpubroker"},
+		// Only the hub sets JupyterHub's variables: a pod that carries them
+		// passes for a hub-started notebook (its path prefix, its token).
+		{name: "a user's hub env", user: "carol", server: "b", req: v1.CreateServerRequest{Profile: "small", Env: map[string]string{"JUPYTERHUB_SERVICE_PREFIX": "@attacker.example/"}},
+			wantErr: fleet.ErrInvalid, wantMsg: "JUPYTERHUB_SERVICE_PREFIX is JupyterHub's to set"},
+		{name: "a user's hub secret env", user: "carol", server: "b", req: v1.CreateServerRequest{Profile: "small", SecretEnv: map[string]string{"jupyterhub_api_token": "x"}},
+			wantErr: fleet.ErrInvalid, wantMsg: "jupyterhub_api_token is JupyterHub's to set"},
 		{name: "bad server name", user: "carol", server: "a/b", req: v1.CreateServerRequest{Profile: "small"},
 			wantErr: fleet.ErrInvalid, wantMsg: `contains '/'`},
 	}
@@ -209,7 +216,8 @@ func TestSecretEnvNeverInPodSpec(t *testing.T) {
 		Env:       map[string]string{"JUPYTERHUB_API_TOKEN": "hub-secret-1", "JUPYTERHUB_USER": "dora"},
 		SecretEnv: map[string]string{"WANDB": "wandb-secret-2"},
 	}
-	if _, _, err := f.Service.Create(ctx, serverstest.By, "dora", nil, "nb", req, "k"); err != nil {
+	hub := audit.Actor{Name: "jupyterhub", Kind: v1.ActorHub}
+	if _, _, err := f.Service.Create(ctx, hub, "dora", nil, "nb", req, "k"); err != nil {
 		t.Fatal(err)
 	}
 	pod := f.Pod(t, "dora", "nb")

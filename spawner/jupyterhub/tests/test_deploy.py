@@ -60,9 +60,11 @@ def test_the_broker_is_a_hub_service_with_the_scopes_it_uses(values):
     assert "gpubroker" in values["hub"]["services"]
     role = values["hub"]["loadRoles"]["gpubroker"]
     assert role["services"] == ["gpubroker"]
-    # users:activity for GPU-busy notebooks, access:servers for kernel probes
-    # (README, "JupyterHub's culler").
-    assert {"users:activity", "access:servers"} <= set(role["scopes"])
+    # users:activity for GPU-busy notebooks (README, "JupyterHub's culler");
+    # never access:servers: the broker's probes carry each server's own
+    # token, and a token that opens every hub server must not exist for it.
+    assert "users:activity" in role["scopes"]
+    assert "access:servers" not in role["scopes"]
     assert values["cull"]["enabled"] is False
 
 
