@@ -18,8 +18,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
-	"github.com/gpubroker/gpubroker/broker/internal/catalog"
 	"github.com/gpubroker/gpubroker/broker/internal/audit"
+	"github.com/gpubroker/gpubroker/broker/internal/catalog"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
 	"github.com/gpubroker/gpubroker/broker/internal/servers"
 	"github.com/gpubroker/gpubroker/broker/internal/servers/serverstest"
