@@ -40,7 +40,8 @@
 //     slice's usage region (it reached the GPU past the hook, "hidden"), and
 //     a GPU process in a pod of no slice past the orphan grace ("no-slice")
 //     are stopped; the host's own processes are only reported, and so is
-//     a usage region that was replaced or made unusable ("usage-tampered").
+//     a usage region that was replaced, removed or made unusable
+//     ("usage-tampered"; once removed, no later file counts as the agent's).
 //     Every decision is an audit record (agentstore), which names the
 //     server; the broker tells the server's events and page. ModeReport
 //     only reports.

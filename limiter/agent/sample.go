@@ -370,22 +370,32 @@ type usageView struct {
 // fileID names a file across renames: device and inode.
 type fileID struct{ dev, ino uint64 }
 
+// goneUsage is the identity remembered for a usage region that was
+// removed: no file has it.
+var goneUsage = fileID{dev: ^uint64(0), ino: ^uint64(0)}
+
 func (a *Agent) slicePath(id, sub, file string) string {
 	return filepath.Join(a.cfg.HostRoot, v1.HostSlicesSubdir, id, sub, file)
 }
 
-// readUsage reads slice id's usage region. A missing file means no hooked
-// process has started yet (the agent creates it): no launch recorded. The
-// first file seen is remembered (device, inode); a file that is not that one
-// any more (replaced, possible for root in the container) is not read, and
-// the reason is reported: the hooks that still map the first one fail
-// closed, and the processes that account elsewhere are not believed.
-// Called from the sampling goroutine only.
+// readUsage reads slice id's usage region. A missing file that the agent
+// has not seen yet means no hooked process has started (the agent creates
+// it): no launch recorded. The first file seen is remembered (device,
+// inode) for as long as the slice is on the node; a file that is not that
+// one any more (replaced, possible for root in the container) or that is
+// gone is not read, and the reason is reported: the hooks that still map
+// the first one fail closed, and the processes that account elsewhere are
+// not believed. (Forgetting a removed file let a planted one pass for the
+// agent's own.) Called from the sampling goroutine only.
 func (a *Agent) readUsage(id string) usageView {
 	path := a.slicePath(id, "usage", v1.UsageFileName)
 	st, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		delete(a.usageIDs, id)
+		if _, seen := a.usageIDs[id]; seen {
+			// No later file is the agent's, whatever inode it reuses.
+			a.usageIDs[id] = goneUsage
+			return usageView{err: "usage region removed: the file the agent created is gone"}
+		}
 		return usageView{}
 	}
 	if err == nil && !st.Mode().IsRegular() {

@@ -140,6 +140,54 @@ func TestUsageRegionTamperingIsReportedOnce(t *testing.T) {
 	}
 }
 
+// TestARemovedUsageRegionIsReportedAndNotForgotten: root in the container
+// deletes the usage region; the agent says so, and a file planted in its
+// place afterwards is not taken for the agent's own.
+func TestARemovedUsageRegionIsReportedAndNotForgotten(t *testing.T) {
+	e := newEnv(t)
+	path := usageWith(t, e, "slice-a", nsKey{pid: 12, start: 1000})
+	a := e.agent(t, Config{Enforcement: Policy{OrphanGrace: time.Hour}}, nil)
+	round := func() agentstore.Sample {
+		t.Helper()
+		e.clock.Advance(time.Second)
+		r := a.sampleRound(t.Context())
+		if err := a.enforce(t.Context(), r); err != nil {
+			t.Fatal(err)
+		}
+		return samples(r)["slice-a"]
+	}
+	if s := round(); s.Missing != "" {
+		t.Fatalf("first round missing %q", s.Missing)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if s := round(); !strings.Contains(s.Missing, "usage region removed") {
+		t.Errorf("after the removal the sample's missing is %q", s.Missing)
+	}
+	if err := os.WriteFile(path, b, 0o666); err != nil { // planted: the same bytes, another file
+		t.Fatal(err)
+	}
+	if s := round(); !strings.Contains(s.Missing, "usage region replaced") {
+		t.Errorf("with a planted file the sample's missing is %q", s.Missing)
+	}
+	var got []string
+	for _, r := range e.audit.all() {
+		got = append(got, r.Reason+": "+r.Error)
+	}
+	want := []string{
+		"usage-tampered: usage region removed: the file the agent created is gone",
+		"usage-tampered: usage region replaced: it is not the file the agent created",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("audit (-want +got):\n%s", diff)
+	}
+}
+
 // TestPrepareSliceNeverBlocksOrFollows: whatever stands at a slice's usage
 // or quota path (a FIFO, a socket, a directory, a symbolic link, a file of
 // the wrong size), preparing the slice returns within a deadline, never
