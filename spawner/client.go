@@ -324,10 +324,11 @@ func (c *Client) NotebookToken(ctx context.Context, user, server, spawnID string
 // HubServerToken returns the API token JupyterHub gave the notebook server
 // of spawn spawnID ("JUPYTERHUB_API_TOKEN", which the broker keeps in the
 // server's Secret), as NotebookToken returns the notebook token. It grants
-// access to that one server and its user's activity only (JupyterHub's
-// "server" role), so the notebook, which holds it anyway, learns nothing
-// from a request that carries it; the hub's own API token must never be
-// sent to a notebook, whose process the tenant controls.
+// access to its own user's servers and activity only (JupyterHub's default
+// "server" role: access:servers!user, users:activity!user), so the
+// notebook, which holds it anyway, learns nothing from a request that
+// carries it; the hub's own API token must never be sent to a notebook,
+// whose process the tenant controls.
 func (c *Client) HubServerToken(ctx context.Context, user, server, spawnID string) (string, error) {
 	return c.secretToken(ctx, user, server, spawnID, EnvHubAPIToken)
 }

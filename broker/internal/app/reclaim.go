@@ -65,7 +65,7 @@ func newReclaimer(cfg config.Config, log *slog.Logger, p *parts, policies *recla
 // notebookTarget locates a running server's notebook API for the probe:
 // its pod's URL under the notebook's own path prefix, with the spawn's
 // notebook token, or, for a notebook JupyterHub started, the API token the
-// hub gave that server (its own server only; the hub's API token, which
+// hub gave that server (its own user's servers only; the hub's API token, which
 // reaches every hub server, is never sent to a notebook: the tenant runs
 // the process that would receive it). The joined address must stay on the
 // pod's host.
