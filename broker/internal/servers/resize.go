@@ -97,9 +97,9 @@ func WithResize(c ResizeConfig) Option {
 // after that, when another resize of the server overtook this one: the
 // answer's Slice); then Resize waits up to ResizeConfig.Wait for the agent
 // to apply it and answers applied or pending with a deadline (pending also
-// when the acknowledgement cannot be read). Shrinking memory is refused unless a fresh
-// sample from the node agent shows the notebook's processes use no more
-// than want.MemoryMiB now: "the notebook uses 6144 MiB now; memory cannot
+// when the acknowledgement cannot be read). Shrinking memory is refused
+// unless a fresh sample from the node agent shows the notebook's processes
+// use no more than want.MemoryMiB now: "the notebook uses 6144 MiB now; memory cannot
 // shrink below that"; with no fresh figure the shrink is refused as well,
 // never guessed. Asking for the slice the server has re-sends it to the
 // agent and changes nothing else.
@@ -228,10 +228,9 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, pick fun
 // resize whose first try died between the store and the pod. Before an
 // undo the pod is read again and decides: a write may have been applied
 // with its answer lost, or a retry of this resize may have written it.
-// When the pod cannot be written,
-// the store is set back to the slice the pod says (the larger of both in
-// each resource when it cannot be read) and the resize fails (503 class:
-// nothing changed, try again). That undo
+// When the pod cannot be written, the store is set back to the slice the
+// pod says (the larger of both in each resource when it cannot be read)
+// and the resize fails (503 class: nothing changed, try again). That undo
 // is forced (Store.UndoResize): undoing a shrink is a growth, and the room
 // the shrink freed may be taken by then; refusing the undo would leave the
 // store charging less than the pod, and so the node agent, grants. It is
