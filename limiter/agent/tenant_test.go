@@ -73,12 +73,11 @@ func TestProcessHiddenFromTheHookIsStopped(t *testing.T) {
 	}
 }
 
-// TestUsageRegionTamperingIsReportedOnce: a usage region replaced by another
-// file (root in the container can), or turned into a FIFO, is not read; the
-// sample says why, and one report-only audit record per change says so.
-func TestUsageRegionTamperingIsReportedOnce(t *testing.T) {
-	e := newEnv(t)
-	path := usageWith(t, e, "slice-a", nsKey{pid: 12, start: 1000}, nsKey{pid: 13, start: 1001})
+// sliceARounds starts an agent on e and returns a sampling and enforcing
+// round that gives slice-a's sample, after checking that a first round
+// finds nothing missing.
+func sliceARounds(t *testing.T, e *testEnv) func() agentstore.Sample {
+	t.Helper()
 	a := e.agent(t, Config{Enforcement: Policy{OrphanGrace: time.Hour}}, nil)
 	round := func() agentstore.Sample {
 		t.Helper()
@@ -92,6 +91,16 @@ func TestUsageRegionTamperingIsReportedOnce(t *testing.T) {
 	if s := round(); s.Missing != "" {
 		t.Fatalf("first round missing %q", s.Missing)
 	}
+	return round
+}
+
+// TestUsageRegionTamperingIsReportedOnce: a usage region replaced by another
+// file (root in the container can), or turned into a FIFO, is not read; the
+// sample says why, and one report-only audit record per change says so.
+func TestUsageRegionTamperingIsReportedOnce(t *testing.T) {
+	e := newEnv(t)
+	path := usageWith(t, e, "slice-a", nsKey{pid: 12, start: 1000}, nsKey{pid: 13, start: 1001})
+	round := sliceARounds(t, e)
 	// A copy of the region renamed over it: the same bytes, another file.
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -146,19 +155,7 @@ func TestUsageRegionTamperingIsReportedOnce(t *testing.T) {
 func TestARemovedUsageRegionIsReportedAndNotForgotten(t *testing.T) {
 	e := newEnv(t)
 	path := usageWith(t, e, "slice-a", nsKey{pid: 12, start: 1000})
-	a := e.agent(t, Config{Enforcement: Policy{OrphanGrace: time.Hour}}, nil)
-	round := func() agentstore.Sample {
-		t.Helper()
-		e.clock.Advance(time.Second)
-		r := a.sampleRound(t.Context())
-		if err := a.enforce(t.Context(), r); err != nil {
-			t.Fatal(err)
-		}
-		return samples(r)["slice-a"]
-	}
-	if s := round(); s.Missing != "" {
-		t.Fatalf("first round missing %q", s.Missing)
-	}
+	round := sliceARounds(t, e)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
