@@ -23,6 +23,7 @@ import (
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/e2e/harness"
 	"github.com/gpubroker/gpubroker/e2e/testdeps"
+	"github.com/gpubroker/gpubroker/spawner"
 	"github.com/gpubroker/gpubroker/spawner/jupyterhub/pytest"
 	"github.com/gpubroker/gpubroker/spawner/runner"
 )
@@ -616,6 +617,30 @@ func (h *hubEnv) restartWhileRunning(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("bob's notebook through the restarted hub's proxy: %v", err)
+	}
+	// The token the broker's reclaimer probes a hub notebook with: the one
+	// the hub gave that server (in its Secret), never the hub's own.
+	sec, err := h.cluster.Client.CoreV1().Secrets(h.ns).Get(ctx, spawner.SecretName("bob", before.Name), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := string(sec.Data[spawner.EnvHubAPIToken])
+	if own == "" {
+		t.Fatalf("bob's Secret holds no %s", spawner.EnvHubAPIToken)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.hub.URL+"/user/bob/api/status?no_track_activity=1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "token "+own)
+	resp, err := hubHTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "kernels") {
+		t.Errorf("bob's notebook with its own server token: %d %.200s; want its status (the reclaimer's probe of hub notebooks needs it)", resp.StatusCode, body)
 	}
 	pods, err := h.userPods(ctx, "bob")
 	if err != nil || len(pods) != 1 || pods[0].Labels[v1.LabelSpawnID] != before.SpawnID {
