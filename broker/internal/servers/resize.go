@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
 	"github.com/gpubroker/gpubroker/broker/internal/audit"
 	"github.com/gpubroker/gpubroker/broker/internal/fleet"
@@ -112,7 +114,7 @@ func WithResize(c ResizeConfig) Option {
 // changed; or the slice is recorded but the agent could not be told, after
 // retries for up to the service's step timeout); others are internal.
 func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Slice, by audit.Actor) (fleet.ResizeResult, error) {
-	return s.resizeAudited(ctx, key, by, &want, func(fleet.Server) (fleet.Slice, error) { return want, nil })
+	return s.resizeAudited(ctx, key, by, want, func(fleet.Server) (fleet.Slice, error) { return want, nil })
 }
 
 // ResizeCompute is Resize of the guaranteed compute and its limit only, of
@@ -122,20 +124,21 @@ func (s *Service) Resize(ctx context.Context, key fleet.ServerKey, want fleet.Sl
 // since (another spawn) is fleet.ErrConflict, untouched.
 func (s *Service) ResizeCompute(ctx context.Context, key fleet.ServerKey, spawnID string, computePercent, computeLimitPercent int, by audit.Actor) (fleet.ResizeResult, error) {
 	want := fleet.Slice{ComputePercent: computePercent, ComputeLimitPercent: computeLimitPercent}
-	return s.resizeAudited(ctx, key, by, &want, func(rec fleet.Server) (fleet.Slice, error) {
+	return s.resizeAudited(ctx, key, by, want, func(rec fleet.Server) (fleet.Slice, error) {
 		if rec.SpawnID != spawnID {
 			return fleet.Slice{}, fmt.Errorf("%w: %s was started again (spawn %s, not %s)", fleet.ErrConflict, key.Name, rec.SpawnID, spawnID)
 		}
-		want.MemoryMiB = rec.Slice.MemoryMiB
-		return want, nil
+		return fleet.Slice{MemoryMiB: rec.Slice.MemoryMiB, ComputePercent: computePercent, ComputeLimitPercent: computeLimitPercent}, nil
 	})
 }
 
-// resizeAudited runs resizeSlice and audits it with *want, the asked
-// slice, which pick (giving the slice to resize to from the record) may
-// complete.
-func (s *Service) resizeAudited(ctx context.Context, key fleet.ServerKey, by audit.Actor, want *fleet.Slice, pick func(fleet.Server) (fleet.Slice, error)) (fleet.ResizeResult, error) {
-	res, err := s.resizeSlice(ctx, key, pick, by)
+// resizeAudited runs resizeSlice and audits it with the slice pick gave
+// from the record (asked, as far as it is known, when pick did not run).
+func (s *Service) resizeAudited(ctx context.Context, key fleet.ServerKey, by audit.Actor, asked fleet.Slice, pick func(fleet.Server) (fleet.Slice, error)) (fleet.ResizeResult, error) {
+	res, want, err := s.resizeSlice(ctx, key, pick, by)
+	if want == (fleet.Slice{}) {
+		want = asked
+	}
 	if !errors.Is(err, fleet.ErrInvalid) && !errors.Is(err, fleet.ErrNotFound) {
 		in := map[string]string{"memoryMiB": strconv.FormatInt(want.MemoryMiB, 10), "computePercent": strconv.Itoa(want.ComputePercent),
 			"computeLimitPercent": strconv.Itoa(want.ComputeLimitPercent)}
@@ -147,31 +150,30 @@ func (s *Service) resizeAudited(ctx context.Context, key fleet.ServerKey, by aud
 	return res, err
 }
 
-func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, pick func(fleet.Server) (fleet.Slice, error), by audit.Actor) (fleet.ResizeResult, error) {
+func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, pick func(fleet.Server) (fleet.Slice, error), by audit.Actor) (res fleet.ResizeResult, want fleet.Slice, err error) {
 	cfg := s.resize
 	if cfg == nil {
-		return fleet.ResizeResult{}, errors.New("servers: resize is not configured")
+		return res, want, errors.New("servers: resize is not configured")
 	}
 	if err := errors.Join(fleet.ValidateName("user", key.User), fleet.ValidateName("server", key.Name)); err != nil {
-		return fleet.ResizeResult{}, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
+		return res, want, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}
 	rec, err := s.store.GetServer(ctx, key)
 	if err != nil {
-		return fleet.ResizeResult{}, err
+		return res, want, err
 	}
-	want, err := pick(rec)
-	if err != nil {
-		return fleet.ResizeResult{}, err
+	if want, err = pick(rec); err != nil {
+		return res, fleet.Slice{}, err
 	}
 	if err := fleet.ValidateSlice(want); err != nil {
-		return fleet.ResizeResult{}, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
+		return res, want, fmt.Errorf("%w: %w", fleet.ErrInvalid, err)
 	}
 	if rec.State != v1.StateRunning || rec.Allocation == nil {
-		return fleet.ResizeResult{}, fmt.Errorf("%w: %s %s; only a running server can be resized", fleet.ErrConflict, key.Name, fleet.Doing(rec.State))
+		return res, want, fmt.Errorf("%w: %s %s; only a running server can be resized", fleet.ErrConflict, key.Name, fleet.Doing(rec.State))
 	}
 	if want.MemoryMiB < rec.Slice.MemoryMiB {
 		if err := s.checkMemoryUse(ctx, cfg.Quotas, rec.SpawnID, want.MemoryMiB); err != nil {
-			return fleet.ResizeResult{}, err
+			return res, want, err
 		}
 	}
 
@@ -187,7 +189,7 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, pick fun
 	defer cancel()
 	out, err := s.resizeRecorded(dctx, key, rec, want, msg, by.Name)
 	if err != nil {
-		return fleet.ResizeResult{}, err
+		return res, want, err
 	}
 	// The send has a timeout of its own: the pod's write may have taken
 	// all of the first (an API server restarting).
@@ -196,9 +198,9 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, pick fun
 	sent, gen, err := s.sendQuota(qctx, key, rec.SpawnID, want)
 	if err != nil {
 		s.log.ErrorContext(ctx, "send a recorded resize to the node agent", "user", key.User, "server", key.Name, "slice_id", rec.SpawnID, "err", err)
-		return fleet.ResizeResult{}, fmt.Errorf("%w: server %q: the new slice is recorded, but the node agent could not be told (%w); the notebook keeps its old limits until its slice is changed again", fleet.ErrUnavailable, key.Name, err)
+		return res, want, fmt.Errorf("%w: server %q: the new slice is recorded, but the node agent could not be told (%w); the notebook keeps its old limits until its slice is changed again", fleet.ErrUnavailable, key.Name, err)
 	}
-	res := fleet.ResizeResult{Server: out, Slice: sent, Generation: gen}
+	res = fleet.ResizeResult{Server: out, Slice: sent, Generation: gen}
 	applied, err := waitApplied(ctx, *cfg, rec.SpawnID, gen)
 	if err != nil {
 		// Sent, and recorded: only the acknowledgement is unknown.
@@ -209,7 +211,7 @@ func (s *Service) resizeSlice(ctx context.Context, key fleet.ServerKey, pick fun
 	if !applied {
 		res.Deadline = s.now().Add(cfg.Deadline)
 	}
-	return res, nil
+	return res, want, nil
 }
 
 // resizeRecorded changes the slice in the store and records it on the pod,
@@ -316,7 +318,7 @@ func (s *Service) resizeRecorded(ctx context.Context, key fleet.ServerKey, rec f
 // not serialized, and the one whose send came last may not be the one
 // whose store change did. Each resize's last send follows a read that
 // comes after its own store change, so the last send of all carries the
-// store's final slice. Sends and reads are retried until ctx ends (Redis
+// store's final slice. Sends and reads are retried (retried: Redis
 // failing over); a read that never succeeds is an error, since the send
 // may have been overtaken. It returns the slice and generation sent last.
 func (s *Service) sendQuota(ctx context.Context, key fleet.ServerKey, slice string, want fleet.Slice) (fleet.Slice, int64, error) {
@@ -345,24 +347,25 @@ func (s *Service) sendQuota(ctx context.Context, key fleet.ServerKey, slice stri
 	return sent, gen, nil
 }
 
-// retried calls f until it succeeds or ctx ends, with a doubling pause
-// from 50 ms (at most 2 s) between tries; it returns f's last answer.
+// sendBackoff spaces the tries of the agent's quota and its read-back:
+// 50 ms doubling, about 25 s over its 10 steps (the call's context, the
+// service's step timeout, ends them first). No Cap: wait.Backoff ends its
+// steps once the cap is reached.
+var sendBackoff = wait.Backoff{Duration: 50 * time.Millisecond, Factor: 2, Steps: 10}
+
+// retried calls f until it succeeds, sendBackoff's steps run out or ctx
+// ends; it returns f's last answer (or ctx's error when f never ran).
 func retried[T any](ctx context.Context, f func() (T, error)) (T, error) {
-	pause := 50 * time.Millisecond
-	for {
-		v, err := f()
-		if err == nil {
-			return v, nil
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return v, err
-		case <-t.C:
-		}
-		pause = min(2*pause, 2*time.Second)
+	var v T
+	err := ctx.Err()
+	werr := wait.ExponentialBackoffWithContext(ctx, sendBackoff, func(context.Context) (bool, error) {
+		v, err = f()
+		return err == nil, nil
+	})
+	if err == nil && werr != nil {
+		err = werr
 	}
+	return v, err
 }
 
 // checkMemoryUse refuses a memory shrink to wantMiB unless a fresh sample

@@ -28,7 +28,7 @@
 -- Returns one of
 --   {"resized", HGETALL}   the slice changed; event appended
 --   {"same", HGETALL}      the slice already was the asked one; nothing written
---   {"moved", mem, cp, cl} an undo found another slice than the one it
+--   {"moved"}              an undo found another slice than the one it
 --                          undoes (a later resize changed it); nothing written
 --   {"notfound"}           no such server
 --   {"spawn", current}     the caller's spawn is not the current one
@@ -64,7 +64,7 @@ local k = tonumber(ARGV[12])
 local undo = ARGV[13 + 4 * k] == 'undo'
 if undo and (a.memoryMiB ~= tonumber(ARGV[14 + 4 * k]) or a.computePercent ~= tonumber(ARGV[15 + 4 * k]) or
     a.computeLimitPercent ~= tonumber(ARGV[16 + 4 * k])) then
-  return {'moved', tostring(a.memoryMiB), tostring(a.computePercent), tostring(a.computeLimitPercent)}
+  return {'moved'}
 end
 if a.memoryMiB == mem and a.computePercent == cp and a.computeLimitPercent == cl then
   return {'same', redis.call('HGETALL', KEYS[3])}
