@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 
@@ -63,6 +64,8 @@ type Client struct {
 	resync time.Duration
 	// retryFor bounds the retries of transient API errors (DefaultRetryFor).
 	retryFor time.Duration
+	// backoff spaces those retries (retryBackoff).
+	backoff wait.Backoff
 
 	syncedCh chan struct{} // closed once the cache has synced
 	started  chan struct{} // closed by the first Run
@@ -89,6 +92,7 @@ func New(cs kubernetes.Interface, cfg Config, log *slog.Logger, opts ...Option) 
 		now:      time.Now,
 		resync:   DefaultResync,
 		retryFor: DefaultRetryFor,
+		backoff:  retryBackoff,
 		syncedCh: make(chan struct{}),
 		started:  make(chan struct{}),
 		subs:     map[int]func(PodEvent){},

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -319,6 +321,29 @@ func TestCreateRejected(t *testing.T) {
 				t.Errorf("error %v does not wrap the API error", err)
 			}
 		})
+	}
+}
+
+// TestCreateRetriesPastCap: an API server that stays unavailable after the
+// backoff reached its cap is tried on, until the retries' time is up, not
+// given up on at the cap.
+func TestCreateRetriesPastCap(t *testing.T) {
+	h := startClient(t)
+	h.client.retryFor = time.Minute // the test's own deadline ends it first if it never succeeds
+	h.client.backoff = wait.Backoff{Duration: time.Millisecond, Factor: 2, Cap: 4 * time.Millisecond, Steps: 1 << 20}
+	const failures = 12 // the cap is reached after 3
+	var tries atomic.Int32
+	h.cs.PrependReactor("create", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if tries.Add(1) <= failures {
+			return true, nil, apierrors.NewServiceUnavailable("starting")
+		}
+		return false, nil, nil
+	})
+	if err := h.client.Create(t.Context(), testSpec(), nil); err != nil {
+		t.Fatalf("Create after %d unavailable answers: %v (%d tries)", failures, err, tries.Load())
+	}
+	if got := tries.Load(); got != failures+1 {
+		t.Errorf("%d tries, want %d", got, failures+1)
 	}
 }
 

@@ -20,7 +20,8 @@ import (
 const DefaultRetryFor = 10 * time.Second
 
 // retryBackoff is the wait between two tries of an operation that met a
-// transient error: 100 ms doubling to 2 s, ±20% jitter (client-go's own
+// transient error: 100 ms doubling to 2 s, then 2 s on until the retries'
+// time is up (Client.retry), ±20% jitter (client-go's own
 // controllers back off from 5-10 ms to about 1-1000 s; an API server
 // restart takes seconds, so this is bounded far lower).
 var retryBackoff = wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Jitter: 0.2, Steps: 1 << 20, Cap: 2 * time.Second}
@@ -61,8 +62,12 @@ func authzDenied(err error) bool {
 
 // retry runs op until it succeeds, fails for good (an error that is not
 // Transient), ctx ends or c.retryFor has passed since the first try,
-// backing off between tries (retryBackoff). A transient error it gives up
+// backing off between tries (c.backoff). A transient error it gives up
 // on wraps ErrUnavailable.
+//
+// The waits come from the backoff's DelayFunc, which stays at Cap once it
+// gets there; wait.ExponentialBackoffWithContext would stop trying at the
+// Cap instead (it zeroes Steps), after about 3 s of the 10 s allowed.
 func (c *Client) retry(ctx context.Context, what string, op func(context.Context) error) error {
 	err := op(ctx)
 	if !Transient(err) {
@@ -71,7 +76,7 @@ func (c *Client) retry(ctx context.Context, what string, op func(context.Context
 	rctx, cancel := context.WithTimeout(ctx, c.retryFor)
 	defer cancel()
 	tries := 1
-	werr := wait.ExponentialBackoffWithContext(rctx, retryBackoff, func(ctx context.Context) (bool, error) {
+	werr := c.backoff.DelayFunc().Until(rctx, false, true, func(ctx context.Context) (bool, error) {
 		tries++
 		err = op(ctx)
 		return !Transient(err), nil
