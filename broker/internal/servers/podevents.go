@@ -70,7 +70,10 @@ func (s *Service) apply(ctx context.Context, rec fleet.Server, ev spawner.PodEve
 	}
 	switch ev.Phase {
 	case spawner.PhasePending, spawner.PhaseStarting:
-		if rec.State == v1.StateStarting {
+		// A record that says this already (another replica handled the
+		// same event first) needs no write: the store would answer it
+		// as done without a new event.
+		if rec.State == v1.StateStarting && rec.Message != ev.Message {
 			_, err = s.store.Transition(ctx, rec.ServerKey, rec.SpawnID, v1.StateStarting, ev.Message, fleet.ServerPatch{})
 		}
 	case spawner.PhaseRunning:

@@ -196,3 +196,63 @@ func TestAFailedSpawnsPodIsReleasedByTheCallThatFailedIt(t *testing.T) {
 		t.Errorf("pod deleting %v with finalizers %v, want it deleting and released", pod.DeletionTimestamp != nil, pod.Finalizers)
 	}
 }
+
+// transitionCounter is the store of a replica that counts its Transition
+// calls.
+type transitionCounter struct {
+	servers.Store
+	mu sync.Mutex
+	n  int
+}
+
+func (s *transitionCounter) Transition(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, error) {
+	s.mu.Lock()
+	s.n++
+	s.mu.Unlock()
+	return s.Store.Transition(ctx, k, spawnID, to, message, patch)
+}
+
+func (s *transitionCounter) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.n
+}
+
+// TestAReplicaFindingThePodsMessageRecordedWritesNothing: every replica
+// handles the same pod event. The first to handle a starting pod's new
+// message records it; one that reads the record after that finds the
+// message there and sends the store no write, while a new message is
+// still written.
+func TestAReplicaFindingThePodsMessageRecordedWritesNothing(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "alice", Name: "lab"}
+	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	rec := f.WaitState(t, key, v1.StateStarting)
+	// The fixture's own replica has handled its pod's event: from here
+	// on nothing else writes the record's message.
+	f.WaitHandled(t, "the new pod's event", func(ev spawner.PodEvent) bool { return ev.SpawnID == rec.SpawnID })
+	store := &transitionCounter{Store: f.Store}
+	replica := servers.New(store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+	ev := spawner.PodEvent{User: key.User, Server: key.Name, SpawnID: rec.SpawnID, Pod: spawner.PodName(key.User, key.Name),
+		Phase: spawner.PhaseStarting, Message: "pulling image quay.io/jupyter/base-notebook"}
+
+	if err := replica.HandlePodEvent(ctx, ev); err != nil {
+		t.Fatalf("new message: %v", err)
+	}
+	got, err := f.Store.GetServer(ctx, key)
+	if err != nil || got.State != v1.StateStarting || got.Message != ev.Message {
+		t.Fatalf("after a new message: %s %q (%v), want starting %q", got.State, got.Message, err, ev.Message)
+	}
+	if n := store.count(); n != 1 {
+		t.Fatalf("a new message took %d transitions, want 1", n)
+	}
+	if err := replica.HandlePodEvent(ctx, ev); err != nil {
+		t.Fatalf("same message again: %v", err)
+	}
+	if n := store.count(); n != 1 {
+		t.Errorf("a message the record holds already took %d more transitions, want none", n-1)
+	}
+}
