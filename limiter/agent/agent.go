@@ -80,6 +80,9 @@ func (c Config) Validate() error {
 	if t := c.Enforcement.TolerancePercent; t < 0 || t > 100 {
 		errs = append(errs, fmt.Errorf("enforcement tolerance must be 0..100 percent, got %d", t))
 	}
+	if t := c.Enforcement.ComputeTolerancePoints; t < 0 || t > 100 {
+		errs = append(errs, fmt.Errorf("enforcement compute tolerance must be 0..100 percentage points, got %d", t))
+	}
 	if c.Enforcement.Samples < 0 {
 		errs = append(errs, fmt.Errorf("enforcement samples must be >= 1, got %d", c.Enforcement.Samples))
 	}
@@ -233,11 +236,11 @@ type Agent struct {
 	guarantees *guarantees
 	mpsState   *mpsState
 
-	applyMu  sync.Mutex        // held for one applyQuota at a time
-	quotaMu  sync.Mutex        // guards applied and limits
-	applied  map[string]int64  // slice → desired generation applied
-	limits   map[string]uint64 // slice → memory cap in effect, bytes (see limitBytes)
-	computes map[string]int    // slice → guaranteed compute in effect, percent (see guaranteed)
+	applyMu  sync.Mutex             // held for one applyQuota at a time
+	quotaMu  sync.Mutex             // guards applied and limits
+	applied  map[string]int64       // slice → desired generation applied
+	limits   map[string]sliceLimits // slice → caps in effect (see limitsOf)
+	computes map[string]int         // slice → guaranteed compute in effect, percent (see guaranteed)
 }
 
 // New validates cfg and returns an agent. It does no I/O and starts nothing.
@@ -254,7 +257,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		audit: deps.Audit, pods: deps.Pods, proc: deps.Proc, killer: deps.Killer, clock: deps.Clock, wall: deps.Wall, log: deps.Log,
 		labels: deps.NodeLabels, modes: deps.Modes, mps: deps.MPS, guarantees: newGuarantees(cfg.SampleInterval),
 		enforcer: newEnforcer(cfg.Enforcement), procCache: map[uint32]Process{}, knownSlices: map[string]bool{}, usageIDs: map[string]fileID{},
-		applied: map[string]int64{}, limits: map[string]uint64{}, computes: map[string]int{}, mpsState: newMPSState(),
+		applied: map[string]int64{}, limits: map[string]sliceLimits{}, computes: map[string]int{}, mpsState: newMPSState(),
 	}
 	if a.mps == nil {
 		a.mps = ExecMPS{Path: cfg.MPSControl}

@@ -36,7 +36,11 @@
 //   - enforcement (Policy; by default ModeKill, which protects the GPU's
 //     other tenants): a slice whose NVML memory exceeds its cap by more than
 //     the tolerance for Samples consecutive samples (its largest process,
-//     "over-memory"), a GPU process of a slice's pod that has no slot in the
+//     "over-memory"), a slice whose NVML SM use exceeds its burst ceiling
+//     (computeLimitPercent) by more than ComputeTolerancePoints for Samples
+//     consecutive samples (its busiest process, "over-compute": the pace
+//     feed lives in the tenant-writable usage region, so pacing alone does
+//     not hold a hostile tenant), a GPU process of a slice's pod that has no slot in the
 //     slice's usage region (it reached the GPU past the hook, "hidden"), and
 //     a GPU process in a pod of no slice past the orphan grace ("no-slice")
 //     are stopped; the host's own processes are only reported, and so is

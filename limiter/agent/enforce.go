@@ -42,6 +42,12 @@ type Policy struct {
 	// counts context and allocator overhead that the hook cannot see.
 	// Default (0 value) 5.
 	TolerancePercent int
+	// ComputeTolerancePoints is how far above its burst ceiling
+	// (computeLimitPercent) a slice's NVML SM share may go before it counts
+	// as over, in percentage points of the GPU, 0..100: NVML's per-process
+	// utilization is a sampled average and the hook's pacing overshoots
+	// briefly after a burst. Default (0 value) 10.
+	ComputeTolerancePoints int
 	// Samples is how many consecutive samples a condition must hold before
 	// the agent acts; >= 1, default (0 value) 3.
 	Samples int
@@ -59,6 +65,9 @@ func (p Policy) withDefaults() Policy {
 	if p.TolerancePercent == 0 {
 		p.TolerancePercent = 5
 	}
+	if p.ComputeTolerancePoints == 0 {
+		p.ComputeTolerancePoints = 10
+	}
 	if p.Samples == 0 {
 		p.Samples = 3
 	}
@@ -70,7 +79,8 @@ func (p Policy) withDefaults() Policy {
 
 // String is the policy as audit records name it.
 func (p Policy) String() string {
-	return fmt.Sprintf("%s tolerance=%d%% samples=%d orphan-grace=%s", p.Mode, p.TolerancePercent, p.Samples, max(p.OrphanGrace, 0))
+	return fmt.Sprintf("%s tolerance=%d%% compute-tolerance=%d samples=%d orphan-grace=%s",
+		p.Mode, p.TolerancePercent, p.ComputeTolerancePoints, p.Samples, max(p.OrphanGrace, 0))
 }
 
 // Killer ends a process. The consumer-side seam for tests.
@@ -91,14 +101,16 @@ type Auditor interface {
 type enforcer struct {
 	policy Policy
 	over   map[string]int // slice id → consecutive over-memory samples
-	hidden map[nsKey]int  // (pid, start) → consecutive samples hidden from the hook
-	orphan map[nsKey]int  // (pid, start) → consecutive samples without a slice
-	since  map[nsKey]time.Time
-	usage  map[string]string // slice id → the usage problem last reported
+	// overCompute is slice id → consecutive samples over the SM ceiling.
+	overCompute map[string]int
+	hidden      map[nsKey]int // (pid, start) → consecutive samples hidden from the hook
+	orphan      map[nsKey]int // (pid, start) → consecutive samples without a slice
+	since       map[nsKey]time.Time
+	usage       map[string]string // slice id → the usage problem last reported
 }
 
 func newEnforcer(p Policy) *enforcer {
-	return &enforcer{policy: p.withDefaults(), over: map[string]int{}, hidden: map[nsKey]int{}, orphan: map[nsKey]int{},
+	return &enforcer{policy: p.withDefaults(), over: map[string]int{}, overCompute: map[string]int{}, hidden: map[nsKey]int{}, orphan: map[nsKey]int{},
 		since: map[nsKey]time.Time{}, usage: map[string]string{}}
 }
 
@@ -144,6 +156,7 @@ func (e *enforcer) judge(r round) []verdict {
 			}
 		}
 		e.judgeMemory(s, kill, add)
+		e.judgeCompute(s, kill, add)
 		for _, p := range s.Processes {
 			if !p.Hidden {
 				continue
@@ -160,6 +173,11 @@ func (e *enforcer) judge(r round) []verdict {
 	for id := range e.over {
 		if !live[id] {
 			delete(e.over, id)
+		}
+	}
+	for id := range e.overCompute {
+		if !live[id] {
+			delete(e.overCompute, id)
 		}
 	}
 	for id := range e.usage {
@@ -218,6 +236,25 @@ func (e *enforcer) judgeMemory(s *sliceRound, kill bool, add func(verdict)) {
 	}
 }
 
+// judgeCompute counts slice s over its SM burst ceiling (NVML's view, the
+// authority: the usage region that paces the hook is the tenant's to
+// write, and a process may bypass the hook) and adds its busiest process
+// once the count reaches Samples. An unknown SM share is never a
+// violation (ARCHITECTURE.md invariant 4).
+func (e *enforcer) judgeCompute(s *sliceRound, kill bool, add func(verdict)) {
+	sm := s.Sample.SMPercent
+	if sm == nil || s.ComputeLimitPercent <= 0 || *sm <= s.ComputeLimitPercent+e.policy.ComputeTolerancePoints || len(s.Processes) == 0 {
+		delete(e.overCompute, s.Info.ID)
+		return
+	}
+	e.overCompute[s.Info.ID]++
+	if n := e.overCompute[s.Info.ID]; n >= e.policy.Samples {
+		busiest := slices.MaxFunc(s.Processes, func(a, b gpuProcess) int { return a.SMPercent - b.SMPercent })
+		add(verdict{reason: agentstore.ReasonOverCompute, proc: busiest, slice: s, samples: n, stop: kill})
+		delete(e.overCompute, s.Info.ID)
+	}
+}
+
 // enforce acts on the verdicts of r: audit always, stop where the mode and
 // the verdict allow it. Errors of the audit writes are joined and returned;
 // kill failures are recorded in the audit record itself.
@@ -250,6 +287,9 @@ func (a *Agent) enforce(ctx context.Context, r round) error {
 			if v.reason == agentstore.ReasonOverMemory {
 				rec.MemoryUsedMiB = int64(v.slice.UsedBytes / mib)
 			}
+			if v.reason == agentstore.ReasonOverCompute && v.slice.Sample.SMPercent != nil {
+				rec.SMPercent, rec.ComputeLimitPercent = *v.slice.Sample.SMPercent, v.slice.ComputeLimitPercent
+			}
 		}
 		if v.stop {
 			rec.Action = agentstore.ActionKill
@@ -264,7 +304,7 @@ func (a *Agent) enforce(ctx context.Context, r round) error {
 		a.metrics.actions.WithLabelValues(rec.Action, rec.Reason).Inc()
 		a.log.WarnContext(ctx, "slice bypass", "action", rec.Action, "reason", rec.Reason, "slice_id", rec.Slice,
 			"pod", rec.Pod, "namespace", rec.Namespace, "pid", rec.PID, "gpu_uuid", rec.GPU,
-			"mem_mib", rec.MemoryUsedMiB, "limit_mib", rec.MemoryLimitMiB, "samples", rec.Samples, "err", rec.Error)
+			"mem_mib", rec.MemoryUsedMiB, "limit_mib", rec.MemoryLimitMiB, "sm_percent", rec.SMPercent, "compute_limit_percent", rec.ComputeLimitPercent, "samples", rec.Samples, "err", rec.Error)
 		if err := a.audit.AddAudit(ctx, rec); err != nil {
 			errs = append(errs, fmt.Errorf("audit pid %s: %w", strconv.FormatUint(uint64(rec.PID), 10), err))
 		}

@@ -25,7 +25,7 @@ func (a *Agent) prepareSlice(s SliceInfo) error {
 	q, wrote, err := PrepareSlice(a.cfg.HostRoot, s)
 	if wrote {
 		a.quotaMu.Lock()
-		a.limits[s.ID] = q.MemoryLimitBytes
+		a.limits[s.ID] = limitsOfQuota(q)
 		a.computes[s.ID] = s.Initial.ComputePercent
 		a.quotaMu.Unlock()
 	}
@@ -138,7 +138,7 @@ func (a *Agent) applyDesired(ctx context.Context, s SliceInfo) error {
 		}
 		fileGen = q.Generation
 		a.quotaMu.Lock()
-		a.limits[s.ID] = q.MemoryLimitBytes
+		a.limits[s.ID] = limitsOfQuota(q)
 		a.computes[s.ID] = d.ComputePercent
 		a.quotaMu.Unlock()
 		a.log.InfoContext(ctx, "quota applied", "slice_id", s.ID, "generation", d.Generation,

@@ -84,7 +84,7 @@ func TestApplyQuotasIsLevelBasedAndIdempotent(t *testing.T) {
 		if ap.Generation != st.wantGen || ap.FileGeneration != st.wantFile.Generation || ap.Node != "gpu-1" {
 			t.Errorf("%s: applied %+v, want generation %d, file generation %d on gpu-1", st.name, ap, st.wantGen, st.wantFile.Generation)
 		}
-		if got := a.limitBytes(e.pods[0]); got != st.wantFile.MemoryLimitBytes {
+		if got := a.limitsOf(e.pods[0]).memoryBytes; got != st.wantFile.MemoryLimitBytes {
 			t.Errorf("%s: limit in effect %d bytes, want %d", st.name, got, st.wantFile.MemoryLimitBytes)
 		}
 	}

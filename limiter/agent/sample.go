@@ -47,6 +47,9 @@ type sliceRound struct {
 	// LimitBytes is the memory cap in effect: the quota file's when it is
 	// valid, else the pod's initial slice.
 	LimitBytes uint64
+	// ComputeLimitPercent is the SM share's burst ceiling in effect,
+	// percent of the GPU, from the same source (see sliceLimits).
+	ComputeLimitPercent int
 	// UsedBytes is Σ memory of its processes; valid when MemoryKnown.
 	UsedBytes   uint64
 	MemoryKnown bool
@@ -120,7 +123,8 @@ func (a *Agent) sampleRound(ctx context.Context) round {
 
 	for i := range local {
 		s := &local[i]
-		sr := &sliceRound{Info: *s, LimitBytes: a.limitBytes(*s), UsageProblem: usage[s.ID].err}
+		lim := a.limitsOf(*s)
+		sr := &sliceRound{Info: *s, LimitBytes: lim.memoryBytes, ComputeLimitPercent: lim.computeLimitPercent, UsageProblem: usage[s.ID].err}
 		u := usage[s.ID]
 		sample := agentstore.Sample{
 			Slice:          s.ID,
@@ -425,21 +429,36 @@ func (a *Agent) readUsage(id string) usageView {
 	return v
 }
 
-// limitBytes is the memory cap in effect for s: the quota file's when it
-// is valid and names s, else the pod's initial slice. The agent is the only
-// writer of quota files, so the value is read once per slice and then kept
-// up to date by applyQuota (forgetLimit drops it).
-func (a *Agent) limitBytes(s SliceInfo) uint64 {
+// sliceLimits are the caps in effect for one slice.
+type sliceLimits struct {
+	memoryBytes uint64 // the memory cap, bytes
+	// computeLimitPercent is the burst ceiling of its SM share, percent of
+	// the GPU, 1..100 (100 for a server that is not time-sliced: MPS, MIG
+	// and whole GPUs are capped by the GPU itself, see SliceInfo.quota).
+	computeLimitPercent int
+}
+
+// limitsOfQuota returns the caps quota file q sets.
+func limitsOfQuota(q region.Quota) sliceLimits {
+	return sliceLimits{memoryBytes: q.MemoryLimitBytes, computeLimitPercent: int(q.ComputeLimitPercent)}
+}
+
+// limitsOf returns the caps in effect for s: the quota file's when it is
+// valid and names s, else the pod's initial slice (as its first quota file
+// says it). The agent is the only writer of quota files, so the caps are
+// read once per slice and then kept up to date by applyQuota (a slice that
+// is gone is forgotten).
+func (a *Agent) limitsOf(s SliceInfo) sliceLimits {
 	a.quotaMu.Lock()
 	l, ok := a.limits[s.ID]
 	a.quotaMu.Unlock()
 	if ok {
 		return l
 	}
-	l = uint64(max(s.Initial.MemoryMiB, 0)) * mib
+	l = limitsOfQuota(s.quota(s.Initial))
 	q, err := region.ReadQuota(a.slicePath(s.ID, "quota", v1.QuotaFileName))
 	if err == nil && q.SliceID == s.ID {
-		l = q.MemoryLimitBytes
+		l = limitsOfQuota(q)
 	}
 	a.quotaMu.Lock()
 	a.limits[s.ID] = l

@@ -102,6 +102,9 @@ func EnforcementMessage(r agentstore.AuditRecord) string {
 				size(r.MemoryUsedMiB), size(r.MemoryLimitMiB), size(p), done)
 		}
 		return fmt.Sprintf("a process used %s of this server's %s slice and %s", size(r.MemoryUsedMiB), size(r.MemoryLimitMiB), done)
+	case agentstore.ReasonOverCompute:
+		return fmt.Sprintf("this server's processes used %d%% of the GPU's compute, more than its slice's %d%% limit; the busiest %s",
+			r.SMPercent, r.ComputeLimitPercent, done)
 	case agentstore.ReasonHidden:
 		return fmt.Sprintf("a process used %s of GPU memory without going through this server's GPU limiter and %s",
 			size(r.MemoryUsedMiB), done)

@@ -43,6 +43,13 @@ const (
 	// ReasonUsageTampered: the slice's usage region was replaced or made
 	// unusable; reported once per change, no process (Error says how).
 	ReasonUsageTampered = "usage-tampered"
+	// ReasonOverCompute: a slice's processes used more of the GPU's SMs
+	// than its burst ceiling (computeLimitPercent) plus the compute
+	// tolerance (NVML's view) for the configured number of samples: its
+	// pacing was defeated (the tenant wrote the usage region's pace fields,
+	// or launched kernels past the hook). The slice's busiest process is
+	// the target.
+	ReasonOverCompute = "over-compute"
 )
 
 // Actions of audit records.
@@ -63,7 +70,7 @@ type AuditRecord struct {
 	Action string `json:"action"`
 	// Reason is one of the Reason* constants.
 	Reason string `json:"reason"`
-	// Policy names the configured policy, e.g. "kill tolerance=5% samples=3".
+	// Policy names the configured policy, e.g. "kill tolerance=5% compute-tolerance=10 samples=3 orphan-grace=30s".
 	Policy    string `json:"policy"`
 	Slice     string `json:"slice,omitempty"`
 	Pod       string `json:"pod,omitempty"`
@@ -84,6 +91,10 @@ type AuditRecord struct {
 	ProcessMemoryMiB int64 `json:"processMemoryMiB,omitempty"`
 	// MemoryLimitMiB is the slice's cap; 0 for no-slice.
 	MemoryLimitMiB int64 `json:"memoryLimitMiB"`
+	// SMPercent is the slice's SM share (NVML, percent of the GPU) and
+	// ComputeLimitPercent its burst ceiling, for over-compute; 0 otherwise.
+	SMPercent           int `json:"smPercent,omitempty"`
+	ComputeLimitPercent int `json:"computeLimitPercent,omitempty"`
 	// Samples is how many consecutive samples the condition held.
 	Samples int    `json:"samples"`
 	Error   string `json:"error,omitempty"`

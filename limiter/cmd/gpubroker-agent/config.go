@@ -95,7 +95,7 @@ that bypass their slice.`,
 	add(nonNegative("quota-resync", &c.Agent.QuotaResync, agent.DefaultQuotaResync,
 		"Time between full passes over desired quotas (changes also arrive by pub/sub)."))
 	add(cliconfig.Flag{Name: "enforce", Placeholder: "MODE", Value: cliconfig.String(&c.EnforceMode), Default: string(agent.DefaultMode),
-		Help: "What to do with a process over its slice, hidden from the hook, or in a pod of no slice: kill (stop it), report or off (always audited; the host's own processes are only reported).",
+		Help: "What to do with a process over its slice (memory or compute), hidden from the hook, or in a pod of no slice: kill (stop it), report or off (always audited; the host's own processes are only reported).",
 		Check: func() error {
 			if !agent.Mode(c.EnforceMode).Valid() {
 				return fmt.Errorf("must be report, kill or off, got %q", c.EnforceMode)
@@ -107,6 +107,14 @@ that bypass their slice.`,
 		Check: func() error {
 			if t := c.Agent.Enforcement.TolerancePercent; t < 0 || t > 100 {
 				return fmt.Errorf("must be 0..100 percent, got %d", t)
+			}
+			return nil
+		}})
+	add(cliconfig.Flag{Name: "enforce-compute-tolerance", Placeholder: "POINTS", Value: cliconfig.Int(&c.Agent.Enforcement.ComputeTolerancePoints), Default: "10",
+		Help: "Percentage points of the GPU above its compute ceiling (computeLimitPercent) a slice's SM use, as NVML measures it, may go before it counts as over.",
+		Check: func() error {
+			if t := c.Agent.Enforcement.ComputeTolerancePoints; t < 0 || t > 100 {
+				return fmt.Errorf("must be 0..100 percentage points, got %d", t)
 			}
 			return nil
 		}})

@@ -1,0 +1,117 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/google/go-cmp/cmp"
+
+	v1 "github.com/gpubroker/gpubroker/broker/api/v1"
+	"github.com/gpubroker/gpubroker/limiter/agent/agentstore"
+	"github.com/gpubroker/gpubroker/limiter/region"
+)
+
+// overCompute makes slice B (ceiling 30 %, one process, 200) use sm percent
+// of GPU 0 in every round, with slice A within its slice.
+func (e *testEnv) overCompute(sm uint32) {
+	e.setProcs(0, []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 1 << 30}, {Pid: 200, UsedGpuMemory: 1 << 30}},
+		[]nvml.ProcessUtilizationSample{{Pid: 100, TimeStamp: 10, SmUtil: 10}, {Pid: 200, TimeStamp: 10, SmUtil: sm - 5}, {Pid: 200, TimeStamp: 20, SmUtil: sm + 5}})
+}
+
+// TestComputeOverTheCeilingIsStopped: the hook's pacing is steered by the
+// usage region, which the tenant can write, so the agent's NVML view is
+// what holds a slice to its compute ceiling. A slice over its ceiling plus
+// the tolerance for Samples rounds has its busiest process stopped (or
+// reported), with the figures in the audit record; fewer rounds, use
+// within the tolerance, or an unknown SM share do nothing.
+func TestComputeOverTheCeilingIsStopped(t *testing.T) {
+	tests := []struct {
+		name       string
+		mode       Mode
+		sm         uint32 // slice B's SM use, percent; 0: NVML has no utilization
+		rounds     int
+		wantKilled []uint32
+		wantAudit  []string
+	}{
+		{name: "three rounds over: stopped", mode: ModeKill, sm: 75, rounds: 3, wantKilled: []uint32{200}, wantAudit: []string{"kill over-compute 200 75/30"}},
+		{name: "report only", mode: ModeReport, sm: 75, rounds: 3, wantAudit: []string{"report over-compute 200 75/30"}},
+		{name: "a report is not repeated every round", mode: ModeReport, sm: 75, rounds: 5, wantAudit: []string{"report over-compute 200 75/30"}},
+		{name: "two rounds are not enough", mode: ModeKill, sm: 75, rounds: 2},
+		{name: "within the tolerance of 10 points", mode: ModeKill, sm: 40, rounds: 3},
+		{name: "just past it", mode: ModeKill, sm: 41, rounds: 3, wantKilled: []uint32{200}, wantAudit: []string{"kill over-compute 200 41/30"}},
+		{name: "unknown is never a violation", mode: ModeKill, rounds: 3},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.sm > 0 {
+				e.overCompute(tc.sm)
+			} else {
+				e.setProcs(0, []nvml.ProcessInfo{{Pid: 200, UsedGpuMemory: 1 << 30}}, nil)
+				e.dev(0).GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+					return nil, nvml.ERROR_UNKNOWN
+				}
+			}
+			// The default orphan grace (30 s) keeps pid 600, in a pod that is
+			// not gpubroker's, out of these rounds.
+			a := e.agent(t, Config{Enforcement: Policy{Mode: tc.mode}}, nil)
+			for range tc.rounds {
+				e.clock.Advance(time.Second)
+				if err := a.enforce(t.Context(), a.sampleRound(t.Context())); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if diff := cmp.Diff(tc.wantKilled, e.killer.killed); diff != "" {
+				t.Errorf("killed (-want +got):\n%s", diff)
+			}
+			var got []string
+			for _, r := range e.audit.all() {
+				if r.Reason == agentstore.ReasonNoSlice {
+					continue // pid 300, the host's, has no slice
+				}
+				got = append(got, r.Action+" "+r.Reason+" "+itoa(r.PID)+" "+itoa(uint32(r.SMPercent))+"/"+itoa(uint32(r.ComputeLimitPercent)))
+				if r.Slice != "slice-b" || r.Pod != "nb-b" || r.Samples != 3 || !strings.Contains(r.Policy, " compute-tolerance=10 ") {
+					t.Errorf("over-compute record %+v lacks its inputs", r)
+				}
+			}
+			if diff := cmp.Diff(tc.wantAudit, got); diff != "" {
+				t.Errorf("audit (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestComputeCeilingIsTheQuotaFiles: a resize that raised the slice's
+// ceiling is in its quota file, and that is the ceiling the agent holds it
+// to, not the pod's initial one.
+func TestComputeCeilingIsTheQuotaFiles(t *testing.T) {
+	e := newEnv(t)
+	e.overCompute(75)
+	a := e.agent(t, Config{Enforcement: Policy{Mode: ModeKill, Samples: 1, OrphanGrace: -1}}, nil)
+	s := e.pods[1] // slice B, ceiling 30 % at start
+	raised := s.Initial
+	raised.ComputePercent, raised.ComputeLimitPercent = 60, 80
+	path := a.slicePath(s.ID, "quota", v1.QuotaFileName)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := region.WriteQuota(path, s.quota(raised)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.enforce(t.Context(), a.sampleRound(t.Context())); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range e.audit.all() {
+		if r.Reason == agentstore.ReasonOverCompute {
+			t.Errorf("75 %% against the quota file's ceiling of 80 %%: %+v, want no verdict", r)
+		}
+	}
+	if slices.Contains(e.killer.killed, 200) {
+		t.Errorf("killed %v, want slice B's process 200 left alone", e.killer.killed)
+	}
+}
