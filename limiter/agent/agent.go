@@ -48,7 +48,8 @@ type Config struct {
 	QuotaResync time.Duration
 	// PaceInterval is the time between the pace feed's samples into the
 	// usage regions (the hooks' compute controller uses samples up to
-	// 500 ms old); default 100 ms; negative turns the feed off.
+	// 500 ms old); default 100 ms; negative turns the feed off, and with
+	// it the over-compute judgement (see Config.enforcement).
 	PaceInterval time.Duration
 	// Enforcement is the bypass policy.
 	Enforcement Policy
@@ -80,6 +81,9 @@ func (c Config) Validate() error {
 	if t := c.Enforcement.TolerancePercent; t < 0 || t > 100 {
 		errs = append(errs, fmt.Errorf("enforcement tolerance must be 0..100 percent, got %d", t))
 	}
+	if m := c.Enforcement.ComputeMode; m != "" && !m.Valid() {
+		errs = append(errs, fmt.Errorf("compute enforcement mode must be report, kill or off, got %q", m))
+	}
 	if t := c.Enforcement.ComputeTolerancePoints; t < 0 || t > 100 {
 		errs = append(errs, fmt.Errorf("enforcement compute tolerance must be 0..100 percentage points, got %d", t))
 	}
@@ -87,6 +91,18 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("enforcement samples must be >= 1, got %d", c.Enforcement.Samples))
 	}
 	return errors.Join(errs...)
+}
+
+// enforcement is the policy the agent enforces: Enforcement, without the
+// compute judgement when the pace feed is off (the hooks of pods in their
+// own pid namespace then have no SM figures to pace by, so honest slices
+// would run past their ceilings).
+func (c Config) enforcement() Policy {
+	p := c.Enforcement
+	if c.PaceInterval < 0 {
+		p.ComputeMode = ModeOff
+	}
+	return p
 }
 
 func (c Config) withDefaults() Config {
@@ -256,7 +272,7 @@ func New(cfg Config, deps Deps) (*Agent, error) {
 		cfg: cfg, nvml: deps.NVML, has: deps.HasSymbol, samples: deps.Samples, quotas: deps.Quotas,
 		audit: deps.Audit, pods: deps.Pods, proc: deps.Proc, killer: deps.Killer, clock: deps.Clock, wall: deps.Wall, log: deps.Log,
 		labels: deps.NodeLabels, modes: deps.Modes, mps: deps.MPS, guarantees: newGuarantees(cfg.SampleInterval),
-		enforcer: newEnforcer(cfg.Enforcement), procCache: map[uint32]Process{}, knownSlices: map[string]bool{}, usageIDs: map[string]fileID{},
+		enforcer: newEnforcer(cfg.enforcement()), procCache: map[uint32]Process{}, knownSlices: map[string]bool{}, usageIDs: map[string]fileID{},
 		applied: map[string]int64{}, limits: map[string]sliceLimits{}, computes: map[string]int{}, mpsState: newMPSState(),
 	}
 	if a.mps == nil {

@@ -36,16 +36,18 @@
 //   - enforcement (Policy; by default ModeKill, which protects the GPU's
 //     other tenants): a slice whose NVML memory exceeds its cap by more than
 //     the tolerance for Samples consecutive samples (its largest process,
-//     "over-memory"), a slice whose NVML SM use exceeds its burst ceiling
-//     (computeLimitPercent) by more than ComputeTolerancePoints for Samples
-//     consecutive samples (its busiest process, "over-compute": the pace
-//     feed lives in the tenant-writable usage region, so pacing alone does
-//     not hold a hostile tenant), a GPU process of a slice's pod that has no slot in the
+//     "over-memory"), a GPU process of a slice's pod that has no slot in the
 //     slice's usage region (it reached the GPU past the hook, "hidden"), and
 //     a GPU process in a pod of no slice past the orphan grace ("no-slice")
 //     are stopped; the host's own processes are only reported, and so is
 //     a usage region that was replaced, removed or made unusable
 //     ("usage-tampered"; once removed, no later file counts as the agent's).
+//     A slice whose NVML SM use exceeds its burst ceiling
+//     (computeLimitPercent) by more than ComputeTolerancePoints for Samples,
+//     and at least 10, consecutive samples is judged apart ("over-compute",
+//     its busiest process) under ComputeMode, report by default: the pace
+//     feed lives in the tenant-writable usage region, so pacing alone does
+//     not hold a hostile tenant, and the hook paces launches, not kernels.
 //     Every decision is an audit record (agentstore), which names the
 //     server; the broker tells the server's events and page. ModeReport
 //     only reports.

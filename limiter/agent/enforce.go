@@ -29,6 +29,17 @@ const (
 // DefaultMode is the mode of a zero Policy: protecting.
 const DefaultMode = ModeKill
 
+// DefaultComputeMode is the over-compute mode of a zero Policy: reported,
+// not stopped (see Policy.ComputeMode).
+const DefaultComputeMode = ModeReport
+
+// computeSamples is how many consecutive samples a slice must be over its
+// compute ceiling before the agent acts, at least: a process's first
+// second is paced from a feed that has not credited it to its slice yet,
+// and a throughput steal, unlike memory, harms nobody's data while the
+// agent waits.
+const computeSamples = 10
+
 // Valid reports whether m is a known mode.
 func (m Mode) Valid() bool { return m == ModeReport || m == ModeKill || m == ModeOff }
 
@@ -42,6 +53,13 @@ type Policy struct {
 	// counts context and allocator overhead that the hook cannot see.
 	// Default (0 value) 5.
 	TolerancePercent int
+	// ComputeMode is what to do about a slice over its compute ceiling
+	// (over-compute); the zero value means DefaultComputeMode (ModeReport):
+	// the hook paces launches, not kernels, so one kernel or CUDA graph
+	// longer than its longest wait (200 ms) can take an honest slice past
+	// its ceiling, and a shrunk idle slice's first kernels outrun the
+	// shrink until the restore. ModeKill stops the slice's busiest process.
+	ComputeMode Mode
 	// ComputeTolerancePoints is how far above its burst ceiling
 	// (computeLimitPercent) a slice's NVML SM share may go before it counts
 	// as over, in percentage points of the GPU, 0..100: NVML's per-process
@@ -62,6 +80,9 @@ func (p Policy) withDefaults() Policy {
 	if p.Mode == "" {
 		p.Mode = DefaultMode
 	}
+	if p.ComputeMode == "" {
+		p.ComputeMode = DefaultComputeMode
+	}
 	if p.TolerancePercent == 0 {
 		p.TolerancePercent = 5
 	}
@@ -79,8 +100,8 @@ func (p Policy) withDefaults() Policy {
 
 // String is the policy as audit records name it.
 func (p Policy) String() string {
-	return fmt.Sprintf("%s tolerance=%d%% compute-tolerance=%d samples=%d orphan-grace=%s",
-		p.Mode, p.TolerancePercent, p.ComputeTolerancePoints, p.Samples, max(p.OrphanGrace, 0))
+	return fmt.Sprintf("%s tolerance=%d%% compute=%s compute-tolerance=%d samples=%d orphan-grace=%s",
+		p.Mode, p.TolerancePercent, p.ComputeMode, p.ComputeTolerancePoints, p.Samples, max(p.OrphanGrace, 0))
 }
 
 // Killer ends a process. The consumer-side seam for tests.
@@ -156,7 +177,7 @@ func (e *enforcer) judge(r round) []verdict {
 			}
 		}
 		e.judgeMemory(s, kill, add)
-		e.judgeCompute(s, kill, add)
+		e.judgeCompute(s, add)
 		for _, p := range s.Processes {
 			if !p.Hidden {
 				continue
@@ -239,18 +260,20 @@ func (e *enforcer) judgeMemory(s *sliceRound, kill bool, add func(verdict)) {
 // judgeCompute counts slice s over its SM burst ceiling (NVML's view, the
 // authority: the usage region that paces the hook is the tenant's to
 // write, and a process may bypass the hook) and adds its busiest process
-// once the count reaches Samples. An unknown SM share is never a
-// violation (ARCHITECTURE.md invariant 4).
-func (e *enforcer) judgeCompute(s *sliceRound, kill bool, add func(verdict)) {
+// once the count reaches Samples, and at least computeSamples, under
+// ComputeMode. An unknown SM share is never a violation (ARCHITECTURE.md
+// invariant 4).
+func (e *enforcer) judgeCompute(s *sliceRound, add func(verdict)) {
 	sm := s.Sample.SMPercent
-	if sm == nil || s.ComputeLimitPercent <= 0 || *sm <= s.ComputeLimitPercent+e.policy.ComputeTolerancePoints || len(s.Processes) == 0 {
+	if e.policy.ComputeMode == ModeOff || sm == nil || s.ComputeLimitPercent <= 0 ||
+		*sm <= s.ComputeLimitPercent+e.policy.ComputeTolerancePoints || len(s.Processes) == 0 {
 		delete(e.overCompute, s.Info.ID)
 		return
 	}
 	e.overCompute[s.Info.ID]++
-	if n := e.overCompute[s.Info.ID]; n >= e.policy.Samples {
+	if n := e.overCompute[s.Info.ID]; n >= max(e.policy.Samples, computeSamples) {
 		busiest := slices.MaxFunc(s.Processes, func(a, b gpuProcess) int { return a.SMPercent - b.SMPercent })
-		add(verdict{reason: agentstore.ReasonOverCompute, proc: busiest, slice: s, samples: n, stop: kill})
+		add(verdict{reason: agentstore.ReasonOverCompute, proc: busiest, slice: s, samples: n, stop: e.policy.ComputeMode == ModeKill})
 		delete(e.overCompute, s.Info.ID)
 	}
 }

@@ -47,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		sliceAt: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "slice_last_sample_timestamp_seconds",
 			Help: "Unix time of the slice's last sample written to Redis; sample age is time() minus this."}, []string{"slice"}),
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "enforcement_actions_total",
-			Help: "Enforcement actions by action (report, kill, kill-failed) and reason (over-memory, no-slice)."}, []string{"action", "reason"}),
+			Help: "Enforcement actions by action (report, kill, kill-failed) and reason (over-memory, over-compute, hidden, no-slice, usage-tampered)."}, []string{"action", "reason"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "errors_total",
 			Help: "Errors by stage (nvml, proc, redis, quota, xid, kube, mps)."}, []string{"stage"}),
 		rounds: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Name: "sample_round_seconds",

@@ -23,7 +23,7 @@ func TestMetricsAfterARound(t *testing.T) {
 	a.SampleOnce(t.Context())
 	u0, _ := e.lib.Devices[0].GetUUID()
 	want := `
-# HELP gpubroker_agent_enforcement_actions_total Enforcement actions by action (report, kill, kill-failed) and reason (over-memory, no-slice).
+# HELP gpubroker_agent_enforcement_actions_total Enforcement actions by action (report, kill, kill-failed) and reason (over-memory, over-compute, hidden, no-slice, usage-tampered).
 # TYPE gpubroker_agent_enforcement_actions_total counter
 gpubroker_agent_enforcement_actions_total{action="report",reason="no-slice"} 2
 `

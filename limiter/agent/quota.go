@@ -174,6 +174,14 @@ func (a *Agent) applyQuotas(ctx context.Context) error {
 			delete(a.applied, id)
 		}
 	}
+	// An applyQuota of a pod list older than the sampling round that
+	// forgot a gone slice may have written its caps back.
+	for id := range a.limits {
+		if !ids[id] {
+			delete(a.limits, id)
+			delete(a.computes, id)
+		}
+	}
 	a.quotaMu.Unlock()
 	return errors.Join(errs...)
 }

@@ -461,8 +461,11 @@ func (a *Agent) limitsOf(s SliceInfo) sliceLimits {
 		l = limitsOfQuota(q)
 	}
 	a.quotaMu.Lock()
+	defer a.quotaMu.Unlock()
+	if cur, ok := a.limits[s.ID]; ok {
+		return cur // applyQuota wrote a newer quota file meanwhile
+	}
 	a.limits[s.ID] = l
-	a.quotaMu.Unlock()
 	return l
 }
 

@@ -160,6 +160,10 @@ func agentEntry(r agentstore.AuditRecord) audit.Entry {
 	if r.MemoryLimitMiB > 0 {
 		put("memoryLimitMiB", strconv.FormatInt(r.MemoryLimitMiB, 10))
 	}
+	if r.SMPercent > 0 || r.ComputeLimitPercent > 0 {
+		put("smPercent", strconv.Itoa(r.SMPercent))
+		put("computeLimitPercent", strconv.Itoa(r.ComputeLimitPercent))
+	}
 	put("samples", strconv.Itoa(r.Samples))
 	return e
 }

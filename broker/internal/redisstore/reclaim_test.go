@@ -311,3 +311,20 @@ func TestAuditMergesTheAgentsRecords(t *testing.T) {
 		t.Errorf("a record without the server's names: %+v, want its pod as target", old)
 	}
 }
+
+// TestAnOverComputeRecordShowsItsFigures: the agent's over-compute record
+// is read in the admin audit with the slice's SM use and its ceiling next
+// to the policy, and a memory record gains no compute inputs.
+func TestAnOverComputeRecordShowsItsFigures(t *testing.T) {
+	r := agentstore.AuditRecord{Node: "n1", Action: agentstore.ActionReport, Reason: agentstore.ReasonOverCompute, Policy: "kill tolerance=5% compute=report compute-tolerance=10 samples=3 orphan-grace=30s",
+		Slice: "sp1", Pod: "nb-ada", Namespace: "notebooks", User: "ada", Server: "a", PID: 7, GPU: "GPU-1", MemoryUsedMiB: 900, MemoryLimitMiB: 8192,
+		SMPercent: 75, ComputeLimitPercent: 30, Samples: 10}
+	e := agentEntry(r)
+	if e.Inputs["smPercent"] != "75" || e.Inputs["computeLimitPercent"] != "30" || e.Reason != "over-compute" || e.Target != "server:ada/a" {
+		t.Errorf("over-compute entry %+v, want smPercent 75 and computeLimitPercent 30 on server:ada/a", e)
+	}
+	r.Reason, r.SMPercent, r.ComputeLimitPercent = agentstore.ReasonOverMemory, 0, 0
+	if e := agentEntry(r); e.Inputs["smPercent"] != "" || e.Inputs["computeLimitPercent"] != "" {
+		t.Errorf("over-memory entry %+v has compute inputs", e.Inputs)
+	}
+}

@@ -20,6 +20,9 @@ type Config struct {
 	Agent agent.Config
 	// EnforceMode is report, kill or off; copied into Agent.Enforcement.Mode.
 	EnforceMode string
+	// EnforceComputeMode is the same for over-compute; copied into
+	// Agent.Enforcement.ComputeMode.
+	EnforceComputeMode string
 	// Redis is the broker's Redis (URL or Sentinel, password file, prefix).
 	Redis cliconfig.Redis
 	// SampleMaxLen is the approximate number of samples kept per slice.
@@ -95,7 +98,7 @@ that bypass their slice.`,
 	add(nonNegative("quota-resync", &c.Agent.QuotaResync, agent.DefaultQuotaResync,
 		"Time between full passes over desired quotas (changes also arrive by pub/sub)."))
 	add(cliconfig.Flag{Name: "enforce", Placeholder: "MODE", Value: cliconfig.String(&c.EnforceMode), Default: string(agent.DefaultMode),
-		Help: "What to do with a process over its slice (memory or compute), hidden from the hook, or in a pod of no slice: kill (stop it), report or off (always audited; the host's own processes are only reported).",
+		Help: "What to do with a process over its memory cap, hidden from the hook, or in a pod of no slice: kill (stop it), report or off (always audited; the host's own processes are only reported).",
 		Check: func() error {
 			if !agent.Mode(c.EnforceMode).Valid() {
 				return fmt.Errorf("must be report, kill or off, got %q", c.EnforceMode)
@@ -107,6 +110,14 @@ that bypass their slice.`,
 		Check: func() error {
 			if t := c.Agent.Enforcement.TolerancePercent; t < 0 || t > 100 {
 				return fmt.Errorf("must be 0..100 percent, got %d", t)
+			}
+			return nil
+		}})
+	add(cliconfig.Flag{Name: "enforce-compute", Placeholder: "MODE", Value: cliconfig.String(&c.EnforceComputeMode), Default: string(agent.DefaultComputeMode),
+		Help: "What to do with a slice whose SM use stays over its compute ceiling for 10 samples or --enforce-samples, whichever is more: report, kill (stop its busiest process) or off; report by default, since the hook paces launches and one kernel over 200 ms can take an honest slice past its ceiling.",
+		Check: func() error {
+			if !agent.Mode(c.EnforceComputeMode).Valid() {
+				return fmt.Errorf("must be report, kill or off, got %q", c.EnforceComputeMode)
 			}
 			return nil
 		}})
@@ -176,5 +187,6 @@ func Load(args, environ []string) (Config, []string, error) {
 	var c Config
 	warnings, err := c.table().Load(args, environ)
 	c.Agent.Enforcement.Mode = agent.Mode(c.EnforceMode)
+	c.Agent.Enforcement.ComputeMode = agent.Mode(c.EnforceComputeMode)
 	return c, warnings, err
 }

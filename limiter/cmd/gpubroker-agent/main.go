@@ -104,7 +104,7 @@ func serve(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second}
 
 	log.Info("gpubroker-agent starting", "node", cfg.Agent.Node, "metrics_addr", cfg.MetricsAddr,
-		"sample_interval", cfg.Agent.SampleInterval.String(), "enforce", cfg.EnforceMode)
+		"sample_interval", cfg.Agent.SampleInterval.String(), "enforce", cfg.EnforceMode, "enforce_compute", cfg.EnforceComputeMode)
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return pods.Run(ctx) })
 	g.Go(func() error {
