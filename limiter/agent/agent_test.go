@@ -231,6 +231,18 @@ func (e *testEnv) agent(t *testing.T, cfg Config, quotas QuotaStore) *Agent {
 
 func ptr[T any](v T) *T { return &v }
 
+// enforceRounds runs n sampling rounds of a, a second apart on the
+// clock, and enforces each.
+func (e *testEnv) enforceRounds(t *testing.T, a *Agent, n int) {
+	t.Helper()
+	for range n {
+		e.clock.Advance(time.Second)
+		if err := a.enforce(t.Context(), a.sampleRound(t.Context())); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // runAgent runs a until the returned stop is called; stop waits for Run
 // and fails t if it returned an error.
 func runAgent(t *testing.T, a *Agent) (stop func()) {
@@ -473,12 +485,7 @@ func TestEnforcement(t *testing.T) {
 			e.setProcs(0, []nvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 1300 << 20}, {Pid: 101, UsedGpuMemory: 900 << 20},
 				{Pid: 300, UsedGpuMemory: 1 << 20}}, nil)
 			a := e.agent(t, Config{Enforcement: Policy{Mode: tc.mode, OrphanGrace: tc.grace}}, nil)
-			for range tc.rounds {
-				e.clock.Advance(time.Second)
-				if err := a.enforce(t.Context(), a.sampleRound(t.Context())); err != nil {
-					t.Fatal(err)
-				}
-			}
+			e.enforceRounds(t, a, tc.rounds)
 			if diff := cmp.Diff(tc.wantKilled, e.killer.killed); diff != "" {
 				t.Errorf("killed (-want +got):\n%s", diff)
 			}

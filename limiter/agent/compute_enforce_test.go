@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/google/go-cmp/cmp"
@@ -68,12 +67,7 @@ func TestComputeOverTheCeilingIsStopped(t *testing.T) {
 				cfg.PaceInterval = -1
 			}
 			a := e.agent(t, cfg, nil)
-			for range tc.rounds {
-				e.clock.Advance(time.Second)
-				if err := a.enforce(t.Context(), a.sampleRound(t.Context())); err != nil {
-					t.Fatal(err)
-				}
-			}
+			e.enforceRounds(t, a, tc.rounds)
 			if diff := cmp.Diff(tc.wantKilled, e.killer.killed); diff != "" {
 				t.Errorf("killed (-want +got):\n%s", diff)
 			}
@@ -111,12 +105,7 @@ func TestComputeCeilingIsTheQuotaFiles(t *testing.T) {
 	if err := region.WriteQuota(path, s.quota(raised)); err != nil {
 		t.Fatal(err)
 	}
-	for range computeSamples {
-		e.clock.Advance(time.Second)
-		if err := a.enforce(t.Context(), a.sampleRound(t.Context())); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.enforceRounds(t, a, computeSamples)
 	for _, r := range e.audit.all() {
 		if r.Reason == agentstore.ReasonOverCompute {
 			t.Errorf("75 %% against the quota file's ceiling of 80 %%: %+v, want no verdict", r)

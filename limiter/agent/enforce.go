@@ -59,6 +59,7 @@ type Policy struct {
 	// longer than its longest wait (200 ms) can take an honest slice past
 	// its ceiling, and a shrunk idle slice's first kernels outrun the
 	// shrink until the restore. ModeKill stops the slice's busiest process.
+	// Mode ModeOff turns every check off, this one included.
 	ComputeMode Mode
 	// ComputeTolerancePoints is how far above its burst ceiling
 	// (computeLimitPercent) a slice's NVML SM share may go before it counts

@@ -114,7 +114,7 @@ that bypass their slice.`,
 			return nil
 		}})
 	add(cliconfig.Flag{Name: "enforce-compute", Placeholder: "MODE", Value: cliconfig.String(&c.EnforceComputeMode), Default: string(agent.DefaultComputeMode),
-		Help: "What to do with a slice whose SM use stays over its compute ceiling for 10 samples or --enforce-samples, whichever is more: report, kill (stop its busiest process) or off; report by default, since the hook paces launches and one kernel over 200 ms can take an honest slice past its ceiling.",
+		Help: "What to do with a slice whose SM use stays over its compute ceiling for 10 samples or --enforce-samples, whichever is more: report, kill (stop its busiest process) or off; report by default, since the hook paces launches and one kernel over 200 ms can take an honest slice past its ceiling; --enforce=off turns this off too.",
 		Check: func() error {
 			if !agent.Mode(c.EnforceComputeMode).Valid() {
 				return fmt.Errorf("must be report, kill or off, got %q", c.EnforceComputeMode)
