@@ -103,6 +103,10 @@ func EnforcementMessage(r agentstore.AuditRecord) string {
 		}
 		return fmt.Sprintf("a process used %s of this server's %s slice and %s", size(r.MemoryUsedMiB), size(r.MemoryLimitMiB), done)
 	case agentstore.ReasonOverCompute:
+		if r.Action == agentstore.ActionReport {
+			// Nodes report compute over-use unless told to stop it.
+			done = "was reported, not stopped"
+		}
 		return fmt.Sprintf("this server's processes used %d%% of the GPU's compute, more than its slice's %d%% limit; the busiest %s",
 			r.SMPercent, r.ComputeLimitPercent, done)
 	case agentstore.ReasonHidden:
