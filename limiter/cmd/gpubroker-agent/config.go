@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/gpubroker/gpubroker/limiter/agent"
@@ -97,38 +98,14 @@ that bypass their slice.`,
 		Help: "Time between the slice SM use written into the usage regions for the hooks' compute pacing (they see only host pids through NVML); negative turns it off."})
 	add(nonNegative("quota-resync", &c.Agent.QuotaResync, agent.DefaultQuotaResync,
 		"Time between full passes over desired quotas (changes also arrive by pub/sub)."))
-	add(cliconfig.Flag{Name: "enforce", Placeholder: "MODE", Value: cliconfig.String(&c.EnforceMode), Default: string(agent.DefaultMode),
-		Help: "What to do with a process over its memory cap, hidden from the hook, or in a pod of no slice: kill (stop it), report or off (always audited; the host's own processes are only reported).",
-		Check: func() error {
-			if !agent.Mode(c.EnforceMode).Valid() {
-				return fmt.Errorf("must be report, kill or off, got %q", c.EnforceMode)
-			}
-			return nil
-		}})
-	add(cliconfig.Flag{Name: "enforce-tolerance", Placeholder: "PERCENT", Value: cliconfig.Int(&c.Agent.Enforcement.TolerancePercent), Default: "5",
-		Help: "Percent above its memory cap a slice may go before it counts as over.",
-		Check: func() error {
-			if t := c.Agent.Enforcement.TolerancePercent; t < 0 || t > 100 {
-				return fmt.Errorf("must be 0..100 percent, got %d", t)
-			}
-			return nil
-		}})
-	add(cliconfig.Flag{Name: "enforce-compute", Placeholder: "MODE", Value: cliconfig.String(&c.EnforceComputeMode), Default: string(agent.DefaultComputeMode),
-		Help: "What to do with a slice whose SM use stays over its compute ceiling for 10 samples or --enforce-samples, whichever is more: report, kill (stop its busiest process) or off; report by default, since the hook paces launches and one kernel over 200 ms can take an honest slice past its ceiling; --enforce=off turns this off too.",
-		Check: func() error {
-			if !agent.Mode(c.EnforceComputeMode).Valid() {
-				return fmt.Errorf("must be report, kill or off, got %q", c.EnforceComputeMode)
-			}
-			return nil
-		}})
-	add(cliconfig.Flag{Name: "enforce-compute-tolerance", Placeholder: "POINTS", Value: cliconfig.Int(&c.Agent.Enforcement.ComputeTolerancePoints), Default: "10",
-		Help: "Percentage points of the GPU above its compute ceiling (computeLimitPercent) a slice's SM use, as NVML measures it, may go before it counts as over.",
-		Check: func() error {
-			if t := c.Agent.Enforcement.ComputeTolerancePoints; t < 0 || t > 100 {
-				return fmt.Errorf("must be 0..100 percentage points, got %d", t)
-			}
-			return nil
-		}})
+	add(modeFlag("enforce", &c.EnforceMode, agent.DefaultMode,
+		"What to do with a process over its memory cap, hidden from the hook, or in a pod of no slice: kill (stop it), report or off (always audited; the host's own processes are only reported)."))
+	add(upTo100("enforce-tolerance", "PERCENT", &c.Agent.Enforcement.TolerancePercent, 5, "percent",
+		"Percent above its memory cap a slice may go before it counts as over."))
+	add(modeFlag("enforce-compute", &c.EnforceComputeMode, agent.DefaultComputeMode,
+		"What to do with a slice whose SM use stays over its compute ceiling for 10 samples or --enforce-samples, whichever is more: report, kill (stop its busiest process) or off; report by default, since the hook paces launches and one kernel over 200 ms can take an honest slice past its ceiling; --enforce=off turns this off too."))
+	add(upTo100("enforce-compute-tolerance", "POINTS", &c.Agent.Enforcement.ComputeTolerancePoints, 10, "percentage points",
+		"Percentage points of the GPU above its compute ceiling (computeLimitPercent) a slice's SM use, as NVML measures it, may go before it counts as over."))
 	add(cliconfig.Flag{Name: "enforce-samples", Placeholder: "N", Value: cliconfig.Int(&c.Agent.Enforcement.Samples), Default: "3",
 		Help: "Consecutive samples a violation must last before the agent acts.",
 		Check: func() error {
@@ -168,6 +145,29 @@ func nonNegative(name string, p *time.Duration, def time.Duration, help string) 
 		Check: func() error {
 			if *p < 0 {
 				return fmt.Errorf("must not be negative, got %s", *p)
+			}
+			return nil
+		}}
+}
+
+// modeFlag is an enforcement mode flag (report, kill or off) into p.
+func modeFlag(name string, p *string, def agent.Mode, help string) cliconfig.Flag {
+	return cliconfig.Flag{Name: name, Placeholder: "MODE", Value: cliconfig.String(p), Default: string(def), Help: help,
+		Check: func() error {
+			if !agent.Mode(*p).Valid() {
+				return fmt.Errorf("must be report, kill or off, got %q", *p)
+			}
+			return nil
+		}}
+}
+
+// upTo100 is an int flag into p that must be 0..100 (in unit, as its
+// error says).
+func upTo100(name, placeholder string, p *int, def int, unit, help string) cliconfig.Flag {
+	return cliconfig.Flag{Name: name, Placeholder: placeholder, Value: cliconfig.Int(p), Default: strconv.Itoa(def), Help: help,
+		Check: func() error {
+			if *p < 0 || *p > 100 {
+				return fmt.Errorf("must be 0..100 %s, got %d", unit, *p)
 			}
 			return nil
 		}}
