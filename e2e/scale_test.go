@@ -313,15 +313,12 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		tb.Fatalf("raw pods: %v", err)
 	}
 
-	managed, err := harness.WatchPods(ctx, rig, e.ns, v1.LabelManagedBy+"="+v1.ManagedByValue)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer managed.Stop()
-	side, err := newRawPods(ctx, e, rig, "scale-side", template)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	// The rig's own watches (the managed pods, for the steps' split and the
+	// end's count, and the side's raw pods) start after the servers alone:
+	// the raw pods alone met one watch, their own, and the servers alone
+	// meet only the brokers' (their event streams tell the rig when each
+	// runs), so neither side pays for the other's instruments.
+	var managed *harness.PodWatch
 	cpu0 := replicaCPU(tb, replicas)
 	// createServer creates server i (of all cfg.servers) and waits until it
 	// runs; steps: where its time went, or nil.
@@ -331,7 +328,11 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		if steps != nil && *scaleBinaryB != "" {
 			steps = &r.stepsBy[(i%len(replicas))%2]
 		}
-		return createRunningSteps(ctx, clients[u][i%len(replicas)], users[u], name, steps, managed.Running(spawner.PodName(users[u], name)))
+		var podRunning <-chan struct{}
+		if managed != nil {
+			podRunning = managed.Running(spawner.PodName(users[u], name))
+		}
+		return createRunningSteps(ctx, clients[u][i%len(replicas)], users[u], name, steps, podRunning)
 	}
 	serversAlone := load("servers through the brokers alone", half)
 	serversAlone.Rate = cfg.rate / 2
@@ -350,6 +351,14 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	r.aloneCPU = cpuSince(tb, e, replicas, c0)
 	if err := profiled(); err != nil {
 		tb.Errorf("servers alone: %v", err)
+	}
+	if managed, err = harness.WatchPods(ctx, rig, e.ns, v1.LabelManagedBy+"="+v1.ManagedByValue); err != nil {
+		tb.Fatal(err)
+	}
+	defer managed.Stop()
+	side, err := newRawPods(ctx, e, rig, "scale-side", template)
+	if err != nil {
+		tb.Fatal(err)
 	}
 	serverLoad := load("servers, each next to a raw pod", cfg.servers-half)
 	serverLoad.Progress = func(done, failed int) {
