@@ -15,14 +15,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"slices"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -155,6 +154,10 @@ type parts struct {
 	// checkers are the readiness checks (/readyz), also logged shortly
 	// after start so a broker whose dependencies are down says so.
 	checkers []httpapi.Checker
+	// leading is whether this replica applies pod events
+	// (forwardPodEvents): while it holds the Lease (runReclaimer), or
+	// always when no Lease is configured.
+	leading atomic.Bool
 }
 
 // Serve runs gpubroker serve: it builds the Infra from cfg (a validated
@@ -260,50 +263,6 @@ func followEnforcement(ctx context.Context, p *parts) error {
 // first logged: long enough for a healthy broker's caches to sync, short
 // enough that a misconfigured one says so at once.
 const startupCheckDelay = 10 * time.Second
-
-// podEventWorkers is how many pod events are applied at once. Events of
-// one pod always go to the same worker, so they stay in order; events of
-// different pods (different spawns) are applied side by side, each a few
-// Redis round trips, instead of queueing behind one another.
-const podEventWorkers = 16
-
-// forwardPodEvents hands every pod observation to the lifecycle. The
-// spawner's dispatcher must not block, so events pass through a buffer per
-// worker; if one overflows, the reconciler is asked for a pass, which
-// replays every pod's current phase. A storage failure is logged and left
-// to that pass too.
-func forwardPodEvents(ctx context.Context, p *parts) error {
-	queues := make([]chan spawner.PodEvent, podEventWorkers)
-	for i := range queues {
-		queues[i] = make(chan spawner.PodEvent, 256)
-	}
-	p.spawner.Subscribe(ctx, func(ev spawner.PodEvent) {
-		h := fnv.New32a()
-		_, _ = h.Write([]byte(ev.Pod)) // hash.Hash.Write never fails
-		select {
-		case queues[h.Sum32()%podEventWorkers] <- ev:
-		default:
-			p.reconciler.Trigger()
-		}
-	})
-	var wg sync.WaitGroup
-	for _, q := range queues {
-		wg.Go(func() {
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case ev := <-q:
-					if err := p.service.HandlePodEvent(ctx, ev); err != nil && ctx.Err() == nil {
-						p.log.WarnContext(ctx, "pod event not applied; the reconciler will retry", "pod", ev.Pod, "err", err)
-					}
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return nil
-}
 
 // serveHTTP serves until ctx ends, then shuts down gracefully: it stops
 // accepting connections, then closes drain (the handler's event streams
@@ -466,6 +425,8 @@ func assemble(cfg config.Config, log *slog.Logger, infra Infra) (*parts, error) 
 	rec.SetMetrics(m)
 	if cfg.LeaderElectionNamespace != "" {
 		rec.SetLeading(false) // until this replica holds the Lease (runReclaimer)
+	} else {
+		p.leading.Store(true) // the only replica
 	}
 	p.reconciler = rec
 	policies := reclaim.NewPolicies(redisstore.NewReclaim(rdb, cfg.Redis.Prefix), nil, log.With("part", "reclaim"))

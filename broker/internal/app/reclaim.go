@@ -96,7 +96,8 @@ func notebookTarget(sp *spawner.Client) reclaim.Target {
 var _ reclaim.Stopper = (*servers.Service)(nil)
 
 // runReclaimer runs the reclaimer, and has the reconciler make its
-// periodic passes (reconcile.Reconciler.SetLeading), while this replica
+// periodic passes (reconcile.Reconciler.SetLeading) and this replica apply
+// the pod events (forwardPodEvents), while this replica
 // holds the Lease, or always when no Lease namespace is configured (one
 // replica only).
 func runReclaimer(ctx context.Context, cfg config.Config, p *parts) error {
@@ -116,8 +117,9 @@ func runReclaimer(ctx context.Context, cfg config.Config, p *parts) error {
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: renew, RetryPeriod: retry,
 		OnLeader: func(leading bool) {
 			p.metrics.SetLeader(leading)
+			p.leading.Store(leading) // before the pass that replays the pods' phases
 			p.reconciler.SetLeading(leading)
-			p.log.Info("reclaimer and reconciler leadership", "leading", leading, "identity", id)
+			p.log.Info("reclaimer, reconciler and pod events leadership", "leading", leading, "identity", id)
 		},
 	}, p.reclaimer.Run)
 }
