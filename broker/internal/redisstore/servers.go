@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"time"
 
@@ -254,12 +255,48 @@ func (s *Store) Advance(ctx context.Context, k fleet.ServerKey, spawnID string, 
 	if len(sources) == 0 {
 		return fleet.Server{}, false, fmt.Errorf("%w: transition server %s/%s to %q: no state leads there", fleet.ErrInvalid, k.User, k.Name, to)
 	}
+	return s.transition(ctx, k, spawnID, sources, true, to, message, patch)
+}
+
+// MoveFrom is Transition from state from only: it moves server k's spawn
+// spawnID from from to to, applying patch and appending the event, and
+// returns the new record. A record in any other state, to included, is
+// left as it is, with a *fleet.StateError (wrapping fleet.ErrConflict);
+// another spawn's record wraps fleet.ErrConflict, none fleet.ErrNotFound.
+// A step the state machine does not allow (from is not one of
+// fleet.TransitionSources(to)) wraps fleet.ErrInvalid.
+func (s *Store) MoveFrom(ctx context.Context, k fleet.ServerKey, spawnID string, from, to fleet.State, message string, patch Patch) (fleet.Server, error) {
+	if !slices.Contains(fleet.TransitionSources(to), from) {
+		return fleet.Server{}, fmt.Errorf("%w: transition server %s/%s from %q to %q: the lifecycle has no such step", fleet.ErrInvalid, k.User, k.Name, from, to)
+	}
+	out, _, err := s.transition(ctx, k, spawnID, []fleet.State{from}, false, to, message, patch)
+	return out, err
+}
+
+// SetMessage sets the message of server k's spawn spawnID while it is in
+// state: a new message is written with its event, the same one writes
+// nothing. It returns the record. A record in another state is left as it
+// is, with a *fleet.StateError (wrapping fleet.ErrConflict); another
+// spawn's record wraps fleet.ErrConflict, none fleet.ErrNotFound.
+func (s *Store) SetMessage(ctx context.Context, k fleet.ServerKey, spawnID string, state fleet.State, message string) (fleet.Server, error) {
+	out, _, err := s.transition(ctx, k, spawnID, nil, true, state, message, Patch{})
+	return out, err
+}
+
+// transition runs the transition script: server k's spawn spawnID moves to
+// to from one of sources, or, when stay is set and it is in to already,
+// takes message and patch there (Advance's "moved" is false then).
+func (s *Store) transition(ctx context.Context, k fleet.ServerKey, spawnID string, sources []fleet.State, stay bool, to fleet.State, message string, patch Patch) (fleet.Server, bool, error) {
 	pf, err := patchFields(patch)
 	if err != nil {
 		return fleet.Server{}, false, fmt.Errorf("transition server %s/%s: %w", k.User, k.Name, err)
 	}
+	mode := "move"
+	if stay {
+		mode = "stay"
+	}
 	args := []any{spawnID, string(to), message, unixNano(s.now()), eventMaxLen, s.retention.Milliseconds(),
-		s.recordTTL(to), len(pf) / 2}
+		s.recordTTL(to), mode, len(pf) / 2}
 	args = append(args, pf...)
 	for _, st := range sources {
 		args = append(args, string(st))

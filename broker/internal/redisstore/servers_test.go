@@ -315,6 +315,93 @@ func TestTransitionSpawnCASAndPatches(t *testing.T) {
 	}
 }
 
+func TestMoveFromAndSetMessageWriteOnlyFromTheirState(t *testing.T) {
+	srv := redistest.Start(t)
+	s, clk := newStore(t, srv)
+	ctx := t.Context()
+	k := fleet.ServerKey{User: "alice", Name: "nb"}
+	if _, _, err := s.CreateServer(ctx, pendingServer("alice", "nb", "spawn-1", "i1")); err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []fleet.State{v1.StatePlacing, v1.StateCreating} {
+		if _, err := s.Transition(ctx, k, "spawn-1", st, string(st), Patch{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod, url := "nb-alice-nb", "http://10.0.0.7:8888"
+	stateIs := func(err error, want fleet.State) bool {
+		var se *fleet.StateError
+		return errors.As(err, &se) && se.State == want && errors.Is(err, fleet.ErrConflict)
+	}
+	unchanged := func(what string, want fleet.Server) {
+		t.Helper()
+		cur, err := s.GetServer(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, cur); diff != "" {
+			t.Errorf("%s changed the record (-before +after):\n%s", what, diff)
+		}
+	}
+	creating, err := s.GetServer(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, before := events(t, s, k, "")
+
+	// From the wrong state nothing is written, and the state is told.
+	clk.Advance(time.Second)
+	if _, err := s.SetMessage(ctx, k, "spawn-1", v1.StateStarting, "pulling the image"); !stateIs(err, v1.StateCreating) {
+		t.Errorf("SetMessage on a creating record: err = %v, want a StateError naming creating", err)
+	}
+	if _, err := s.MoveFrom(ctx, k, "spawn-1", v1.StateStarting, v1.StateRunning, "running", Patch{URL: &url}); !stateIs(err, v1.StateCreating) {
+		t.Errorf("MoveFrom starting on a creating record: err = %v, want a StateError naming creating", err)
+	}
+	unchanged("refused calls", creating)
+	if _, err := s.MoveFrom(ctx, k, "spawn-1", v1.StatePending, v1.StateRunning, "running", Patch{}); !errors.Is(err, fleet.ErrInvalid) {
+		t.Errorf("MoveFrom pending to running: err = %v, want ErrInvalid (no such step)", err)
+	}
+	if _, err := s.SetMessage(ctx, k, "spawn-0", v1.StateCreating, "late"); !errors.Is(err, fleet.ErrConflict) {
+		t.Errorf("SetMessage of an old spawn: err = %v, want ErrConflict", err)
+	}
+	if _, err := s.SetMessage(ctx, fleet.ServerKey{User: "alice", Name: "none"}, "spawn-1", v1.StateStarting, "x"); !errors.Is(err, fleet.ErrNotFound) {
+		t.Errorf("SetMessage of no server: err = %v, want ErrNotFound", err)
+	}
+	unchanged("calls for other spawns", creating)
+
+	// In its state: the message is set once, the same message again writes nothing.
+	if _, err := s.Transition(ctx, k, "spawn-1", v1.StateStarting, "pod created", Patch{Pod: &pod}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.SetMessage(ctx, k, "spawn-1", v1.StateStarting, "pulling the image")
+	if err != nil || got.Message != "pulling the image" || got.State != v1.StateStarting {
+		t.Fatalf("SetMessage on a starting record = %+v, %v", got, err)
+	}
+	clk.Advance(time.Second)
+	if _, err := s.SetMessage(ctx, k, "spawn-1", v1.StateStarting, "pulling the image"); err != nil {
+		t.Fatal(err)
+	}
+	unchanged("the same message again", got)
+
+	// MoveFrom moves once with its patch; in the target state already it refuses.
+	moved, err := s.MoveFrom(ctx, k, "spawn-1", v1.StateStarting, v1.StateRunning, "running at "+url, Patch{URL: &url})
+	if err != nil || moved.State != v1.StateRunning || moved.URL != url || moved.Pod != pod || !moved.UpdatedAt.Equal(clk.Now()) {
+		t.Fatalf("MoveFrom starting to running = %+v, %v; want running with its URL, the pod kept, updated now", moved, err)
+	}
+	clk.Advance(time.Second)
+	other := "http://10.0.0.8:8888"
+	if _, err := s.MoveFrom(ctx, k, "spawn-1", v1.StateStarting, v1.StateRunning, "running again", Patch{URL: &other}); !stateIs(err, v1.StateRunning) {
+		t.Errorf("MoveFrom on a record in the target state: err = %v, want a StateError naming running", err)
+	}
+	unchanged("a second move", moved)
+	after, _ := events(t, s, k, before[len(before)-1].ID)
+	want := []eventView{{"spawn-1", v1.StateStarting, "pod created"}, {"spawn-1", v1.StateStarting, "pulling the image"},
+		{"spawn-1", v1.StateRunning, "running at " + url}}
+	if diff := cmp.Diff(want, after); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
 func TestEventsReplayAndBlock(t *testing.T) {
 	srv := redistest.Start(t)
 	s, clk := newStore(t, srv)

@@ -33,7 +33,14 @@ import (
 // else the leader's, within one pass interval. A pod without a
 // record (Redis lost it) is left to the reconciler, which rebuilds the
 // record from the pod and then releases it; the event asks for a pass now.
+//
+// The events of a spawn going as planned (the pod's progress while the
+// record is starting, and its start) are applied in one store call
+// (applyDirect); any other case reads the record first.
 func (s *Service) HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error {
+	if done, err := s.applyDirect(ctx, ev); done {
+		return err
+	}
 	key := fleet.ServerKey{User: ev.User, Name: ev.Server}
 	rec, err := s.store.GetServer(ctx, key)
 	if errors.Is(err, fleet.ErrNotFound) {
@@ -52,6 +59,42 @@ func (s *Service) HandlePodEvent(ctx context.Context, ev spawner.PodEvent) error
 		return nil // nothing left to record; a held pod is the pass's to release
 	}
 	return s.apply(ctx, rec, ev)
+}
+
+// applyDirect applies a pod event without reading the record first when
+// the record is where a spawn going as planned has it: a pending or
+// starting pod's message on a starting record (written only when it
+// differs), or a running pod moving a starting record to running (which
+// counts the spawn). Those are most events, and each takes one call to the
+// store instead of a read and a write. It reports false, having written
+// nothing, when the record is elsewhere (creating, running already,
+// another spawn's, none): HandlePodEvent then reads it and decides as
+// for any event. A storage failure is reported as done, with its error.
+func (s *Service) applyDirect(ctx context.Context, ev spawner.PodEvent) (bool, error) {
+	key := fleet.ServerKey{User: ev.User, Name: ev.Server}
+	var err error
+	switch ev.Phase {
+	case spawner.PhasePending, spawner.PhaseStarting:
+		_, err = s.store.SetMessage(ctx, key, ev.SpawnID, v1.StateStarting, ev.Message)
+	case spawner.PhaseRunning:
+		url, pod := ev.URL, ev.Pod
+		var out fleet.Server
+		out, err = s.store.MoveFrom(ctx, key, ev.SpawnID, v1.StateStarting, v1.StateRunning,
+			fmt.Sprintf("running at %s", ev.URL), fleet.ServerPatch{URL: &url, Pod: &pod})
+		if err == nil {
+			// Only the call that moved the state counts the spawn.
+			s.metrics.ObserveSpawn(out.Profile, OutcomeRunning, out.UpdatedAt.Sub(out.CreatedAt))
+		}
+	default:
+		return false, nil
+	}
+	if errors.Is(err, fleet.ErrConflict) || errors.Is(err, fleet.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return true, fmt.Errorf("pod event %s: %w", ev.Pod, err)
+	}
+	return true, nil
 }
 
 // apply acts on one pod observation for the record of the same spawn. The

@@ -197,32 +197,51 @@ func TestAFailedSpawnsPodIsReleasedByTheCallThatFailedIt(t *testing.T) {
 	}
 }
 
-// transitionCounter is the store of a replica that counts its Transition
-// calls.
-type transitionCounter struct {
+// callCounter is the store of a replica that counts its calls that read
+// or write a server record.
+type callCounter struct {
 	servers.Store
 	mu sync.Mutex
 	n  int
 }
 
-func (s *transitionCounter) Transition(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, error) {
+func (s *callCounter) add() {
 	s.mu.Lock()
 	s.n++
 	s.mu.Unlock()
+}
+
+func (s *callCounter) GetServer(ctx context.Context, k fleet.ServerKey) (fleet.Server, error) {
+	s.add()
+	return s.Store.GetServer(ctx, k)
+}
+
+func (s *callCounter) Transition(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, error) {
+	s.add()
 	return s.Store.Transition(ctx, k, spawnID, to, message, patch)
 }
 
-func (s *transitionCounter) count() int {
+func (s *callCounter) Advance(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, bool, error) {
+	s.add()
+	return s.Store.Advance(ctx, k, spawnID, to, message, patch)
+}
+
+func (s *callCounter) MoveFrom(ctx context.Context, k fleet.ServerKey, spawnID string, from, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, error) {
+	s.add()
+	return s.Store.MoveFrom(ctx, k, spawnID, from, to, message, patch)
+}
+
+func (s *callCounter) SetMessage(ctx context.Context, k fleet.ServerKey, spawnID string, state fleet.State, message string) (fleet.Server, error) {
+	s.add()
+	return s.Store.SetMessage(ctx, k, spawnID, state, message)
+}
+
+func (s *callCounter) count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.n
 }
 
-// TestAReplicaFindingThePodsMessageRecordedWritesNothing: every replica
-// handles the same pod event. The first to handle a starting pod's new
-// message records it; one that reads the record after that finds the
-// message there and sends the store no write, while a new message is
-// still written.
 func TestAReplicaFindingThePodsMessageRecordedWritesNothing(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
@@ -234,7 +253,7 @@ func TestAReplicaFindingThePodsMessageRecordedWritesNothing(t *testing.T) {
 	// The fixture's own replica has handled its pod's event: from here
 	// on nothing else writes the record's message.
 	f.WaitHandled(t, "the new pod's event", func(ev spawner.PodEvent) bool { return ev.SpawnID == rec.SpawnID })
-	store := &transitionCounter{Store: f.Store}
+	store := &callCounter{Store: f.Store}
 	replica := servers.New(store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
 	ev := spawner.PodEvent{User: key.User, Server: key.Name, SpawnID: rec.SpawnID, Pod: spawner.PodName(key.User, key.Name),
 		Phase: spawner.PhaseStarting, Message: "pulling image quay.io/jupyter/base-notebook"}
@@ -247,12 +266,44 @@ func TestAReplicaFindingThePodsMessageRecordedWritesNothing(t *testing.T) {
 		t.Fatalf("after a new message: %s %q (%v), want starting %q", got.State, got.Message, err, ev.Message)
 	}
 	if n := store.count(); n != 1 {
-		t.Fatalf("a new message took %d transitions, want 1", n)
+		t.Fatalf("a new message took %d store calls, want 1 (the write, no read before it)", n)
 	}
+	evs, err := f.Store.Events(ctx, key, "", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Clock.Advance(time.Second)
 	if err := replica.HandlePodEvent(ctx, ev); err != nil {
 		t.Fatalf("same message again: %v", err)
 	}
-	if n := store.count(); n != 1 {
-		t.Errorf("a message the record holds already took %d more transitions, want none", n-1)
+	if n := store.count(); n != 2 {
+		t.Errorf("a message the record holds already took %d more store calls, want 1", n-1)
+	}
+	again, err := f.Store.GetServer(ctx, key)
+	if err != nil || !again.UpdatedAt.Equal(got.UpdatedAt) {
+		t.Errorf("the same message again moved the record's time from %v to %v (%v), want no write", got.UpdatedAt, again.UpdatedAt, err)
+	}
+	if more, err := f.Store.Events(ctx, key, evs[len(evs)-1].ID, 0); err != nil || len(more) != 0 {
+		t.Errorf("the same message again appended %v (%v), want no event", more, err)
+	}
+
+	// The pod runs: one call moves the record and counts the spawn.
+	running := ev
+	running.Phase, running.URL, running.Message = spawner.PhaseRunning, "http://10.0.0.9:8888", ""
+	if err := replica.HandlePodEvent(ctx, running); err != nil {
+		t.Fatalf("running: %v", err)
+	}
+	if got, err := f.Store.GetServer(ctx, key); err != nil || got.State != v1.StateRunning || got.URL != running.URL {
+		t.Fatalf("after the pod ran: %s at %q (%v), want running at %s", got.State, got.URL, err, running.URL)
+	}
+	if n := store.count(); n != 3 {
+		t.Errorf("the running event took %d store calls, want 1", n-2)
+	}
+	// Once running, the same event reads the record and writes nothing.
+	if err := replica.HandlePodEvent(ctx, running); err != nil {
+		t.Fatalf("running again: %v", err)
+	}
+	if n := store.count(); n != 5 {
+		t.Errorf("a second running event took %d store calls, want 2 (the refused move, the read)", n-3)
 	}
 }

@@ -36,6 +36,13 @@ type Store interface {
 	// there by another replica), so a step that must happen once per
 	// transition (counting a spawn) happens on one replica only.
 	Advance(ctx context.Context, k fleet.ServerKey, spawnID string, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, bool, error)
+	// MoveFrom is Transition from state from only (a record in any other
+	// state, to included, is left as it is: *fleet.StateError); SetMessage
+	// sets the message of a record in state, writing nothing when it is the
+	// same. With them a pod event of a spawn going as planned is applied in
+	// one call, without reading the record first.
+	MoveFrom(ctx context.Context, k fleet.ServerKey, spawnID string, from, to fleet.State, message string, patch fleet.ServerPatch) (fleet.Server, error)
+	SetMessage(ctx context.Context, k fleet.ServerKey, spawnID string, state fleet.State, message string) (fleet.Server, error)
 	Events(ctx context.Context, k fleet.ServerKey, afterID string, block time.Duration) ([]fleet.Event, error)
 }
 
