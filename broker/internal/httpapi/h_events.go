@@ -52,9 +52,17 @@ func (a *api) serverEvents(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	evs, err := a.deps.Servers.Events(ctx, k, after, 0)
-	if err != nil {
-		return err
+	terminal := fleet.Terminal(s.State)
+	var evs []fleet.Event
+	if terminal {
+		// Nothing follows a stopped or failed server's events but a new
+		// spawn's: read what is there without waiting, and end. A live
+		// one's first events come from the blocking read below, which
+		// answers at once with those already there (one read fewer for
+		// every stream opened on a starting server).
+		if evs, err = a.deps.Servers.Events(ctx, k, after, 0); err != nil {
+			return err
+		}
 	}
 
 	w := c.Response()
@@ -69,7 +77,6 @@ func (a *api) serverEvents(c echo.Context) error {
 		return err
 	}
 
-	terminal := fleet.Terminal(s.State)
 	for {
 		if len(evs) > 0 {
 			for _, ev := range evs {
