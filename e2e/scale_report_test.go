@@ -42,13 +42,13 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	line := func(what string, l harness.LoadResult) {
 		say("%-52s %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", what, l.PerSecond(), ms(l.Quantile(0.5)), ms(l.Quantile(0.99)))
 	}
-	line("raw pod creates alone (client-go, first phase):", r.raw)
+	line(fmt.Sprintf("raw pod creates alone (client-go, %d rounds):", r.rounds), r.raw)
 	if len(r.alone.Latencies) == 0 {
 		return
 	}
-	line("server creates (brokers) alone, second phase:", r.alone)
-	say("ratio %.2f (target ≥ 0.5): server creates/s alone vs raw pod creates/s alone (%d of each, same offered rate)",
-		r.alone.PerSecond()/r.raw.PerSecond(), len(r.raw.Latencies))
+	line(fmt.Sprintf("server creates (brokers) alone, %d rounds:", r.rounds), r.alone)
+	say("ratio %.2f (target ≥ 0.5): server creates/s alone vs raw pod creates/s alone (%d of each, same offered rate, in %d rounds that alternate: raw pods, then as many servers)",
+		r.alone.PerSecond()/r.raw.PerSecond(), len(r.raw.Latencies), r.rounds)
 	cpuLine := func(what string, cpu map[string]float64, l harness.LoadResult) {
 		var b strings.Builder
 		for _, p := range cpuParts {
@@ -65,7 +65,7 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	line("raw pod creates interleaved with them:", r.sideRaw)
 	say("added by the broker, side by side (servers vs the raw pods interleaved with them, same window and offered rate): p50 %+.0f ms, p99 %+.0f ms (target p99 ≤ +100 ms)",
 		ms(r.broker.Quantile(0.5)-r.sideRaw.Quantile(0.5)), ms(r.broker.Quantile(0.99)-r.sideRaw.Quantile(0.99)))
-	say("  against the raw pods alone (first phase, not the same load): p50 %+.0f ms, p99 %+.0f ms",
+	say("  against the raw pods alone (not the same load): p50 %+.0f ms, p99 %+.0f ms",
 		ms(r.broker.Quantile(0.5)-r.raw.Quantile(0.5)), ms(r.broker.Quantile(0.99)-r.raw.Quantile(0.99)))
 	byStep := func(st *spawnSteps) {
 		n, tail := st.slowest(0.01)

@@ -38,6 +38,7 @@ var (
 	scaleBinaryB   = flag.String("scale-broker-b", "", "BenchmarkScale: a second gpubroker binary (another build that reads the same Redis formats: from 2026-12-02 on, when the device counters became binary) for the odd replicas; the creates each binary's replicas served are then reported apart, side by side in the one load")
 	scaleKubeQPS   = flag.Float64("scale-kube-qps", 200, "BenchmarkScale: each broker's --kube-api-qps (its --kube-api-burst twice that); the default is the raw pods' client's limit (harness.Cluster.Client, QPS 200, burst 400), so both sides have the same client-side limit; 0: the brokers' own defaults (50/100), at which 3 replicas sustain 75 creates/s (two requests a create)")
 	scaleReconcile = flag.Duration("scale-reconcile-interval", 10*time.Second, "BenchmarkScale: the brokers' --reconcile-interval")
+	scaleRounds    = flag.Int("scale-rounds", 4, "BenchmarkScale: rounds the two alone phases alternate in (raw pods, then as many servers, and again), so a shared machine that slows down or speeds up during the run weighs on both kinds alike; 1 with -scale-pprof (each profile covers its phase's only round)")
 )
 
 // scaleConfig sizes one run of the scale rig.
@@ -57,11 +58,13 @@ type scaleReport struct {
 	// template: the raw pods' template was made (serverPodTemplate).
 	template bool
 	// raw and alone: the first half of the creates, raw pods alone and
-	// then servers through the brokers alone, each kind at the same offered
-	// rate (the throughput comparison); broker and sideRaw: the second half
+	// servers through the brokers alone, in rounds that alternate (rounds
+	// of each), each kind at the same offered rate (the throughput
+	// comparison); broker and sideRaw: the second half
 	// of the servers and as many raw pod creates interleaved with them in
 	// one load (the side-by-side latency comparison).
 	raw, alone, broker, sideRaw, deletes harness.LoadResult
+	rounds                               int
 	// rawCPU and aloneCPU: the CPU seconds each part of the rig used
 	// during the two alone phases (partCPU).
 	rawCPU, aloneCPU map[string]float64
@@ -116,8 +119,9 @@ type watchReport struct {
 // GPUs (registered through the admin API, as the node agents do),
 // -scale-replicas brokers on one Redis, and -scale-servers servers from
 // -scale-users users. Throughput: half of them are created through the
-// brokers alone, after as many raw pod creates by a plain client-go client
-// alone, at the same offered rate (create-ratio). Latency: the other half
+// brokers alone, and as many raw pods by a plain client-go client alone,
+// at the same offered rate, in -scale-rounds rounds that alternate between
+// the two (create-ratio). Latency: the other half
 // are created interleaved one for one with as many raw pod creates in one
 // load (the side-by-side comparison of create → running, added-p99-ms).
 // Then the reconciler, reclaimer and -scale-watchers event-stream watchers
@@ -163,6 +167,9 @@ func TestScaleRig(t *testing.T) {
 	half := cfg.servers / 2
 	if n := len(r.raw.Latencies); n != half {
 		t.Errorf("%d raw pods ran alone, want %d", n, half)
+	}
+	if want := min(*scaleRounds, half); r.rounds != want {
+		t.Errorf("the alone phases ran in %d rounds, want %d (-scale-rounds)", r.rounds, want)
 	}
 	if n := len(r.alone.Latencies); n != half {
 		t.Errorf("%d servers ran alone, want %d", n, half)
@@ -282,11 +289,6 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	// Whatever was measured is printed, also when a later phase fails.
 	defer logScale(tb, cfg, r)
 
-	// Each kind alone at the rate it gets in the interleaved load (half of
-	// RATE), so the two raw figures differ by the load they meet only and
-	// the two alone phases offer the same rate.
-	rawAlone := load("raw pods alone", half)
-	rawAlone.Rate = cfg.rate / 2
 	// The raw pods copy a notebook pod the brokers made, of a server
 	// created and deleted before anything is measured.
 	template, err := serverPodTemplate(ctx, e, clients[0][0], users[0], "template")
@@ -302,17 +304,6 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c0 := partCPU(tb, e, replicas)
-	profiled := profilePhase(ctx, e, "raw-alone", "")
-	r.raw, err = rawAlone.Run(ctx, raw.create)
-	r.rawCPU = cpuSince(tb, e, replicas, c0)
-	if err := profiled(); err != nil {
-		tb.Errorf("raw pods alone: %v", err)
-	}
-	if err = errors.Join(err, raw.removeAll(ctx)); err != nil {
-		tb.Fatalf("raw pods: %v", err)
-	}
-
 	// The rig's own watches (the managed pods, for the steps' split and the
 	// end's count, and the side's raw pods) start after the servers alone:
 	// the raw pods alone met one watch, their own, and the servers alone
@@ -334,23 +325,50 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		}
 		return createRunningSteps(ctx, clients[u][i%len(replicas)], users[u], name, steps, podRunning)
 	}
-	serversAlone := load("servers through the brokers alone", half)
-	serversAlone.Rate = cfg.rate / 2
-	c0 = partCPU(tb, e, replicas)
 	replica0 := "" // replica 0's pprof listener, with -scale-pprof
 	if len(pprofAddrs) > 0 {
 		replica0 = pprofAddrs[0]
 	}
-	profiled = profilePhase(ctx, e, "servers-alone", replica0)
-	r.alone, err = serversAlone.Run(ctx, func(ctx context.Context, i int) (time.Duration, error) {
-		return createServer(ctx, i, nil)
-	})
-	if err != nil {
-		tb.Fatalf("servers through the brokers alone: %v", err)
+	// Each kind alone at the rate it gets in the interleaved load (half of
+	// RATE), so the two raw figures differ by the load they meet only and
+	// the two alone phases offer the same rate; in rounds that alternate
+	// (raw pods, then as many servers), each kind's figures the sum of its
+	// rounds. The raw pods stay until the last round, as the servers do.
+	rounds := min(max(*scaleRounds, 1), half)
+	if *scalePprof != "" {
+		rounds = 1
 	}
-	r.aloneCPU = cpuSince(tb, e, replicas, c0)
-	if err := profiled(); err != nil {
-		tb.Errorf("servers alone: %v", err)
+	r.rounds = rounds
+	r.rawCPU, r.aloneCPU = map[string]float64{}, map[string]float64{}
+	alone := func(what, phase, broker string, lo, n int, into *harness.LoadResult, cpu map[string]float64, op func(context.Context, int) (time.Duration, error)) {
+		l := load(what, n)
+		l.Rate = cfg.rate / 2
+		profiled := func() error { return nil }
+		if *scalePprof != "" {
+			profiled = profilePhase(ctx, e, phase, broker)
+		}
+		c0 := partCPU(tb, e, replicas)
+		res, err := l.Run(ctx, func(ctx context.Context, i int) (time.Duration, error) { return op(ctx, lo+i) })
+		for part, c := range cpuSince(tb, e, replicas, c0) {
+			cpu[part] += c
+		}
+		into.Wall += res.Wall
+		into.Latencies = append(into.Latencies, res.Latencies...)
+		if err != nil {
+			tb.Fatalf("%s: %v", what, err)
+		}
+		if err := profiled(); err != nil {
+			tb.Errorf("%s: %v", what, err)
+		}
+	}
+	for k := range rounds {
+		lo, hi := k*half/rounds, (k+1)*half/rounds
+		alone(fmt.Sprintf("raw pods alone (round %d of %d)", k+1, rounds), "raw-alone", "", lo, hi-lo, &r.raw, r.rawCPU, raw.create)
+		alone(fmt.Sprintf("servers through the brokers alone (round %d of %d)", k+1, rounds), "servers-alone", replica0, lo, hi-lo, &r.alone, r.aloneCPU,
+			func(ctx context.Context, i int) (time.Duration, error) { return createServer(ctx, i, nil) })
+	}
+	if err := raw.removeAll(ctx); err != nil {
+		tb.Fatalf("raw pods: %v", err)
 	}
 	if managed, err = harness.WatchPods(ctx, rig, e.ns, v1.LabelManagedBy+"="+v1.ManagedByValue); err != nil {
 		tb.Fatal(err)
