@@ -380,6 +380,41 @@ func TestBearerKeyFetch(t *testing.T) {
 	}
 }
 
+func TestBearerTakesAVerifiedTokenAgainOnlyAsItIsAndWhileItLasts(t *testing.T) {
+	f := startIdP(t)
+	b := f.bearer(t, auth.BearerConfig{})
+	tok := f.mint(t, devissuer.Claims{Subject: "s", Username: "alice", Groups: []string{"ml"}, ExpiresIn: 10 * time.Second})
+	first, err := b.Authenticate(t.Context(), request("Bearer "+tok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Groups[0] = "changed by the caller"
+	again, err := b.Authenticate(t.Context(), request("Bearer "+tok))
+	want := auth.Principal{Subject: "s", User: "alice", Groups: []string{"ml"}}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, again); diff != "" {
+		t.Errorf("the same token again (-want +got):\n%s", diff)
+	}
+	// A token that differs in one byte of its signature is checked anew.
+	sig := tok[strings.LastIndex(tok, ".")+1:]
+	flipped := "A"
+	if sig[0] == 'A' {
+		flipped = "B"
+	}
+	tampered := tok[:strings.LastIndex(tok, ".")+1] + flipped + sig[1:]
+	if _, err := b.Authenticate(t.Context(), request("Bearer "+tampered)); err == nil {
+		t.Errorf("a token with a changed signature was taken for the verified one")
+	}
+	// A verified token is never taken past its own expiry.
+	f.clock.Advance(11 * time.Second)
+	_, err = b.Authenticate(t.Context(), request("Bearer "+tok))
+	if got := reason(t, err); !strings.HasPrefix(got, "token expired at ") {
+		t.Errorf("the token after its expiry: %q, want it refused as expired", got)
+	}
+}
+
 func TestNewBearerReportsEveryProblem(t *testing.T) {
 	_, err := auth.NewBearer(t.Context(), auth.BearerConfig{IssuerURL: "ftp://x"}, auth.WithSigningAlgs("none", "HS256"))
 	if err == nil {

@@ -3,6 +3,7 @@ package auth
 import (
 	"context"
 	"log/slog"
+	"slices"
 )
 
 // Principal is an authenticated caller.
@@ -20,6 +21,12 @@ type Principal struct {
 	// Hub is true for JupyterHub's service token, which may act for a
 	// named user.
 	Hub bool
+}
+
+// clone is p with a Groups slice of its own.
+func (p Principal) clone() Principal {
+	p.Groups = slices.Clone(p.Groups)
+	return p
 }
 
 // CanActFor reports whether p may act on user's servers: its own, or any
