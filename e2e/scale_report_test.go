@@ -42,13 +42,17 @@ func logScale(tb testing.TB, cfg scaleConfig, r *scaleReport) {
 	line := func(what string, l harness.LoadResult) {
 		say("%-52s %7.1f/s  create→running p50 %6.0f ms  p99 %6.0f ms", what, l.PerSecond(), ms(l.Quantile(0.5)), ms(l.Quantile(0.99)))
 	}
-	line(fmt.Sprintf("raw pod creates alone (client-go, %d rounds):", r.rounds), r.raw)
+	line("raw pod creates alone (client-go):", r.raw)
 	if len(r.alone.Latencies) == 0 {
 		return
 	}
-	line(fmt.Sprintf("server creates (brokers) alone, %d rounds:", r.rounds), r.alone)
-	say("ratio %.2f (target ≥ 0.5): server creates/s alone vs raw pod creates/s alone (%d of each, same offered rate, in %d rounds that alternate: raw pods, then as many servers)",
-		r.alone.PerSecond()/r.raw.PerSecond(), len(r.raw.Latencies), r.rounds)
+	line("server creates (brokers) alone:", r.alone)
+	order := "raw pods first, then the servers"
+	if r.rounds > 1 {
+		order = fmt.Sprintf("in %d rounds that alternate: raw pods, then as many servers", r.rounds)
+	}
+	say("ratio %.2f (target ≥ 0.5): server creates/s alone vs raw pod creates/s alone (%d of each, same offered rate, %s)",
+		r.alone.PerSecond()/r.raw.PerSecond(), len(r.raw.Latencies), order)
 	cpuLine := func(what string, cpu map[string]float64, l harness.LoadResult) {
 		var b strings.Builder
 		for _, p := range cpuParts {
