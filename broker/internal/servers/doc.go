@@ -16,9 +16,10 @@
 //     by the call that recorded it (ended.go), else by the reconciler
 //     (which also rebuilds a record Redis lost first).
 //   - A step that must happen once per transition (counting a spawn) is
-//     taken only by the call whose Store.Advance moved the state, so two
-//     replicas handling the same pod event count it once, and release an
-//     ended pod once.
+//     taken only by the call whose Store.Advance (or Store.MoveFrom) moved
+//     the state, so two calls handling the same pod event (a reconcile
+//     pass's replay, a Lease handover) count it once, and release an ended
+//     pod once.
 //   - Steps after a successful placement run on a context detached from the
 //     caller's (with its own deadline), so a client that hangs up does not
 //     leave a half-created server; what a crash leaves half done is settled

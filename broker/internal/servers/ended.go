@@ -4,14 +4,15 @@ package servers
 // removes gpubroker's finalizer (v1.FinalizerServerRecord) from an ended
 // pod.
 //
-// Every replica watches the pods, so every replica handles the event of a
-// pod that ended, and every one of them asks the store to record the end.
-// The store moves the record once (Store.Advance reports the call that
-// moved it: the mover), and only the mover removes the finalizer. The
-// others neither release nor read the record back, so an ended pod costs
-// one release request in all, not one per replica (the release is a JSON
-// patch that the other replicas' patches would fail, each failure costing
-// a read). Where the mover never releases (it crashed between recording
+// The replica holding the Lease applies the pod events (broker/internal/app),
+// but the end of one pod may still be recorded by more than one call: a
+// reconcile pass replaying the pod's phase, an old and a new holder for a
+// moment, a stop asked for meanwhile. The store moves the record once
+// (Store.Advance reports the call that moved it: the mover), and only the
+// mover removes the finalizer. The others neither release nor read the
+// record back, so an ended pod costs one release request in all, not one
+// per call (the release is a JSON patch that the others' patches would
+// fail, each failure costing a read). Where the mover never releases (it crashed between recording
 // and releasing, its release request failed, the end was recorded by a
 // call that knew of no pod held), a reconcile pass does (one asked for at
 // once when a release fails, else the leader's periodic pass): it
@@ -132,9 +133,9 @@ func (s *Service) releaseEnded(ctx context.Context, rec fleet.Server) {
 
 // freeFailed frees the slice of a failed spawn whose pod, still there when
 // the spawn failed (fail), is now gone: ev is the pod's gone event for
-// record rec, failed and still holding its allocation. Every replica
-// handles the event; the one whose release freed the slice (Store.Release
-// reports it) drops the record's allocation and releases the pod if it is
+// record rec, failed and still holding its allocation. More than one call
+// may handle the event (ended.go's header); the one whose release freed the
+// slice (Store.Release reports it) drops the record's allocation and releases the pod if it is
 // held, so an ended pod costs one release request in all. A crash in
 // between leaves the record showing an allocation that is free and the pod
 // held: the reconciler releases the pod. The error is storage's, for the

@@ -22,10 +22,11 @@ import (
 // v1.FinalizerServerRecord (ev.Held with spawner.PhaseGone), is released
 // by the call that records its end: the one whose transition moved the
 // record of its spawn to stopped or failed (Store.Advance), see
-// releaseEnded. Every replica watches the pods and handles the same event,
-// so the others, which find the end recorded already or record it a
-// second time, do not release it, and do not read the record back: one
-// release request per ended pod in all, not one per replica. A pod whose
+// releaseEnded. Other calls for the same end (a reconcile pass's replay, a
+// Lease handover: broker/internal/app applies the events on the holder
+// only), which find the end recorded already or record it a second time,
+// do not release it, and do not read the record back: one release request
+// per ended pod in all, not one per call. A pod whose
 // record is terminal or has moved on to another spawn when the event
 // arrives (its end recorded by another call that did not release it: it
 // crashed, its release failed) is released by a reconcile pass
