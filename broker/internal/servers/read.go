@@ -46,10 +46,22 @@ func (s *Service) Quota(ctx context.Context, user string, groups []string) ([]fl
 }
 
 // Events returns the server's events after afterID, waiting up to block
-// for one when there are none yet.
+// for one when there are none yet. A server that does not exist wraps
+// fleet.ErrNotFound. A wait that brings events answers without reading the
+// record (a removed server's events go with it); one that brings none, and
+// a read without waiting, check that the server is there.
 func (s *Service) Events(ctx context.Context, key fleet.ServerKey, afterID string, block time.Duration) ([]fleet.Event, error) {
+	if block > 0 {
+		evs, err := s.store.Events(ctx, key, afterID, block)
+		if err != nil || len(evs) > 0 {
+			return evs, err
+		}
+	}
 	if _, err := s.store.GetServer(ctx, key); err != nil {
 		return nil, err
 	}
-	return s.store.Events(ctx, key, afterID, block)
+	if block > 0 {
+		return nil, nil
+	}
+	return s.store.Events(ctx, key, afterID, 0)
 }

@@ -2,6 +2,7 @@ package servers_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -305,5 +306,41 @@ func TestAReplicaFindingThePodsMessageRecordedWritesNothing(t *testing.T) {
 	}
 	if n := store.count(); n != 5 {
 		t.Errorf("a second running event took %d store calls, want 2 (the refused move, the read)", n-3)
+	}
+}
+
+// TestAnEventWaitThatBringsEventsReadsNoRecord: an event stream's waits
+// read the record only when they bring nothing (is the server still
+// there?), not before each wait.
+func TestAnEventWaitThatBringsEventsReadsNoRecord(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	key := fleet.ServerKey{User: "alice", Name: "lab"}
+	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	f.WaitState(t, key, v1.StateStarting)
+	store := &callCounter{Store: f.Store}
+	replica := servers.New(store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+
+	evs, err := replica.Events(ctx, key, "", time.Minute)
+	if err != nil || len(evs) == 0 || evs[0].State != v1.StatePending {
+		t.Fatalf("events from the start = %v, %v; want the spawn's, pending first", evs, err)
+	}
+	if n := store.count(); n != 0 {
+		t.Errorf("a wait that brought %d events read the record %d times, want none", len(evs), n)
+	}
+	more, err := replica.Events(ctx, key, evs[len(evs)-1].ID, 10*time.Millisecond)
+	if err != nil || len(more) != 0 {
+		t.Fatalf("a wait after the last event = %v, %v; want none", more, err)
+	}
+	if n := store.count(); n != 1 {
+		t.Errorf("a wait that brought nothing read the record %d times, want 1 (is it still there?)", n)
+	}
+	if _, err := replica.Events(ctx, fleet.ServerKey{User: "alice", Name: "none"}, "", 10*time.Millisecond); !errors.Is(err, fleet.ErrNotFound) {
+		t.Errorf("a wait on no server: %v, want ErrNotFound", err)
+	}
+	if _, err := replica.Events(ctx, fleet.ServerKey{User: "alice", Name: "none"}, "", 0); !errors.Is(err, fleet.ErrNotFound) {
+		t.Errorf("a read of no server: %v, want ErrNotFound", err)
 	}
 }
