@@ -168,7 +168,7 @@ func TestScaleRig(t *testing.T) {
 	if n := len(r.raw.Latencies); n != half {
 		t.Errorf("%d raw pods ran alone, want %d", n, half)
 	}
-	if want := min(*scaleRounds, half); r.rounds != want {
+	if want := aloneRounds(half); r.rounds != want {
 		t.Errorf("the alone phases ran in %d rounds, want %d (-scale-rounds)", r.rounds, want)
 	}
 	if n := len(r.alone.Latencies); n != half {
@@ -224,6 +224,16 @@ func TestScaleRig(t *testing.T) {
 }
 
 // runScale runs the rig once at cfg's size and logs every figure.
+// aloneRounds is how many rounds the alone phases of half creates each
+// alternate in: -scale-rounds (at least 1, at most half), 1 with
+// -scale-pprof.
+func aloneRounds(half int) int {
+	if *scalePprof != "" {
+		return 1
+	}
+	return min(max(*scaleRounds, 1), half)
+}
+
 func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	tb.Helper()
 	ctx := tb.Context()
@@ -334,10 +344,7 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	// the two alone phases offer the same rate; in rounds that alternate
 	// (raw pods, then as many servers), each kind's figures the sum of its
 	// rounds. The raw pods stay until the last round, as the servers do.
-	rounds := min(max(*scaleRounds, 1), half)
-	if *scalePprof != "" {
-		rounds = 1
-	}
+	rounds := aloneRounds(half)
 	r.rounds = rounds
 	r.rawCPU, r.aloneCPU = map[string]float64{}, map[string]float64{}
 	alone := func(what, phase, broker string, lo, n int, into *harness.LoadResult, cpu map[string]float64, op func(context.Context, int) (time.Duration, error)) {
