@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -142,4 +144,35 @@ func profilePhase(ctx context.Context, e *env, phase, brokerAddr string) (wait f
 		}
 		return errors.Join(all...)
 	}
+}
+
+// fetchProfile writes a CPU profile of d from the pprof listener at addr to
+// dir/leader-cpu.pprof.
+func fetchProfile(ctx context.Context, addr string, d time.Duration, dir string) error {
+	body, err := getProfile(ctx, addr, d)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "leader-cpu.pprof"), body, 0o644)
+}
+
+// getProfile fetches a CPU profile of d (whole seconds) from the pprof
+// listener at addr (a broker's --debug-pprof-listen), giving up 30 s after
+// the profile should have come.
+func getProfile(ctx context.Context, addr string, d time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", req.URL, resp.Status)
+	}
+	return io.ReadAll(resp.Body)
 }

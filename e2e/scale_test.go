@@ -5,13 +5,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -64,7 +60,7 @@ type scaleReport struct {
 	// of the servers and as many raw pod creates interleaved with them in
 	// one load (the side-by-side latency comparison).
 	raw, alone, broker, sideRaw, deletes harness.LoadResult
-	rounds                               int
+	rounds                               int // alone rounds run, each of both kinds
 	// rawCPU and aloneCPU: the CPU seconds each part of the rig used
 	// during the two alone phases (partCPU).
 	rawCPU, aloneCPU map[string]float64
@@ -103,16 +99,6 @@ type replicaUsage struct {
 	cores       float64 // CPU cores over the steady window
 	fillCPUms   float64 // CPU ms per create while filling
 	watchRSSMiB float64 // RSS with the watchers open
-}
-
-// watchReport is the event-stream fan-out.
-type watchReport struct {
-	open          time.Duration
-	perWatcherKiB float64
-	redisConns    int64     // Redis client connections the watchers added
-	rssAfter      []float64 // each replica's RSS in MiB with the watchers open
-	each          []time.Duration
-	all           []time.Duration
 }
 
 // BenchmarkScale is the scale rig: kwok with -scale-nodes × -scale-gpus
@@ -345,7 +331,6 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 	// (raw pods, then as many servers), each kind's figures the sum of its
 	// rounds. The raw pods stay until the last round, as the servers do.
 	rounds := aloneRounds(half)
-	r.rounds = rounds
 	r.rawCPU, r.aloneCPU = map[string]float64{}, map[string]float64{}
 	alone := func(what, phase, broker string, lo, n int, into *harness.LoadResult, cpu map[string]float64, op func(context.Context, int) (time.Duration, error)) {
 		l := load(what, n)
@@ -373,6 +358,7 @@ func runScale(tb testing.TB, cfg scaleConfig) *scaleReport {
 		alone(fmt.Sprintf("raw pods alone (round %d of %d)", k+1, rounds), "raw-alone", "", lo, hi-lo, &r.raw, r.rawCPU, raw.create)
 		alone(fmt.Sprintf("servers through the brokers alone (round %d of %d)", k+1, rounds), "servers-alone", replica0, lo, hi-lo, &r.alone, r.aloneCPU,
 			func(ctx context.Context, i int) (time.Duration, error) { return createServer(ctx, i, nil) })
+		r.rounds++
 	}
 	if err := raw.removeAll(ctx); err != nil {
 		tb.Fatalf("raw pods: %v", err)
@@ -589,122 +575,4 @@ func reclaimLeader(ctx context.Context, replicas []*harness.Broker) (*harness.Br
 		return len(leaders) == 1, fmt.Sprintf("%d replicas lead", len(leaders)), nil
 	})
 	return leader, err
-}
-
-// fanOut opens cfg.watchers event streams of user's server name, spread
-// over the replicas, measures the replicas' RSS and the Redis connections
-// they added, then resizes the server cfg.events times (each resize is one
-// event) and measures how long each event took to reach each watcher.
-func fanOut(ctx context.Context, tb testing.TB, e *env, replicas []*harness.Broker, user, name string, cfg scaleConfig) (watchReport, error) {
-	var r watchReport
-	rdb := e.redis.Client(tb)
-	conns := func() (int64, error) {
-		info, err := rdb.Info(ctx, "clients").Result()
-		if err != nil {
-			return 0, err
-		}
-		for line := range strings.SplitSeq(info, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_clients:"); ok {
-				var n int64
-				_, err := fmt.Sscan(v, &n)
-				return n, err
-			}
-		}
-		return 0, errors.New("INFO clients: no connected_clients")
-	}
-	rss := func() ([]float64, float64, error) {
-		var sum float64
-		out := make([]float64, len(replicas))
-		for i, b := range replicas {
-			kib, err := harness.ProcRSS(b.Pid())
-			if err != nil {
-				return nil, 0, err
-			}
-			out[i] = float64(kib) / 1024
-			sum += float64(kib)
-		}
-		return out, sum, nil
-	}
-	_, rss0, err := rss()
-	if err != nil {
-		return r, err
-	}
-	c0, err := conns()
-	if err != nil {
-		return r, err
-	}
-	admins := make([]*harness.Client, len(replicas))
-	tok := e.token("watch-admin", adminGroup)
-	for i, b := range replicas {
-		admins[i] = &harness.Client{BaseURL: b.URL, Token: tok}
-	}
-	start := time.Now()
-	w, err := harness.OpenWatchers(ctx, admins, user, name, cfg.watchers)
-	if err != nil {
-		return r, err
-	}
-	defer w.Close()
-	r.open = time.Since(start)
-	// The replays of the server's past events have reached every watcher
-	// once its running event has.
-	if _, err := w.WaitEvent(ctx, time.Time{}, time.Minute); err != nil {
-		return r, fmt.Errorf("replay: %w", err)
-	}
-	var sum1 float64
-	if r.rssAfter, sum1, err = rss(); err != nil {
-		return r, err
-	}
-	c1, err := conns()
-	if err != nil {
-		return r, err
-	}
-	r.perWatcherKiB = (sum1 - rss0) / float64(cfg.watchers)
-	r.redisConns = c1 - c0
-	owner := &harness.Client{BaseURL: replicas[0].URL, Token: e.token(user, "ml")}
-	for i := range cfg.events {
-		limit := 20 - 10*(i%2) // the profile's 10 %, so every resize changes it
-		t0 := time.Now()
-		var out v1.ResizeResult
-		if _, err := owner.Do(ctx, http.MethodPatch, harness.ServerPath(user, name)+"/slice", v1.ResizeRequest{ComputeLimitPercent: &limit}, nil, &out); err != nil {
-			return r, fmt.Errorf("resize %d: %w", i, err)
-		}
-		f, err := w.WaitEvent(ctx, t0, time.Minute)
-		if err != nil {
-			return r, fmt.Errorf("event of resize %d: %w", i, err)
-		}
-		r.each = append(r.each, f.Latencies...)
-		r.all = append(r.all, f.All())
-	}
-	return r, nil
-}
-
-// fetchProfile writes a CPU profile of d from the pprof listener at addr to
-// dir/leader-cpu.pprof.
-func fetchProfile(ctx context.Context, addr string, d time.Duration, dir string) error {
-	body, err := getProfile(ctx, addr, d)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(filepath.Join(dir, "leader-cpu.pprof"), body, 0o644)
-}
-
-// getProfile fetches a CPU profile of d (whole seconds) from the pprof
-// listener at addr (a broker's --debug-pprof-listen), giving up 30 s after
-// the profile should have come.
-func getProfile(ctx context.Context, addr string, d time.Duration) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s: %s", req.URL, resp.Status)
-	}
-	return io.ReadAll(resp.Body)
 }
