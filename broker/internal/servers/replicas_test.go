@@ -243,19 +243,27 @@ func (s *callCounter) count() int {
 	return s.n
 }
 
-func TestAReplicaFindingThePodsMessageRecordedWritesNothing(t *testing.T) {
-	f := serverstest.New(t)
-	ctx := t.Context()
+// startingWithCounter creates alice's server lab on f's own replica, waits
+// until it is starting and that replica has handled its pod's event (from
+// then on nothing else writes the record), and returns the record and a
+// second replica whose store calls are counted.
+func startingWithCounter(t *testing.T, f *serverstest.Fixture) (fleet.Server, *callCounter, *servers.Service) {
+	t.Helper()
 	key := fleet.ServerKey{User: "alice", Name: "lab"}
-	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
+	if _, _, err := f.Service.Create(t.Context(), serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
 		t.Fatalf("create: %v", err)
 	}
 	rec := f.WaitState(t, key, v1.StateStarting)
-	// The fixture's own replica has handled its pod's event: from here
-	// on nothing else writes the record's message.
 	f.WaitHandled(t, "the new pod's event", func(ev spawner.PodEvent) bool { return ev.SpawnID == rec.SpawnID })
 	store := &callCounter{Store: f.Store}
-	replica := servers.New(store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+	return rec, store, servers.New(store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+}
+
+func TestAReplicaFindingThePodsMessageRecordedWritesNothing(t *testing.T) {
+	f := serverstest.New(t)
+	ctx := t.Context()
+	rec, store, replica := startingWithCounter(t, f)
+	key := rec.ServerKey
 	ev := spawner.PodEvent{User: key.User, Server: key.Name, SpawnID: rec.SpawnID, Pod: spawner.PodName(key.User, key.Name),
 		Phase: spawner.PhaseStarting, Message: "pulling image quay.io/jupyter/base-notebook"}
 
@@ -315,13 +323,8 @@ func TestAReplicaFindingThePodsMessageRecordedWritesNothing(t *testing.T) {
 func TestAnEventWaitThatBringsEventsReadsNoRecord(t *testing.T) {
 	f := serverstest.New(t)
 	ctx := t.Context()
-	key := fleet.ServerKey{User: "alice", Name: "lab"}
-	if _, _, err := f.Service.Create(ctx, serverstest.By, key.User, nil, key.Name, v1.CreateServerRequest{Profile: "small"}, "k1"); err != nil {
-		t.Fatalf("create: %v", err)
-	}
-	f.WaitState(t, key, v1.StateStarting)
-	store := &callCounter{Store: f.Store}
-	replica := servers.New(store, f.Pods, f.Catalog, f.Log, servers.WithClock(f.Clock.Now))
+	rec, store, replica := startingWithCounter(t, f)
+	key := rec.ServerKey
 
 	evs, err := replica.Events(ctx, key, "", time.Minute)
 	if err != nil || len(evs) == 0 || evs[0].State != v1.StatePending {
